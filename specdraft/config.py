@@ -1,0 +1,70 @@
+"""Frozen configuration dataclasses; every default lives here and only here.
+
+The CLI and the library build these objects; nothing downstream writes into them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import ParameterError
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How the next token is chosen from logits; applied identically to target and draft."""
+
+    temperature: float = 0.0  # 0 = greedy (argmax); > 0 = sample from softmax(logits / T)
+    top_k: int = 0  # keep the k most likely tokens; 0 = off
+    top_p: float = 1.0  # keep the smallest set whose mass reaches p; 1.0 = off
+    seed: int | None = None  # seeds the one generator that all random draws go through
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)) or self.temperature < 0:
+            raise ParameterError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            raise ParameterError(f"top-k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
+            raise ParameterError(f"top-p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0):
+            raise ParameterError(f"seed must be a non-negative integer, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """What to generate and when to stop."""
+
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()  # stop strings; the text ends before the first one found
+    ignore_eos: bool = False  # keep going past EOS (benchmarks of fixed length)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 1:
+            raise ParameterError(f"max-new-tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if any(not isinstance(s, str) or s == "" for s in self.stop):
+            raise ParameterError("stop strings must be non-empty strings")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """How drafts are made: which drafter and how many tokens per draft."""
+
+    method: str = "draft-model"  # a drafter registry name, or "none" for plain decoding
+    k: int = 8  # draft tokens proposed per target forward (upper bound; drafters may propose fewer)
+    ngram_max: int = 3  # prompt-lookup: longest suffix n-gram tried first
+    ngram_min: int = 1  # prompt-lookup: shortest suffix n-gram tried last
+    min_confidence: float = 0.0  # draft-model, greedy: stop a draft when its top probability drops below
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.min_confidence < 1.0:
+            raise ParameterError(f"min-confidence must be in [0, 1), got {self.min_confidence!r}")
+        if not isinstance(self.k, int) or isinstance(self.k, bool) or not (1 <= self.k <= 64):
+            raise ParameterError(f"k (draft tokens per step) must be an integer in [1, 64], got {self.k!r}")
+        if not (1 <= self.ngram_min <= self.ngram_max):
+            raise ParameterError(
+                f"n-gram sizes must satisfy 1 <= ngram-min <= ngram-max, got {self.ngram_min}, {self.ngram_max}"
+            )

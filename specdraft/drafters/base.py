@@ -1,0 +1,86 @@
+"""The one drafter protocol and the registry of drafters by name.
+
+Every drafter ("prophet") answers the same two calls:
+
+* ``propose(context, k, sampling, generator) -> Draft``: guess up to k tokens that follow
+  ``context`` (the prompt plus every committed token, as a list of ids);
+* ``observe(context, num_accepted)``: after verification, ``context`` is the new committed
+  sequence and ``num_accepted`` says how many draft tokens made it, so stateful drafters can
+  roll back (a draft model's KV cache) or learn (a datastore).
+
+``begin(prompt)`` starts a new sequence. A draft carries optional per-token probabilities q
+(None = deterministic, treated as one-hot by the verifier) and optional tree parents (None = a
+chain; trees come with tree verification).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import torch
+
+from ..config import SamplingConfig, SpecConfig
+from ..errors import ParameterError
+
+
+@dataclass
+class Draft:
+    tokens: list[int] = field(default_factory=list)  # [K] draft token ids
+    probs: torch.Tensor | None = None  # [K, V] q per position after sampling transforms, or None
+    parents: list[int] | None = None  # [K] tree parent index (-1 = root), or None for a chain
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class Drafter(Protocol):
+    name: str
+
+    def begin(self, prompt: list[int]) -> None: ...
+
+    def propose(self, context: list[int], k: int, sampling: SamplingConfig,
+                generator: torch.Generator) -> Draft: ...
+
+    def observe(self, context: list[int], num_accepted: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class DrafterContext:
+    """What a drafter factory may use to build a drafter."""
+
+    spec: SpecConfig
+    target: object  # the target model (CausalLM)
+    draft_model: object | None  # the draft model (CausalLM), when one was loaded
+
+
+DrafterFactory = Callable[[DrafterContext], Drafter]
+_REGISTRY: dict[str, tuple[DrafterFactory, bool]] = {}
+
+
+def register(name: str, *, needs_draft_model: bool = False) -> Callable[[DrafterFactory], DrafterFactory]:
+    """Class/function decorator: make a drafter available under ``name``."""
+
+    def deco(factory: DrafterFactory) -> DrafterFactory:
+        _REGISTRY[name] = (factory, needs_draft_model)
+        return factory
+
+    return deco
+
+
+def drafter_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def needs_draft_model(name: str) -> bool:
+    _check(name)
+    return _REGISTRY[name][1]
+
+
+def build_drafter(name: str, ctx: DrafterContext) -> Drafter:
+    _check(name)
+    return _REGISTRY[name][0](ctx)
+
+
+def _check(name: str) -> None:
+    if name not in _REGISTRY:
+        raise ParameterError(f"unknown method {name!r}; choose one of: {', '.join(['none'] + drafter_names())}")

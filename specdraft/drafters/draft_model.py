@@ -1,0 +1,91 @@
+"""A smaller language model as the prophet.
+
+The draft model keeps its own KV cache. ``seq`` lists the tokens whose KV it holds. On each
+``propose`` it rolls back to the longest common prefix of ``seq`` and the committed context,
+feeds what it has not seen yet in one forward (the accepted tail plus the target's token), then
+drafts k tokens one by one, sampling from its own distribution q when the target samples.
+
+Cache invariant: after ``propose(context, k)``, the draft cache holds ``context + draft[:-1]``
+(the last draft token is never fed: its KV is only needed if all k are accepted, and then the
+next ``propose`` feeds it together with the bonus token).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..config import SamplingConfig
+from ..sampling import probs_from_logits, sample
+from .base import Draft, DrafterContext, register
+
+
+class DraftModel:
+    name = "draft-model"
+
+    def __init__(self, model, *, min_confidence: float = 0.0):
+        self.model = model
+        # Greedy only: stop drafting early when the draft's top probability falls below this,
+        # since a guess it is unsure of is likely rejected and every draft token costs a forward.
+        self.min_confidence = min_confidence
+        self.seq: list[int] = []
+
+    def begin(self, prompt: list[int]) -> None:
+        self.model.reset()
+        self.seq = []
+
+    def _sync(self, context: list[int]) -> torch.Tensor:
+        """Bring the cache to ``context`` and return the logits [V] for the next token."""
+        n = _common_prefix(self.seq, context)
+        n = min(n, len(context) - 1)  # always feed at least one token to get fresh logits
+        self.model.rollback(n)
+        out = self.model.forward(torch.tensor(context[n:], dtype=torch.int64), last_only=True)
+        self.seq = list(context)
+        return out.logits[-1]
+
+    def propose(self, context: list[int], k: int, sampling: SamplingConfig,
+                generator: torch.Generator) -> Draft:
+        k = min(k, self.model.max_length - len(context))
+        if k <= 0:
+            return Draft()
+        logits = self._sync(context)
+        tokens: list[int] = []
+        qs: list[torch.Tensor] = []
+        for i in range(k):
+            if sampling.greedy:
+                if self.min_confidence > 0.0:
+                    top = torch.softmax(logits.float(), -1).max()
+                    if i > 0 and float(top) < self.min_confidence:
+                        break
+                tok = int(logits.argmax())
+            else:
+                q = probs_from_logits(logits[None], sampling)  # [1, V]
+                tok = int(sample(q, generator)[0])
+                qs.append(q[0])
+            tokens.append(tok)
+            if i + 1 < k:
+                logits = self.model.forward(torch.tensor([tok], dtype=torch.int64)).logits[-1]
+                self.seq.append(tok)
+        probs = torch.stack(qs) if qs else None
+        return Draft(tokens, probs)
+
+    def observe(self, context: list[int], num_accepted: int) -> None:
+        # Nothing to do eagerly: the next propose rolls back to the common prefix, which covers
+        # both a rejection (drop the rejected tail) and full acceptance (feed the last draft
+        # token and the bonus token).
+        pass
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    # Most steps share everything but a short tail: compare big chunks first.
+    step = 256
+    while i + step <= n and a[i:i + step] == b[i:i + step]:
+        i += step
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@register("draft-model", needs_draft_model=True)
+def _build(ctx: DrafterContext) -> DraftModel:
+    return DraftModel(ctx.draft_model, min_confidence=ctx.spec.min_confidence)

@@ -1,0 +1,183 @@
+"""The draft -> verify -> commit loop.
+
+Each step:
+  1. the drafter proposes up to k tokens after the committed context;
+  2. the target runs one forward over [last committed token] + draft (K+1 tokens), whose
+     row i predicts the token after draft[:i];
+  3. the verifier accepts a prefix of n draft tokens and adds one target token (recovered at
+     the first rejection, bonus when all pass);
+  4. the target's cache rolls back to the committed context minus its last token (the engine's
+     cache invariant), and the drafter observes the outcome.
+Plain decoding (method "none") is the same loop with an empty draft, so the baseline runs the
+very same runtime code.
+
+Every committed token is yielded as a :class:`Piece` that says where it came from.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from .config import GenerationConfig, SamplingConfig, SpecConfig
+from .drafters.base import Draft, Drafter
+from .errors import ContextLengthError
+from .metrics import SpecStats
+from .sampling import make_generator, next_token
+from .verify import verify
+
+DRAFT = "draft"  # an accepted draft token
+TARGET = "target"  # a token the target produced itself (prefill, recovered, bonus, plain)
+
+
+@dataclass(frozen=True)
+class Piece:
+    token_id: int
+    text: str  # the text this token adds ("" while a multi-byte character is incomplete)
+    origin: str  # DRAFT or TARGET
+
+
+class Detokenizer:
+    """Incremental decoding that never splits a multi-byte character.
+
+    Decodes a short window of recent ids so the cost per token stays constant, and emits text
+    only once it no longer ends in the replacement character of an incomplete byte sequence.
+    """
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        self.ids: list[int] = []
+        self.prefix = 0  # window start
+        self.read = 0  # ids up to here have been emitted
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=True)
+
+    def add(self, token: int) -> str:
+        self.ids.append(token)
+        before = self._decode(self.ids[self.prefix:self.read])
+        after = self._decode(self.ids[self.prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.prefix, self.read = self.read, len(self.ids)
+            return after[len(before):]
+        return ""
+
+
+class Engine:
+    """Speculative generation with one target, one drafter (or none) and one tokenizer."""
+
+    def __init__(self, target, tokenizer, drafter: Drafter | None, spec: SpecConfig,
+                 eos_ids: set[int] | None = None):
+        self.target = target
+        self.tokenizer = tokenizer
+        self.drafter = drafter
+        self.spec = spec
+        self.eos_ids = set(eos_ids or ())
+        self.stats = SpecStats(method=spec.method if drafter else "none")
+        self.token_ids: list[int] = []
+
+    def stream(self, prompt_ids: list[int], sampling: SamplingConfig = SamplingConfig(),
+               gen: GenerationConfig = GenerationConfig()) -> Iterator[Piece]:
+        """Yield committed tokens as Pieces; ``self.stats`` and ``self.token_ids`` hold the run."""
+        if not prompt_ids:
+            raise ContextLengthError("the prompt is empty; give at least one token of prompt")
+        need = len(prompt_ids) + gen.max_new_tokens
+        if need > self.target.max_length:
+            raise ContextLengthError(
+                f"prompt ({len(prompt_ids)} tokens) + max-new-tokens ({gen.max_new_tokens}) exceeds the "
+                f"context of {self.target.max_length} tokens; shorten the prompt or lower max-new-tokens")
+        stats = self.stats = SpecStats(method=self.stats.method, prompt_tokens=len(prompt_ids))
+        generator = make_generator(sampling.seed)
+        detok = Detokenizer(self.tokenizer)
+        pending = ""  # text held back: it may be the start of a stop string
+        context = list(prompt_ids)
+        self.token_ids = generated = []
+        t_start = time.perf_counter()
+        try:
+            # Prefill: the cache takes the whole prompt; its last logits give the first token.
+            self.target.reset()
+            if self.drafter is not None:
+                self.drafter.begin(list(prompt_ids))
+            logits = self.target.forward(torch.tensor(prompt_ids, dtype=torch.int64), last_only=True).logits
+            new = [next_token(logits[-1], sampling, generator)]
+            origins = [TARGET]
+            stats.time_prefill = time.perf_counter() - t_start
+            while True:
+                # Commit: stop at EOS / max tokens; stream text; look for stop strings.
+                done = False
+                for tok, origin in zip(new, origins):
+                    if tok in self.eos_ids and not gen.ignore_eos:
+                        done = True
+                        break
+                    generated.append(tok)
+                    context.append(tok)
+                    pending += detok.add(tok)
+                    if gen.stop:
+                        cut = _find_stop(pending, gen.stop)
+                        if cut is not None:
+                            pending = pending[:cut]
+                            done = True
+                        keep = 0 if done else _partial_stop(pending, gen.stop)
+                    else:
+                        keep = 0
+                    text, pending = pending[:len(pending) - keep], pending[len(pending) - keep:]
+                    yield Piece(tok, text, origin)
+                    if done or len(generated) >= gen.max_new_tokens:
+                        done = True
+                        break
+                stats.new_tokens = len(generated)
+                if done:
+                    break
+
+                # 1. Draft.
+                t0 = time.perf_counter()
+                room = min(self.spec.k, gen.max_new_tokens - len(generated) - 1)
+                draft = (self.drafter.propose(context, room, sampling, generator)
+                         if self.drafter is not None and room > 0 else Draft())
+                if len(draft) > max(room, 0):
+                    draft = Draft(draft.tokens[:room], None if draft.probs is None else draft.probs[:room])
+                t1 = time.perf_counter()
+                # 2. Verify: one target forward over [last token] + draft.
+                ids = torch.tensor([context[-1]] + draft.tokens, dtype=torch.int64)
+                logits = self.target.forward(ids).logits  # [K+1, V]
+                verdict = verify(logits, draft.tokens, draft.probs, sampling, generator)
+                # 3. Roll the target back to the committed context minus its newest token.
+                n = verdict.num_accepted
+                self.target.rollback(len(context) + n)
+                new = verdict.tokens(draft.tokens)
+                origins = [DRAFT] * n + [TARGET]
+                stats.record_step(len(draft), n, len(new))
+                if self.drafter is not None:
+                    self.drafter.observe(context + new, n)
+                t2 = time.perf_counter()
+                stats.time_draft += t1 - t0
+                stats.time_verify += t2 - t1
+        finally:
+            stats.new_tokens = len(generated)
+            stats.time_total = time.perf_counter() - t_start
+        if pending:  # generation ended on a partial stop string that never completed
+            yield Piece(generated[-1] if generated else -1, pending, TARGET)
+
+    def generate(self, prompt_ids: list[int], sampling: SamplingConfig = SamplingConfig(),
+                 gen: GenerationConfig = GenerationConfig()) -> tuple[str, list[Piece]]:
+        pieces = list(self.stream(prompt_ids, sampling, gen))
+        return "".join(p.text for p in pieces), pieces
+
+
+def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    """Index where the earliest stop string starts in text, or None."""
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(hits) if hits else None
+
+
+def _partial_stop(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest suffix of text that is a proper prefix of some stop string."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best

