@@ -23,6 +23,9 @@ RUNTIMES = ("auto", "native", "hf")
 # Measured on the reference CPU (scripts/measure_forward.py): with AMX, a bf16 forward over a
 # block of ~16 tokens costs about what one token does, so verification is nearly free in bf16.
 DEFAULT_DTYPE = "bf16"
+# A draft model's numerics never change the output, only acceptance; low-bit weights make each
+# draft token several times cheaper on a memory-bound CPU.
+DEFAULT_DRAFT_FORMAT = "dense"
 
 
 @dataclass
@@ -35,9 +38,15 @@ class LoadedModel:
 
 
 def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", max_length: int = 4096,
-               progress: bool = True) -> LoadedModel:
-    """Resolve ``spec`` (packaged name, HF model dir, or .gguf file) and load model + tokenizer."""
+               weight_format: str = "dense", progress: bool = True) -> LoadedModel:
+    """Resolve ``spec`` (packaged name, HF model dir, or .gguf file) and load model + tokenizer.
+
+    weight_format: "dense" (dtype weights), or "int8" / "int4" weight-only quantization (native
+    runtime only; used for draft models, whose numerics do not affect the output).
+    """
     from transformers import AutoConfig, AutoTokenizer
+
+    from .models.quant import WEIGHT_FORMATS
 
     from .models.hf import HFModel
     from .models.llama import SUPPORTED_TYPES, LlamaModel
@@ -47,6 +56,8 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
         raise ParameterError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if runtime not in RUNTIMES:
         raise ParameterError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    if weight_format not in WEIGHT_FORMATS:
+        raise ParameterError(f"weight format must be one of {', '.join(WEIGHT_FORMATS)}, got {weight_format!r}")
     path = resolve_model_dir(spec, progress=progress)
     try:
         config = AutoConfig.from_pretrained(path)
@@ -55,8 +66,12 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
         raise ModelFileError(f"cannot load config/tokenizer from {path} ({type(e).__name__}); "
                              "is it a complete Hugging Face model directory?") from None
     native = runtime == "native" or (runtime == "auto" and config.model_type in SUPPORTED_TYPES)
-    cls = LlamaModel if native else HFModel
-    model = cls.from_dir(path, dtype=DTYPES[dtype], max_length=max_length)
+    if native:
+        model = LlamaModel.from_dir(path, dtype=DTYPES[dtype], max_length=max_length, weight_format=weight_format)
+    elif weight_format != "dense":
+        raise ParameterError(f"{config.model_type!r} runs through the transformers adapter, which has dense weights only")
+    else:
+        model = HFModel.from_dir(path, dtype=DTYPES[dtype], max_length=max_length)
     return LoadedModel(spec, path, model, tokenizer, _eos_ids(path, config, tokenizer))
 
 
@@ -98,8 +113,8 @@ class Speculator:
     """A target (and optionally a draft model) loaded once, generating with any method."""
 
     def __init__(self, target: str | None = None, draft: str | None = None, *, dtype: str = DEFAULT_DTYPE,
-                 draft_dtype: str | None = None, runtime: str = "auto", max_length: int = 4096,
-                 load_draft: bool = True, progress: bool = True):
+                 draft_dtype: str | None = None, draft_format: str = DEFAULT_DRAFT_FORMAT, runtime: str = "auto",
+                 max_length: int = 4096, load_draft: bool = True, progress: bool = True):
         from .models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
 
         self.target = load_model(target or DEFAULT_TARGET, dtype=dtype, runtime=runtime, max_length=max_length,
@@ -107,7 +122,7 @@ class Speculator:
         self.draft: LoadedModel | None = None
         if load_draft:
             self.draft = load_model(draft or DEFAULT_DRAFT, dtype=draft_dtype or dtype, runtime=runtime,
-                                    max_length=max_length, progress=progress)
+                                    max_length=max_length, weight_format=draft_format, progress=progress)
             check_tokenizers(self.target.tokenizer, self.draft.tokenizer, self.target.name, self.draft.name)
         self.tokenizer = self.target.tokenizer
 

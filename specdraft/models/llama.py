@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from ..errors import ModelFileError
 from .base import ModelOutput
+from .quant import make_linear
 
 SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
 
@@ -98,14 +99,14 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class _Layer:
-    """Weights of one decoder layer, with q/k/v and gate/up fused into single matrices."""
+    """One decoder layer: norms and linear objects, with q/k/v and gate/up fused."""
 
-    __slots__ = ("ln1", "ln2", "w_qkv", "b_qkv", "w_o", "w_gate_up", "w_down")
+    __slots__ = ("ln1", "ln2", "qkv", "o", "gate_up", "down")
 
-    def __init__(self, ln1, ln2, w_qkv, b_qkv, w_o, w_gate_up, w_down):
-        self.ln1, self.ln2 = ln1, ln2
-        self.w_qkv, self.b_qkv, self.w_o = w_qkv, b_qkv, w_o  # [(nh+2nkv)hd, H], [(nh+2nkv)hd] | None, [H, nh hd]
-        self.w_gate_up, self.w_down = w_gate_up, w_down  # [2I, H], [H, I]
+    def __init__(self, ln1, ln2, qkv, o, gate_up, down):
+        self.ln1, self.ln2 = ln1, ln2  # [H]
+        self.qkv, self.o = qkv, o  # H -> (nh + 2 nkv) hd, nh hd -> H
+        self.gate_up, self.down = gate_up, down  # H -> 2I, I -> H
 
 
 class LlamaModel:
@@ -113,8 +114,9 @@ class LlamaModel:
 
     supports_tree = True
 
+    # `weights` is consumed: unfused tensors are dropped as layers are built, to bound peak memory.
     def __init__(self, spec: LlamaSpec, weights: dict[str, torch.Tensor], config, *, dtype=torch.bfloat16,
-                 max_length: int = 4096):
+                 max_length: int = 4096, weight_format: str = "dense"):
         self.spec = spec
         self.dtype = dtype
         self.vocab_size = spec.vocab_size
@@ -127,8 +129,10 @@ class LlamaModel:
                 raise ModelFileError(f"weight {name!r} is missing from the model files; the checkpoint is incomplete")
             return weights[name].to(dtype).contiguous()
 
+        self.weight_format = weight_format
         self.embed = w("model.embed_tokens.weight")  # [V, H]
-        self.lm_head = self.embed if (s.tie_embeddings or "lm_head.weight" not in weights) else w("lm_head.weight")
+        head = self.embed if (s.tie_embeddings or "lm_head.weight" not in weights) else w("lm_head.weight")
+        self.lm_head = make_linear(head, None, weight_format)  # H -> V
         self.norm = w("model.norm.weight")
         self.layers: list[_Layer] = []
         for i in range(s.num_layers):
@@ -139,8 +143,13 @@ class LlamaModel:
             if s.attention_bias and (a + "q_proj.bias") in weights:
                 b_qkv = torch.cat([w(a + "q_proj.bias"), w(a + "k_proj.bias"), w(a + "v_proj.bias")]).contiguous()
             w_gu = torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]).contiguous()
-            self.layers.append(_Layer(w(p + "input_layernorm.weight"), w(p + "post_attention_layernorm.weight"),
-                                      w_qkv, b_qkv, w(a + "o_proj.weight"), w_gu, w(p + "mlp.down_proj.weight")))
+            lin = [make_linear(m, b, weight_format) for m, b in
+                   ((w_qkv, b_qkv), (w(a + "o_proj.weight"), None), (w_gu, None), (w(p + "mlp.down_proj.weight"), None))]
+            self.layers.append(_Layer(w(p + "input_layernorm.weight"), w(p + "post_attention_layernorm.weight"), *lin))
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):  # free the unfused copies as we go
+                weights.pop(a + name + ".weight", None)
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                weights.pop(p + "mlp." + name + ".weight", None)
         self.cos, self.sin = rope_tables(config, self.max_length)  # [max_len, hd] float32
         shape = (s.num_kv_heads, self.max_length, s.head_dim)
         self.k_cache = [torch.zeros(shape, dtype=dtype) for _ in range(s.num_layers)]
@@ -150,7 +159,8 @@ class LlamaModel:
 
     # ----------------------------------------------------------------------------- loading
     @classmethod
-    def from_dir(cls, path: str | Path, *, dtype=torch.bfloat16, max_length: int = 4096) -> "LlamaModel":
+    def from_dir(cls, path: str | Path, *, dtype=torch.bfloat16, max_length: int = 4096,
+                 weight_format: str = "dense") -> "LlamaModel":
         from safetensors import safe_open
         from transformers import AutoConfig
 
@@ -172,7 +182,8 @@ class LlamaModel:
                         weights[name] = fh.get_tensor(name)
         except Exception as e:  # noqa: BLE001
             raise ModelFileError(f"cannot read weights {f.name} in {path} ({e}); the file is corrupt, re-create it") from None
-        return cls(read_spec(config), weights, config, dtype=dtype, max_length=max_length)
+        return cls(read_spec(config), weights, config, dtype=dtype, max_length=max_length,
+                   weight_format=weight_format)
 
     # ----------------------------------------------------------------------------- cache
     def rollback(self, length: int) -> None:
@@ -228,7 +239,7 @@ class LlamaModel:
         x = self.embed[ids]  # [T, H]
         for i, layer in enumerate(self.layers):
             h = self._rms(x, layer.ln1)
-            qkv = F.linear(h, layer.w_qkv, layer.b_qkv)  # [T, (nh + 2 nkv) hd]
+            qkv = layer.qkv(h)  # [T, (nh + 2 nkv) hd]
             q, k, v = qkv.split([self._q_size, self._kv_size, self._kv_size], dim=-1)
             q = q.view(T, s.num_heads, s.head_dim).transpose(0, 1)  # [nh, T, hd]
             k = k.view(T, s.num_kv_heads, s.head_dim).transpose(0, 1)  # [nkv, T, hd]
@@ -241,13 +252,13 @@ class LlamaModel:
                 q.unsqueeze(0), self.k_cache[i][None, :, :L], self.v_cache[i][None, :, :L],
                 attn_mask=mask, enable_gqa=s.num_heads != s.num_kv_heads,
             )  # [1, nh, T, hd]
-            x = x + F.linear(o[0].transpose(0, 1).reshape(T, self._q_size), layer.w_o)
+            x = x + layer.o(o[0].transpose(0, 1).reshape(T, self._q_size))
             h = self._rms(x, layer.ln2)
-            gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)  # [T, I] each
-            x = x + F.linear(F.silu(gate) * up, layer.w_down)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)  # [T, I] each
+            x = x + layer.down(F.silu(gate) * up)
         self.length = L
         if last_only:
             x = x[-1:]
         hidden = self._rms(x, self.norm)  # [T', H]
-        logits = F.linear(hidden, self.lm_head).float()  # [T', V]
+        logits = self.lm_head(hidden).float()  # [T', V]
         return ModelOutput(logits=logits, hidden=hidden if need_hidden else None)

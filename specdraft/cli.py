@@ -1,0 +1,148 @@
+"""The command line: ``specdraft generate``, ``specdraft bench``, ``specdraft models``.
+
+User errors print one line (``error: ...``) and exit with status 2; no traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .config import GenerationConfig, SamplingConfig, SpecConfig
+from .errors import SpecdraftError
+
+_DEFAULTS_SPEC = SpecConfig()
+_DEFAULTS_GEN = GenerationConfig()
+_DEFAULTS_SAMPLING = SamplingConfig()
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default=None, help="target model: packaged name, HF model dir or .gguf (default: qwen2.5-coder-1.5b)")
+    p.add_argument("--draft", default=None, help="draft model for --method draft-model (default: qwen2.5-coder-0.5b)")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="weights and activations of the models (default bf16: flat verification cost on AMX)")
+    p.add_argument("--draft-format", default=None, choices=["dense", "int8", "int4"],
+                   help="draft model weights: dense (--dtype) or weight-only int8/int4 (cheaper drafts, same output)")
+    p.add_argument("--runtime", default="auto", choices=["auto", "native", "hf"], help="native Llama-family runtime or the transformers adapter")
+    p.add_argument("--max-context", type=int, default=4096, help="KV cache capacity in tokens")
+
+
+def _spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--k", type=int, default=_DEFAULTS_SPEC.k, help="draft tokens per target forward")
+    p.add_argument("--min-confidence", type=float, default=_DEFAULTS_SPEC.min_confidence,
+                   help="draft-model, greedy: stop a draft early when the draft's top probability falls below this")
+    p.add_argument("--ngram-max", type=int, default=_DEFAULTS_SPEC.ngram_max, help="prompt-lookup: longest n-gram matched")
+    p.add_argument("--ngram-min", type=int, default=_DEFAULTS_SPEC.ngram_min, help="prompt-lookup: shortest n-gram matched")
+
+
+def speculator_options(args) -> dict:
+    """Options of Speculator that the command line sets only when given."""
+    return {"draft_format": args.draft_format} if args.draft_format else {}
+
+
+def _methods() -> list[str]:
+    from .drafters import drafter_names
+
+    return ["none"] + drafter_names()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdraft", description="Lossless speculative decoding, CPU first.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text for a prompt, streaming, then print statistics")
+    g.add_argument("prompt")
+    g.add_argument("--method", default=_DEFAULTS_SPEC.method, choices=_methods(), help="the drafter; none = plain decoding")
+    _model_args(g)
+    _spec_args(g)
+    g.add_argument("--temperature", type=float, default=_DEFAULTS_SAMPLING.temperature, help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=_DEFAULTS_SAMPLING.top_k)
+    g.add_argument("--top-p", type=float, default=_DEFAULTS_SAMPLING.top_p)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--max-new-tokens", type=int, default=_DEFAULTS_GEN.max_new_tokens)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    g.add_argument("--color", choices=["auto", "always", "never"], default="auto",
+                   help="colour tokens by origin: green = accepted draft, blue = produced by the target")
+    g.add_argument("--json", action="store_true", help="print the statistics as JSON instead of one line")
+
+    b = sub.add_parser("bench", help="benchmark methods on Spec-Bench prompts")
+    from .bench.harness import add_bench_args
+
+    add_bench_args(b)
+    _model_args(b)
+    _spec_args(b)
+
+    m = sub.add_parser("models", help="list the packaged models, or prepare (join, verify, convert) them")
+    m.add_argument("action", choices=["list", "prepare"])
+    m.add_argument("names", nargs="*")
+    return parser
+
+
+def _cmd_generate(args) -> int:
+    from .pipeline import Speculator
+    from .drafters import needs_draft_model
+
+    # Validate cheap things before loading any model.
+    spec = SpecConfig(method=args.method, k=args.k, ngram_max=args.ngram_max, ngram_min=args.ngram_min,
+                      min_confidence=args.min_confidence)
+    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    gen = GenerationConfig(max_new_tokens=args.max_new_tokens, stop=tuple(args.stop))
+    with_draft = args.method != "none" and needs_draft_model(args.method)
+    sd = Speculator(args.target, args.draft, dtype=args.dtype, runtime=args.runtime, max_length=args.max_context,
+                    load_draft=with_draft, **speculator_options(args))
+    color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
+    engine = sd.engine(spec)
+    ids = sd.encode_prompt(args.prompt, chat=not args.no_chat)
+    out = sys.stdout
+    for piece in engine.stream(ids, sampling, gen):
+        if color and piece.text:
+            code = "32" if piece.origin == "draft" else "34"
+            out.write(f"\x1b[{code}m{piece.text}\x1b[0m")
+        else:
+            out.write(piece.text)
+        out.flush()
+    out.write("\n")
+    if args.json:
+        import json
+
+        print(json.dumps(engine.stats.to_dict()))
+    else:
+        print(engine.stats.summary())
+    return 0
+
+
+def _cmd_models(args) -> int:
+    from .models.packaged import PACKAGED, resolve_model_dir
+
+    if args.action == "list":
+        for name, pm in PACKAGED.items():
+            print(f"{name:22s} {pm.description}")
+        return 0
+    for name in args.names or list(PACKAGED):
+        print(f"{name}: {resolve_model_dir(name)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "generate":
+            return _cmd_generate(args)
+        if args.command == "bench":
+            from .bench.harness import run_bench
+
+            return run_bench(args)
+        if args.command == "models":
+            return _cmd_models(args)
+    except SpecdraftError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
