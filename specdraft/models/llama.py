@@ -98,6 +98,26 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rot * sin
 
 
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Grouped-query attention: q [nh, T, hd], k/v [nkv, L, hd], mask [T, L] bool -> [nh, T, hd].
+
+    Written with plain matmuls rather than scaled_dot_product_attention on purpose: every row's
+    result is then bitwise independent of how many new tokens share the forward (SDPA's CPU
+    kernel splits the query block by its length and changes the summation order). So a token
+    verified inside a block of 16 gets exactly the logits it gets when decoded alone, and greedy
+    speculative output equals plain greedy output bit for bit, in bf16 too.
+    """
+    nh, T, hd = q.shape
+    nkv, L, _ = k.shape
+    g = nh // nkv  # query heads per kv head; head h reads kv head h // g
+    scores = torch.matmul(q.reshape(nkv, g * T, hd), k.transpose(1, 2)).float()  # [nkv, g T, L]
+    scores = scores * (hd ** -0.5)
+    if mask is not None:
+        scores = scores.view(nkv, g, T, L).masked_fill_(~mask, float("-inf")).view(nkv, g * T, L)
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    return torch.matmul(probs, v).view(nh, T, hd)
+
+
 class _Layer:
     """One decoder layer: norms and linear objects, with q/k/v and gate/up fused."""
 
@@ -248,11 +268,8 @@ class LlamaModel:
             k = _rotate(k, cos, sin)
             self.k_cache[i][:, L0:L] = k
             self.v_cache[i][:, L0:L] = v
-            o = F.scaled_dot_product_attention(
-                q.unsqueeze(0), self.k_cache[i][None, :, :L], self.v_cache[i][None, :, :L],
-                attn_mask=mask, enable_gqa=s.num_heads != s.num_kv_heads,
-            )  # [1, nh, T, hd]
-            x = x + layer.o(o[0].transpose(0, 1).reshape(T, self._q_size))
+            o = _attention(q, self.k_cache[i][:, :L], self.v_cache[i][:, :L], mask)  # [nh, T, hd]
+            x = x + layer.o(o.transpose(0, 1).reshape(T, self._q_size))
             h = self._rms(x, layer.ln2)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)  # [T, I] each
             x = x + layer.down(F.silu(gate) * up)
