@@ -53,6 +53,10 @@ def verify_sampling(target_logits: torch.Tensor, draft: list[int], draft_probs: 
     """Speculative sampling. target_logits [K+1, V]; draft_probs [K, V] (q) or None (one-hot)."""
     K = len(draft)
     p = probs_from_logits(target_logits, cfg)  # [K+1, V]
+    if draft_probs is not None and draft_probs.shape[-1] != p.shape[-1]:
+        # Same tokenizer, differently padded output heads: ids past the tokenizer's vocabulary
+        # carry no mass in either model, so q is cut or zero-padded to the target's width.
+        draft_probs = _match_width(draft_probs, p.shape[-1])
     for i, x in enumerate(draft):
         p_x = float(p[i, x])
         q_x = 1.0 if draft_probs is None else float(draft_probs[i, x])
@@ -71,6 +75,12 @@ def verify_sampling(target_logits: torch.Tensor, draft: list[int], draft_probs: 
         dist = residual / total if total > 0.0 else p[i]
         return Verdict(i, int(sample(dist[None], generator)[0]), False)
     return Verdict(K, int(sample(p[K:K + 1], generator)[0]), True)
+
+
+def _match_width(q: torch.Tensor, width: int) -> torch.Tensor:
+    if q.shape[-1] > width:
+        return q[..., :width]
+    return torch.nn.functional.pad(q, (0, width - q.shape[-1]))
 
 
 def verify(target_logits: torch.Tensor, draft: list[int], draft_probs: torch.Tensor | None,
