@@ -56,6 +56,7 @@ class Outcome:
     step_tokens: int | None  # tokens committed by those forwards
     drafted: int | None
     accepted: int | None
+    prefill_seconds: float | None = None  # only our engine times its prefill separately
 
 
 def clean_generation_config(eos_ids: list[int]):

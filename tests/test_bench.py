@@ -1,0 +1,309 @@
+"""Fast tests of the benchmark harness: prompt files, method lists, exactness, aggregation, Markdown.
+
+No model is loaded; per-prompt records are crafted by hand so the expected numbers are exact.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdraft.bench import harness
+from specdraft.bench.harness import (BenchError, PromptRecord, aggregate, first_mismatch, load_prompts,
+                                     mark_exactness, markdown_report, parse_methods, select_prompts)
+from specdraft.bench.peers import strip_eos
+from specdraft.cli import build_parser, main
+from specdraft.errors import SpecdraftError
+
+
+def write_lines(tmp_path, lines, name="p.jsonl"):
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def line(qid, category, first="hello", *more):
+    return json.dumps({"question_id": qid, "category": category, "turns": [first, *more]})
+
+
+SAMPLE = [line(1, "coding"), line(2, "math"), line(3, "coding", "again"), line(4, "qa"), line(5, "coding"),
+          line(6, "math")]
+
+
+# ----------------------------------------------------------------------------- prompt files
+def test_load_prompts_reads_first_turn_and_skips_blank_lines(tmp_path):
+    path = write_lines(tmp_path, [line(7, "qa", "first turn", "second turn"), "", "   ", line("x8", "qa")])
+    prompts = load_prompts(path)
+    assert [(p.question_id, p.category, p.text) for p in prompts] == [(7, "qa", "first turn"), ("x8", "qa", "hello")]
+
+
+def test_bad_json_names_the_line(tmp_path):
+    path = write_lines(tmp_path, [line(1, "qa"), "", '{"question_id": 2, "category": '])
+    with pytest.raises(BenchError, match=r"line 3: not valid JSON"):
+        load_prompts(path)
+
+
+@pytest.mark.parametrize("obj, message", [
+    ({"category": "qa", "turns": ["x"]}, "missing field.*question_id"),
+    ({"question_id": 1, "turns": ["x"]}, "missing field.*category"),
+    ({"question_id": 1}, "missing field.*category, turns"),
+    ({"question_id": 1, "category": "qa", "turns": []}, "turns must be a list"),
+    ({"question_id": 1, "category": "qa", "turns": "x"}, "turns must be a list"),
+    ({"question_id": 1, "category": "", "turns": ["x"]}, "category must be"),
+    ({"question_id": [1], "category": "qa", "turns": ["x"]}, "question_id must be"),
+])
+def test_bad_fields_name_the_line(tmp_path, obj, message):
+    path = write_lines(tmp_path, [line(0, "qa"), json.dumps(obj)])
+    with pytest.raises(BenchError, match=f"line 2: {message}"):
+        load_prompts(path)
+
+
+def test_not_an_object(tmp_path):
+    with pytest.raises(BenchError, match="line 1: expected a JSON object"):
+        load_prompts(write_lines(tmp_path, ["[1, 2]"]))
+
+
+def test_missing_empty_binary_and_duplicate_files(tmp_path):
+    with pytest.raises(BenchError, match="does not exist"):
+        load_prompts(tmp_path / "nope.jsonl")
+    with pytest.raises(BenchError, match="is a directory"):
+        load_prompts(tmp_path)
+    with pytest.raises(BenchError, match="holds no prompts"):
+        load_prompts(write_lines(tmp_path, [""], "empty.jsonl"))
+    binary = tmp_path / "bin.jsonl"
+    binary.write_bytes(b"\x89PNG\xff\xfe\x00")
+    with pytest.raises(BenchError, match="not UTF-8"):
+        load_prompts(binary)
+    with pytest.raises(BenchError, match="repeats question_id 1"):
+        load_prompts(write_lines(tmp_path, [line(1, "qa"), line(1, "math")], "dup.jsonl"))
+
+
+def test_errors_are_one_line_specdraft_errors(tmp_path):
+    try:
+        load_prompts(write_lines(tmp_path, ["{oops"]))
+    except SpecdraftError as e:
+        assert "\n" not in str(e)
+    else:
+        pytest.fail("no error")
+
+
+def test_per_category_takes_the_first_n_in_file_order(tmp_path):
+    prompts = load_prompts(write_lines(tmp_path, SAMPLE))
+    assert [p.question_id for p in select_prompts(prompts, per_category=2)] == [1, 2, 3, 4, 6]
+    assert [p.question_id for p in select_prompts(prompts, per_category=1)] == [1, 2, 4]
+    assert [p.question_id for p in select_prompts(prompts, ["math", "coding"], 1)] == [1, 2]
+    assert [p.question_id for p in select_prompts(prompts)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_unknown_category_and_bad_per_category(tmp_path):
+    prompts = load_prompts(write_lines(tmp_path, SAMPLE))
+    with pytest.raises(BenchError, match="unknown category poetry; the prompts file has: coding, math, qa"):
+        select_prompts(prompts, ["coding", "poetry"])
+    with pytest.raises(BenchError, match="at least 1"):
+        select_prompts(prompts, per_category=0)
+
+
+# ----------------------------------------------------------------------------- methods
+def test_methods_put_the_baseline_first_and_reject_unknown_names():
+    assert parse_methods("prompt-lookup, none,hf-generate") == ["none", "prompt-lookup", "hf-generate"]
+    assert parse_methods("draft-model,draft-model") == ["none", "draft-model"]  # baseline added once
+    with pytest.raises(BenchError, match="unknown method 'medusa'; choose from: none, .*hf-assisted"):
+        parse_methods("none,medusa")
+
+
+def test_cli_reports_user_errors_in_one_line(tmp_path, capsys):
+    prompts = write_lines(tmp_path, ["not json"])
+    code = main(["bench", "--prompts", str(prompts), "--json", str(tmp_path / "o.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and "line 1" in err and err.count("\n") == 1
+
+
+def test_cli_requires_prompts_and_json():
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "--json", "x.json"])
+    args = build_parser().parse_args(["bench", "--prompts", "p.jsonl", "--json", "o.json", "--no-warmup"])
+    assert args.warmup is False and args.hf_dtype_plain == "fp32" and args.hf_dtype_assisted == "bf16"
+
+
+def test_output_directory_is_checked_before_models_load(tmp_path):
+    with pytest.raises(BenchError, match="does not exist"):
+        harness.check_output_path(tmp_path / "missing" / "o.json", "--json")
+    with pytest.raises(BenchError, match="is a directory"):
+        harness.check_output_path(tmp_path, "--json")
+
+
+# ----------------------------------------------------------------------------- exactness
+def test_first_mismatch():
+    assert first_mismatch([1, 2, 3], [1, 2, 3]) is None
+    assert first_mismatch([1, 2, 3], [1, 9, 3]) == 1
+    assert first_mismatch([1, 2], [1, 2, 3]) == 2  # one stopped (EOS) where the other went on
+    assert first_mismatch([], []) is None
+
+
+def test_strip_eos_cuts_at_the_first_eos():
+    assert strip_eos([5, 6, 2, 2, 2], {2}) == [5, 6]
+    assert strip_eos([5, 6], {2}) == [5, 6]
+
+
+# ----------------------------------------------------------------------------- aggregation
+def rec(method, qid, category, new, seconds, forwards=None, step=None, drafted=None, accepted=None, tokens=None):
+    return PromptRecord(method, qid, category, 10, new, seconds, forwards, step, drafted, accepted,
+                        token_ids=tokens if tokens is not None else list(range(new)))
+
+
+def crafted_records():
+    return [
+        # baseline: 10 tok/s on coding (20 tokens / 2 s), 5 tok/s on math (10 / 2 s)
+        rec("none", 1, "coding", 10, 1.0, 9, 9, 0, 0),
+        rec("none", 2, "coding", 10, 1.0, 9, 9, 0, 0),
+        rec("none", 3, "math", 10, 2.0, 9, 9, 0, 0),
+        # a drafter: twice as fast on coding, as fast on math; one math prompt differs
+        rec("draft-model", 1, "coding", 10, 0.5, 3, 9, 8, 6),
+        rec("draft-model", 2, "coding", 10, 0.5, 3, 9, 8, 6),
+        rec("draft-model", 3, "math", 10, 2.0, 9, 9, 8, 0, tokens=[0, 1, 2, 7, 4, 5, 6, 7, 8, 9]),
+        # a peer that knows nothing about drafts
+        rec("hf-assisted", 1, "coding", 10, 0.25, 4, 11),
+        rec("hf-assisted", 2, "coding", 10, 0.25, 4, 11),
+        rec("hf-assisted", 3, "math", 10, 4.0, 4, 11),
+    ]
+
+
+def test_aggregate_speedup_exactness_and_overall_row():
+    records = crafted_records()
+    mark_exactness(records)
+    rows = {(r["method"], r["category"]): r for r in aggregate(records, ["none", "draft-model", "hf-assisted"],
+                                                                ["coding", "math"])}
+    assert rows[("none", "coding")]["tokens_per_s"] == pytest.approx(10.0)
+    assert rows[("none", "overall")]["tokens_per_s"] == pytest.approx(30 / 4)
+    assert rows[("none", "overall")]["speedup"] == pytest.approx(1.0)
+    assert rows[("none", "overall")]["acceptance_rate"] is None  # nothing drafted
+    assert rows[("none", "overall")]["mean_accepted_tokens"] == pytest.approx(1.0)
+
+    d = rows[("draft-model", "coding")]
+    assert d["speedup"] == pytest.approx(2.0)
+    assert d["mean_accepted_tokens"] == pytest.approx(18 / 6)
+    assert d["acceptance_rate"] == pytest.approx(12 / 16)
+    assert d["exact_match_rate"] == 1.0
+    o = rows[("draft-model", "overall")]
+    # overall = total tokens / total seconds, not a mean of per-category speedups
+    assert o["tokens_per_s"] == pytest.approx(30 / 3.0)
+    assert o["speedup"] == pytest.approx((30 / 3.0) / (30 / 4.0))
+    assert o["exact_match_rate"] == pytest.approx(2 / 3)
+    assert o["acceptance_rate"] == pytest.approx(12 / 24)
+    assert o["mean_accepted_tokens"] == pytest.approx(27 / 15)
+    assert (o["prompts"], o["new_tokens"], o["seconds"], o["target_forwards"]) == (3, 30, 3.0, 15)
+
+    h = rows[("hf-assisted", "overall")]
+    assert h["acceptance_rate"] is None  # unknown stays unknown
+    assert h["mean_accepted_tokens"] == pytest.approx(33 / 12)
+    assert rows[("hf-assisted", "math")]["speedup"] == pytest.approx(0.5)
+
+
+def test_mismatch_index_is_recorded():
+    records = crafted_records()
+    mark_exactness(records)
+    bad = [r for r in records if r.exact is False]
+    assert [(r.method, r.question_id, r.mismatch_at) for r in bad] == [("draft-model", 3, 3)]
+
+
+def test_unknown_counts_make_the_aggregate_unknown():
+    records = [rec("none", 1, "qa", 5, 1.0, 4, 4, 0, 0), rec("x", 1, "qa", 5, 1.0, None, None)]
+    mark_exactness(records)
+    row = [r for r in aggregate(records, ["none", "x"], ["qa"]) if r["method"] == "x"][0]
+    assert row["mean_accepted_tokens"] is None and row["target_forwards"] is None and row["speedup"] == 1.0
+
+
+def test_markdown_has_overall_and_category_tables():
+    records = crafted_records()
+    mark_exactness(records)
+    methods, cats = ["none", "draft-model", "hf-assisted"], ["coding", "math"]
+    md = markdown_report(aggregate(records, methods, cats), methods, cats)
+    lines = md.splitlines()
+    assert lines[0] == "## Overall"
+    assert "| method | tokens/s | speedup |" in lines[2]
+    assert "| draft-model | 10.00 | 1.33x | 1.80 | 50% | 67% | 3 | 30 | 3.0 |" in lines
+    assert "| hf-assisted | 6.67 | 0.89x | 2.75 | – | 100% | 3 | 30 | 4.5 |" in lines
+    i = lines.index("## Speedup by category")
+    assert lines[i + 2] == "| method | coding | math | overall |"
+    assert lines[i + 3] == "|---|---:|---:|---:|"
+    assert lines[i + 5] == "| draft-model | 2.00x | 1.00x | 1.33x |"
+    assert all(ln.count("|") == lines[2].count("|") for ln in lines[2:7])
+
+
+# ----------------------------------------------------------------------------- mismatch analysis
+class FakeTarget:
+    """Logits depend only on the context length: even -> top-2 gap 2.0, odd -> gap 0.05."""
+
+    LOGITS = [[3.0, 1.0, 0.0, -1.0], [0.0, 1.0, 0.95, 0.0]]
+
+    def __init__(self):
+        self.model = self
+        self.eos_ids = {3}
+        self.calls = 0
+
+    def reset(self):
+        pass
+
+    def forward(self, ids, last_only=False):
+        import torch
+        from types import SimpleNamespace
+
+        self.calls += 1
+        return SimpleNamespace(logits=torch.tensor([self.LOGITS[len(ids) % 2]]))
+
+
+def test_mismatch_gaps_flag_only_real_disagreements():
+    records = [rec("none", 1, "qa", 3, 1.0, tokens=[5, 6, 7]), rec("none", 2, "qa", 2, 1.0, tokens=[5, 6]),
+               rec("a", 1, "qa", 3, 1.0, tokens=[5, 2, 7]), rec("b", 1, "qa", 3, 1.0, tokens=[5, 2, 9]),
+               rec("a", 2, "qa", 3, 1.0, tokens=[5, 0])]
+    mark_exactness(records)
+    target, warnings = FakeTarget(), []
+    prompt_ids = {1: [1, 1, 1], 2: [1, 1]}  # context lengths at the mismatches: 3 + 1 = 4, 2 + 1 = 3
+    found = harness.analyse_mismatches(records, prompt_ids, target, 0.1, warnings.append)
+    assert [(m["method"], m["question_id"], m["index"]) for m in found] == [("a", 1, 1), ("b", 1, 1), ("a", 2, 1)]
+    assert found[0]["top2_gap"] == pytest.approx(2.0) and found[0]["near_tie"] is False
+    assert found[0]["method_token_gap"] == pytest.approx(3.0 - 0.0)
+    assert found[2]["top2_gap"] == pytest.approx(0.05) and found[2]["near_tie"] is True
+    assert found[2]["method_token_gap"] == pytest.approx(1.0)
+    assert target.calls == 2  # a and b diverge alike on question 1: one forward serves both
+    assert len(warnings) == 2 and "question 1 at token 1" in warnings[0]
+
+
+def test_mismatch_where_a_sequence_ended_compares_eos():
+    records = [rec("none", 1, "qa", 1, 1.0, tokens=[5]), rec("a", 1, "qa", 2, 1.0, tokens=[5, 2])]
+    mark_exactness(records)
+    found = harness.analyse_mismatches(records, {1: [1, 1]}, FakeTarget(), 0.1, lambda _: None)
+    assert found[0]["baseline_token"] is None and found[0]["method_token"] == 2  # none stopped at EOS
+
+
+# ----------------------------------------------------------------------------- peers on a tiny random model
+@pytest.fixture(scope="module")
+def tiny_hf_model():
+    torch = pytest.importorskip("torch")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    model = LlamaForCausalLM(config).eval()
+    from specdraft.bench.peers import clean_generation_config
+
+    model.generation_config = clean_generation_config([63])
+    return model
+
+
+def test_peer_runner_counts_forwards_and_matches_plain_greedy(tiny_hf_model):
+    import copy
+
+    from specdraft.bench.peers import PEERS, PeerRunner
+
+    ids = [1, 5, 9, 5, 9, 5]
+    plain = PeerRunner(PEERS["hf-generate"], tiny_hf_model, None, [63])(ids, 12)
+    assert plain.target_forwards == plain.step_tokens  # one token per forward, the prefill's included
+    assert len(plain.token_ids) <= 12 and 63 not in plain.token_ids
+    assistant = copy.deepcopy(tiny_hf_model)
+    assisted = PeerRunner(PEERS["hf-assisted"], tiny_hf_model, assistant, [63])(ids, 12)
+    assert assisted.token_ids == plain.token_ids  # lossless: same greedy tokens
+    assert assisted.target_forwards < plain.target_forwards  # identical assistant: everything accepted
+    lookup = PeerRunner(PEERS["hf-prompt-lookup"], tiny_hf_model, None, [63])(ids, 12)
+    assert lookup.token_ids == plain.token_ids
