@@ -19,7 +19,8 @@ _DEFAULTS_SAMPLING = SamplingConfig()
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="target model: packaged name, HF model dir or .gguf (default: qwen2.5-coder-1.5b)")
     p.add_argument("--draft", default=None, help="draft model for --method draft-model (default: qwen2.5-coder-0.5b)")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="weights and activations of the models (default bf16: flat verification cost on AMX)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
+                   help="weights and activations of the models; auto = bf16 on CPUs with native bf16 (AMX), else fp32")
     p.add_argument("--draft-format", default=None, choices=["dense", "int8", "int4"],
                    help="draft model weights: dense (--dtype) or weight-only int8/int4 (cheaper drafts, same output)")
     p.add_argument("--runtime", default="auto", choices=["auto", "native", "hf"], help="native Llama-family runtime or the transformers adapter")

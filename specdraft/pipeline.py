@@ -20,9 +20,7 @@ from .metrics import SpecStats
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 RUNTIMES = ("auto", "native", "hf")
-# Measured on the reference CPU (scripts/measure_forward.py): with AMX, a bf16 forward over a
-# block of ~16 tokens costs about what one token does, so verification is nearly free in bf16.
-DEFAULT_DTYPE = "bf16"
+DEFAULT_DTYPE = "auto"  # resolved by resolve_dtype() on the machine at hand
 # A draft model's numerics never change the output, only acceptance; low-bit weights make each
 # draft token several times cheaper on a memory-bound CPU.
 DEFAULT_DRAFT_FORMAT = "dense"
@@ -35,6 +33,30 @@ class LoadedModel:
     model: object  # CausalLM
     tokenizer: object  # transformers PreTrainedTokenizerFast
     eos_ids: set[int]
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
+
+
+def resolve_dtype(dtype: str) -> str:
+    """"auto" -> "bf16" where the CPU multiplies bf16 natively (AMX-BF16 / AVX512-BF16), else "fp32".
+
+    Measured with scripts/measure_forward.py: on Sapphire Rapids (AMX) a bf16 forward over 16
+    new tokens costs about what one token does, while on an AVX2-only CPU (AMD EPYC here) bf16
+    is emulated and a 16-token bf16 forward costs several times the fp32 one.
+    """
+    if dtype != "auto":
+        return dtype
+    return "bf16" if {"amx_bf16", "avx512_bf16"} & cpu_flags() else "fp32"
 
 
 def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", max_length: int = 4096,
@@ -52,8 +74,9 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
     from .models.llama import SUPPORTED_TYPES, LlamaModel
     from .models.packaged import resolve_model_dir
 
-    if dtype not in DTYPES:
-        raise ParameterError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype != "auto" and dtype not in DTYPES:
+        raise ParameterError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
+    dtype = resolve_dtype(dtype)
     if runtime not in RUNTIMES:
         raise ParameterError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
     if weight_format not in WEIGHT_FORMATS:

@@ -35,6 +35,7 @@ from typing import Callable
 
 from ..config import GenerationConfig, SamplingConfig, SpecConfig
 from ..errors import SpecdraftError
+from ..pipeline import resolve_dtype
 from .peers import PEERS, Outcome, PeerModels, PeerRunner, assistant_key, target_key
 
 BASELINE = "none"
@@ -62,12 +63,12 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--markdown", type=Path, default=None, help="also write Markdown tables here")
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
                    help="run each method once on a short prompt before timing (first calls set up kernels)")
-    dtypes = ["bf16", "fp32"]
+    dtypes = ["auto", "bf16", "fp32"]
     p.add_argument("--hf-dtype-plain", choices=dtypes, default="fp32",
-                   help="dtype of hf-generate (plain HF decoding is fastest in fp32 on our CPU)")
-    p.add_argument("--hf-dtype-assisted", choices=dtypes, default="bf16",
-                   help="dtype of hf-assisted, target and assistant (faster in bf16 on our CPU)")
-    p.add_argument("--hf-dtype-prompt-lookup", choices=dtypes, default="bf16",
+                   help="dtype of hf-generate (plain HF decoding is fastest in fp32 on the CPUs we measured)")
+    p.add_argument("--hf-dtype-assisted", choices=dtypes, default="auto",
+                   help="dtype of hf-assisted, target and assistant (auto: bf16 with native bf16, else fp32)")
+    p.add_argument("--hf-dtype-prompt-lookup", choices=dtypes, default="auto",
                    help="dtype of hf-prompt-lookup (it verifies blocks, like hf-assisted)")
     p.add_argument("--tie-gap", type=float, default=DEFAULT_TIE_GAP,
                    help="a mismatch whose top-2 logit gap is below this counts as a rounding tie")
@@ -491,7 +492,7 @@ def run_config(args, methods: list[str], speculator, peers: PeerSetup | None) ->
     plain_args = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
     cfg = dict(command=sys.argv[:], args=plain_args, date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                machine=machine_info(), methods=methods, max_new_tokens=args.max_new_tokens, greedy=True,
-               target=dict(name=speculator.target.name, path=str(speculator.target.path), dtype=args.dtype,
+               target=dict(name=speculator.target.name, path=str(speculator.target.path), dtype=resolve_dtype(args.dtype),
                            eos_ids=sorted(speculator.target.eos_ids)),
                spec={k: v for k, v in asdict(spec_for("draft-model", args)).items() if k != "method"}, warmup=args.warmup, tie_gap=args.tie_gap)
     if speculator.draft is not None:

@@ -110,11 +110,11 @@ class PeerModels:
     def _load(self, path: Path, dtype: str):
         from transformers import AutoModelForCausalLM
 
-        from ..pipeline import DTYPES
+        from ..pipeline import DTYPES, resolve_dtype
 
         try:
             with quiet_transformers():
-                model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
+                model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[resolve_dtype(dtype)])
         except Exception as e:  # noqa: BLE001 - user-facing: the directory is not a loadable model
             raise ModelFileError(f"transformers cannot load {path} ({type(e).__name__}: "
                                  f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
