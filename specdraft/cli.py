@@ -46,9 +46,16 @@ def _methods() -> list[str]:
     return ["none"] + drafter_names()
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one line (no usage block) and exits with 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specdraft", description="Lossless speculative decoding, CPU first.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="specdraft", description="Lossless speculative decoding, CPU first.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     g = sub.add_parser("generate", help="generate text for a prompt, streaming, then print statistics")
     g.add_argument("prompt")

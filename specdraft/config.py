@@ -43,6 +43,10 @@ class GenerationConfig:
     ignore_eos: bool = False  # keep going past EOS (benchmarks of fixed length)
 
     def __post_init__(self) -> None:
+        if isinstance(self.stop, str):  # one stop string, not its characters
+            object.__setattr__(self, "stop", (self.stop,))
+        elif not isinstance(self.stop, tuple):
+            object.__setattr__(self, "stop", tuple(self.stop))
         if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 1:
             raise ParameterError(f"max-new-tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         if any(not isinstance(s, str) or s == "" for s in self.stop):
@@ -60,7 +64,14 @@ class SpecConfig:
     min_confidence: float = 0.0  # draft-model, greedy: stop a draft when its top probability drops below
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.min_confidence < 1.0:
+        if not isinstance(self.method, str) or not self.method:
+            raise ParameterError(f"method must be a drafter name or 'none', got {self.method!r}")
+        for name in ("ngram_max", "ngram_min"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ParameterError(f"{name.replace('_', '-')} must be an integer, got {value!r}")
+        if not isinstance(self.min_confidence, (int, float)) or isinstance(self.min_confidence, bool) \
+                or not 0.0 <= self.min_confidence < 1.0:
             raise ParameterError(f"min-confidence must be in [0, 1), got {self.min_confidence!r}")
         if not isinstance(self.k, int) or isinstance(self.k, bool) or not (1 <= self.k <= 64):
             raise ParameterError(f"k (draft tokens per step) must be an integer in [1, 64], got {self.k!r}")

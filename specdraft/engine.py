@@ -64,6 +64,13 @@ class Detokenizer:
             return after[len(before):]
         return ""
 
+    def flush(self) -> str:
+        """Text of ids still held back (an incomplete character at the very end), as decoded."""
+        before = self._decode(self.ids[self.prefix:self.read])
+        after = self._decode(self.ids[self.prefix:])
+        self.prefix = self.read = len(self.ids)
+        return after[len(before):]
+
 
 class Engine:
     """Speculative generation with one target, one drafter (or none) and one tokenizer."""
@@ -92,6 +99,7 @@ class Engine:
         generator = make_generator(sampling.seed)
         detok = Detokenizer(self.tokenizer)
         pending = ""  # text held back: it may be the start of a stop string
+        stopped = False  # a stop string ended the text
         context = list(prompt_ids)
         self.token_ids = generated = []
         t_start = time.perf_counter()
@@ -118,7 +126,7 @@ class Engine:
                         cut = _find_stop(pending, gen.stop)
                         if cut is not None:
                             pending = pending[:cut]
-                            done = True
+                            done = stopped = True
                         keep = 0 if done else _partial_stop(pending, gen.stop)
                     else:
                         keep = 0
@@ -129,6 +137,8 @@ class Engine:
                         break
                 stats.new_tokens = len(generated)
                 if done:
+                    if not stopped:  # release an incomplete character held at the very end
+                        pending += detok.flush()
                     break
 
                 # 1. Draft.

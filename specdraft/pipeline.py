@@ -79,6 +79,8 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
     dtype = resolve_dtype(dtype)
     if runtime not in RUNTIMES:
         raise ParameterError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
+        raise ParameterError(f"max-context must be an integer >= 2 tokens, got {max_length!r}")
     if weight_format not in WEIGHT_FORMATS:
         raise ParameterError(f"weight format must be one of {', '.join(WEIGHT_FORMATS)}, got {weight_format!r}")
     path = resolve_model_dir(spec, progress=progress)
@@ -205,7 +207,7 @@ def _prepare(prompt: str, target=None, draft=None, method="draft-model", k=SpecC
     sd = _speculator(target, draft, method, dtype, runtime)
     return sd, dict(prompt=prompt, spec=SpecConfig(method=method, k=k), chat=chat,
                     sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
-                    gen=GenerationConfig(max_new_tokens=max_new_tokens, stop=tuple(stop)))
+                    gen=GenerationConfig(max_new_tokens=max_new_tokens, stop=stop))
 
 
 def generate(prompt: str, **options) -> GenerationResult:

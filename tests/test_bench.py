@@ -122,7 +122,7 @@ def test_cli_requires_prompts_and_json():
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "--json", "x.json"])
     args = build_parser().parse_args(["bench", "--prompts", "p.jsonl", "--json", "o.json", "--no-warmup"])
-    assert args.warmup is False and args.hf_dtype_plain == "fp32" and args.hf_dtype_assisted == "bf16"
+    assert args.warmup is False and args.hf_dtype_plain == "fp32" and args.hf_dtype_assisted == "auto"
 
 
 def test_output_directory_is_checked_before_models_load(tmp_path):

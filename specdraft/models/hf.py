@@ -43,7 +43,7 @@ class HFModel:
         if not 0 <= length <= self.length:
             raise ValueError(f"rollback to {length} outside [0, {self.length}]")
         if length < self.length:
-            self.cache.crop(length)
+            self.cache.crop(length - self.length)  # transformers 5 crops by a negative count
         self.length = length
 
     @torch.inference_mode()

@@ -162,6 +162,8 @@ class LlamaModel:
             return weights[name].to(dtype).contiguous()
 
         self.weight_format = weight_format
+        if "model.embed_tokens.weight" not in weights and s.tie_embeddings and "lm_head.weight" in weights:
+            weights["model.embed_tokens.weight"] = weights["lm_head.weight"]  # tied, saved under the head's name
         self.embed = w("model.embed_tokens.weight")  # [V, H]
         head = self.embed if (s.tie_embeddings or "lm_head.weight" not in weights) else w("lm_head.weight")
         self.lm_head = make_linear(head, None, weight_format)  # H -> V

