@@ -20,14 +20,33 @@ WEIGHT_FORMATS = ("dense", "int8", "int4")
 
 
 class DenseLinear:
-    __slots__ = ("weight", "bias")
+    """Dense weights. fp32 goes through oneDNN with the weight prepacked in its own layout.
+
+    Measured on an AVX2 CPU (2 threads, 1536x8960, scripts/measure_kernels.py): F.linear
+    (MKL sgemm) takes 4.5 ms for 1 row and 18.5 ms for 16, oneDNN 2.3 ms and 6.7 ms. A flat cost
+    over a block of rows is what makes verifying a draft cheap.
+    """
+
+    __slots__ = ("weight", "bias", "packed")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight = weight  # [out, in]
         self.bias = bias  # [out] | None
+        self.packed = None
+        if weight.dtype == torch.float32 and _onednn_fp32():
+            self.packed = weight.to_mkldnn()  # oneDNN blocked layout; the dense copy is dropped
+            self.weight = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
+
+
+def _onednn_fp32() -> bool:
+    import os
+
+    return torch.backends.mkldnn.is_available() and os.environ.get("SPECDRAFT_ONEDNN", "1") != "0"
 
 
 class Int8Linear:
