@@ -28,7 +28,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _spec_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--k", type=int, default=_DEFAULTS_SPEC.k, help="draft tokens per target forward")
+    p.add_argument("--k", type=int, default=_DEFAULTS_SPEC.k, help="draft tokens per target forward (default: the drafter's own, see config.DEFAULT_K)")
     p.add_argument("--min-confidence", type=float, default=_DEFAULTS_SPEC.min_confidence,
                    help="draft-model, greedy: stop a draft early when the draft's top probability falls below this")
     p.add_argument("--ngram-max", type=int, default=_DEFAULTS_SPEC.ngram_max, help="prompt-lookup: longest n-gram matched")

@@ -143,7 +143,7 @@ class Engine:
 
                 # 1. Draft.
                 t0 = time.perf_counter()
-                room = min(self.spec.k, gen.max_new_tokens - len(generated) - 1)
+                room = min(self.spec.draft_len, gen.max_new_tokens - len(generated) - 1)
                 draft = (self.drafter.propose(context, room, sampling, generator)
                          if self.drafter is not None and room > 0 else Draft())
                 if len(draft) > max(room, 0):

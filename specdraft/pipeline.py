@@ -23,7 +23,7 @@ RUNTIMES = ("auto", "native", "hf")
 DEFAULT_DTYPE = "auto"  # resolved by resolve_dtype() on the machine at hand
 # A draft model's numerics never change the output, only acceptance; low-bit weights make each
 # draft token several times cheaper on a memory-bound CPU.
-DEFAULT_DRAFT_FORMAT = "dense"
+DEFAULT_DRAFT_FORMAT = "int4"
 
 
 @dataclass
@@ -201,11 +201,11 @@ def _speculator(target, draft, method, dtype, runtime) -> Speculator:
     return _CACHED[key]
 
 
-def _prepare(prompt: str, target=None, draft=None, method="draft-model", k=SpecConfig.k, temperature=0.0,
+def _prepare(prompt: str, target=None, draft=None, method="draft-model", k=None, temperature=0.0,
              top_k=0, top_p=1.0, seed=None, max_new_tokens=GenerationConfig.max_new_tokens, stop=(),
-             chat=True, dtype=DEFAULT_DTYPE, runtime="auto"):
+             chat=True, dtype=DEFAULT_DTYPE, runtime="auto", **spec_options):
     sd = _speculator(target, draft, method, dtype, runtime)
-    return sd, dict(prompt=prompt, spec=SpecConfig(method=method, k=k), chat=chat,
+    return sd, dict(prompt=prompt, spec=SpecConfig(method=method, k=k, **spec_options), chat=chat,
                     sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
                     gen=GenerationConfig(max_new_tokens=max_new_tokens, stop=stop))
 
@@ -214,7 +214,8 @@ def generate(prompt: str, **options) -> GenerationResult:
     """One call: load (and keep) the models, generate, return text and statistics.
 
     Options: target, draft, method, k, temperature, top_k, top_p, seed, max_new_tokens, stop,
-    chat, dtype, runtime (defaults as in :mod:`specdraft.config`).
+    chat, dtype, runtime, and SpecConfig's ngram_max, ngram_min, min_confidence (defaults as in
+    :mod:`specdraft.config`).
     """
     sd, args = _prepare(prompt, **options)
     return sd.generate(**args)

@@ -108,7 +108,7 @@ def other_vocab_dir(tmp_path_factory):
 
 def test_generate_runs_on_a_tiny_model(capsys, tiny_dir):
     rc, out, err = call(["generate", "hello", "--target", str(tiny_dir), "--draft", str(tiny_dir), "--dtype", "fp32",
-                         "--method", "draft-model", "--max-new-tokens", "8", "--no-chat", "--color", "never",
+                         "--method", "draft-model", "--draft-format", "dense", "--max-new-tokens", "8", "--no-chat", "--color", "never",
                          "--json"], capsys)
     assert rc == 0, err
     stats = json.loads(out.strip().splitlines()[-1])

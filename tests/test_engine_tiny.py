@@ -50,6 +50,10 @@ def drafts(models):
 
 
 def make_engine(target_model, method="none", draft_model=None, eos=(), **spec_kw):
+    # Tiny random models: let every n-gram match propose and never cut drafts short, so the
+    # speculative path runs on every step (the library's defaults are tuned for real models).
+    spec_kw.setdefault("ngram_min", 1)
+    spec_kw.setdefault("min_confidence", 0.0)
     spec = SpecConfig(method=method, **spec_kw)
     drafter = None
     if method != "none":

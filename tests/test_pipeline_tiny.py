@@ -22,7 +22,7 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sd(tiny_dir):
-    return Speculator(tiny_dir, tiny_dir, dtype="fp32", max_length=256, progress=False)
+    return Speculator(tiny_dir, tiny_dir, dtype="fp32", draft_format="dense", max_length=256, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def test_plain_result_is_consistent(sd, plain):
 
 @pytest.mark.parametrize("method", ["draft-model", "prompt-lookup"])
 def test_speculator_methods_equal_plain(sd, plain, method):
-    res = sd.generate(PROMPT, spec=SpecConfig(method=method, k=4), gen=GenerationConfig(max_new_tokens=30), chat=False)
+    res = sd.generate(PROMPT, spec=SpecConfig(method=method, k=4, ngram_min=1, min_confidence=0.0), gen=GenerationConfig(max_new_tokens=30), chat=False)
     assert res.token_ids == plain.token_ids and res.text == plain.text
     assert res.stats.drafts > 0 and res.stats.draft_tokens > 0
     assert res.origins.count("draft") == res.stats.accepted_tokens
@@ -53,7 +53,7 @@ def test_token_id_prompt_is_used_as_is(sd, plain):
 
 
 def test_stream_yields_the_same_text(sd, plain):
-    pieces = list(sd.stream(PROMPT, spec=SpecConfig(method="prompt-lookup"), gen=GenerationConfig(max_new_tokens=30),
+    pieces = list(sd.stream(PROMPT, spec=SpecConfig(method="prompt-lookup", ngram_min=1), gen=GenerationConfig(max_new_tokens=30),
                             chat=False))
     assert "".join(p.text for p in pieces) == plain.text
     assert sd.last_engine.stats.new_tokens == 30
@@ -69,7 +69,7 @@ def test_module_level_generate_and_stream(tiny_dir, plain):
 
 
 def test_module_level_generate_with_sampling_is_reproducible(tiny_dir):
-    kw = dict(target=tiny_dir, method="prompt-lookup", max_new_tokens=20, chat=False, dtype="fp32",
+    kw = dict(target=tiny_dir, method="prompt-lookup", max_new_tokens=20, chat=False, dtype="fp32", ngram_min=1,
               temperature=0.9, top_k=20, top_p=0.95, seed=11)
     assert pipeline.generate(PROMPT, **kw).token_ids == pipeline.generate(PROMPT, **kw).token_ids
 

