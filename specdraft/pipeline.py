@@ -175,7 +175,7 @@ class Speculator:
                chat: bool = True) -> Iterator[Piece]:
         ids = prompt if isinstance(prompt, list) else self.encode_prompt(prompt, chat)
         engine = self.engine(spec)
-        self.last_engine = engine
+        self.last_engine = engine  # its .stats describe the latest stream once it ends
         yield from engine.stream(ids, sampling, gen)
 
     def generate(self, prompt: str | list[int], *, spec: SpecConfig = SpecConfig(),

@@ -32,7 +32,7 @@ def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor
     """
     logits = logits.float()
     if cfg.greedy:
-        return F_one_hot(logits.argmax(-1), logits.shape[-1])
+        return one_hot(logits.argmax(-1), logits.shape[-1])
     logits = logits / cfg.temperature
     if cfg.top_k and cfg.top_k < logits.shape[-1]:
         kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]  # [N, 1]
@@ -49,7 +49,7 @@ def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor
     return probs
 
 
-def F_one_hot(index: torch.Tensor, vocab: int) -> torch.Tensor:
+def one_hot(index: torch.Tensor, vocab: int) -> torch.Tensor:
     """[N] int64 -> [N, V] float32 one-hot rows."""
     out = torch.zeros(*index.shape, vocab, dtype=torch.float32)
     return out.scatter_(-1, index.unsqueeze(-1), 1.0)
