@@ -21,8 +21,12 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default=None, help="draft model for --method draft-model (default: qwen2.5-coder-0.5b)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
                    help="weights and activations of the models; auto = bf16 on CPUs with native bf16 (AMX), else fp32")
-    p.add_argument("--draft-format", default=None, choices=["dense", "int8", "int4"],
-                   help="draft model weights: dense (--dtype) or weight-only int8/int4 (cheaper drafts, same output)")
+    formats = ["auto", "dense", "int8", "int4", "w8a8", "w8a8-fast"]
+    p.add_argument("--target-format", default=None, choices=formats,
+                   help="target weights: auto = w8a8 (int8 weights and activations) on CPUs without native bf16, "
+                        "dense bf16 on AMX; dense = exact --dtype weights")
+    p.add_argument("--draft-format", default=None, choices=formats,
+                   help="draft model weights (auto = w8a8-fast or int4); a draft's numerics never change the output")
     p.add_argument("--runtime", default="auto", choices=["auto", "native", "hf"], help="native Llama-family runtime or the transformers adapter")
     p.add_argument("--max-context", type=int, default=4096, help="KV cache capacity in tokens")
 
@@ -37,7 +41,8 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
 
 def speculator_options(args) -> dict:
     """Options of Speculator that the command line sets only when given."""
-    return {"draft_format": args.draft_format} if args.draft_format else {}
+    opts = {"draft_format": args.draft_format, "target_format": args.target_format}
+    return {k: v for k, v in opts.items() if v}
 
 
 def _methods() -> list[str]:

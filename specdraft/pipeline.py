@@ -23,7 +23,8 @@ RUNTIMES = ("auto", "native", "hf")
 DEFAULT_DTYPE = "auto"  # resolved by resolve_dtype() on the machine at hand
 # A draft model's numerics never change the output, only acceptance; low-bit weights make each
 # draft token several times cheaper on a memory-bound CPU.
-DEFAULT_DRAFT_FORMAT = "int4"
+DEFAULT_DRAFT_FORMAT = "auto"  # resolved by models.quant.resolve_format (w8a8-fast or int4)
+DEFAULT_TARGET_FORMAT = "auto"  # w8a8 on CPUs without native bf16, dense bf16 on AMX
 
 
 @dataclass
@@ -60,15 +61,18 @@ def resolve_dtype(dtype: str) -> str:
 
 
 def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", max_length: int = 4096,
-               weight_format: str = "dense", progress: bool = True) -> LoadedModel:
+               weight_format: str = "dense", draft: bool = False, head_vocab: int | None = None,
+               progress: bool = True) -> LoadedModel:
     """Resolve ``spec`` (packaged name, HF model dir, or .gguf file) and load model + tokenizer.
 
-    weight_format: "dense" (dtype weights), or "int8" / "int4" weight-only quantization (native
-    runtime only; used for draft models, whose numerics do not affect the output).
+    weight_format: "dense" (dtype weights), "int8" / "int4" weight-only quantization, "w8a8" /
+    "w8a8-fast" int8 weights and activations (native runtime only), or "auto": the fastest
+    measured format for this CPU, for a target or (``draft``) a draft model.
+    head_vocab: draft models only: compute logits for the first ``head_vocab`` token ids only.
     """
     from transformers import AutoConfig, AutoTokenizer
 
-    from .models.quant import WEIGHT_FORMATS
+    from .models.quant import WEIGHT_FORMATS, resolve_format
 
     from .models.hf import HFModel
     from .models.llama import SUPPORTED_TYPES, LlamaModel
@@ -81,8 +85,8 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
         raise ParameterError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
     if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
         raise ParameterError(f"max-context must be an integer >= 2 tokens, got {max_length!r}")
-    if weight_format not in WEIGHT_FORMATS:
-        raise ParameterError(f"weight format must be one of {', '.join(WEIGHT_FORMATS)}, got {weight_format!r}")
+    if weight_format != "auto" and weight_format not in WEIGHT_FORMATS:
+        raise ParameterError(f"weight format must be auto or one of {', '.join(WEIGHT_FORMATS)}, got {weight_format!r}")
     path = resolve_model_dir(spec, progress=progress)
     try:
         config = AutoConfig.from_pretrained(path)
@@ -91,8 +95,11 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
         raise ModelFileError(f"cannot load config/tokenizer from {path} ({type(e).__name__}); "
                              "is it a complete Hugging Face model directory?") from None
     native = runtime == "native" or (runtime == "auto" and config.model_type in SUPPORTED_TYPES)
+    weight_format = resolve_format(weight_format, DTYPES[dtype], draft) if native else \
+        ("dense" if weight_format == "auto" else weight_format)
     if native:
-        model = LlamaModel.from_dir(path, dtype=DTYPES[dtype], max_length=max_length, weight_format=weight_format)
+        model = LlamaModel.from_dir(path, dtype=DTYPES[dtype], max_length=max_length, weight_format=weight_format,
+                                    head_vocab=head_vocab)
     elif weight_format != "dense":
         raise ParameterError(f"{config.model_type!r} runs through the transformers adapter, which has dense weights only")
     else:
@@ -138,16 +145,18 @@ class Speculator:
     """A target (and optionally a draft model) loaded once, generating with any method."""
 
     def __init__(self, target: str | None = None, draft: str | None = None, *, dtype: str = DEFAULT_DTYPE,
-                 draft_dtype: str | None = None, draft_format: str = DEFAULT_DRAFT_FORMAT, runtime: str = "auto",
+                 draft_dtype: str | None = None, draft_format: str = DEFAULT_DRAFT_FORMAT,
+                 target_format: str = DEFAULT_TARGET_FORMAT, draft_vocab: int | None = None, runtime: str = "auto",
                  max_length: int = 4096, load_draft: bool = True, progress: bool = True):
         from .models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
 
         self.target = load_model(target or DEFAULT_TARGET, dtype=dtype, runtime=runtime, max_length=max_length,
-                                 progress=progress)
+                                 weight_format=target_format, progress=progress)
         self.draft: LoadedModel | None = None
         if load_draft:
             self.draft = load_model(draft or DEFAULT_DRAFT, dtype=draft_dtype or dtype, runtime=runtime,
-                                    max_length=max_length, weight_format=draft_format, progress=progress)
+                                    max_length=max_length, weight_format=draft_format, draft=True, head_vocab=draft_vocab,
+                                    progress=progress)
             check_tokenizers(self.target.tokenizer, self.draft.tokenizer, self.target.name, self.draft.name)
         self.tokenizer = self.target.tokenizer
 
@@ -192,19 +201,21 @@ class Speculator:
 _CACHED: dict[tuple, Speculator] = {}
 
 
-def _speculator(target, draft, method, dtype, runtime) -> Speculator:
+def _speculator(target, draft, method, dtype, runtime, target_format, draft_format) -> Speculator:
     with_draft = method != "none" and needs_draft_model(method)
-    key = (target, draft if with_draft else None, dtype, runtime)
+    key = (target, draft if with_draft else None, dtype, runtime, target_format, draft_format if with_draft else None)
     if key not in _CACHED:
         _CACHED.clear()  # keep one pair in memory at a time
-        _CACHED[key] = Speculator(target, draft, dtype=dtype, runtime=runtime, load_draft=with_draft)
+        _CACHED[key] = Speculator(target, draft, dtype=dtype, runtime=runtime, load_draft=with_draft,
+                                  target_format=target_format, draft_format=draft_format)
     return _CACHED[key]
 
 
 def _prepare(prompt: str, target=None, draft=None, method="draft-model", k=None, temperature=0.0,
              top_k=0, top_p=1.0, seed=None, max_new_tokens=GenerationConfig.max_new_tokens, stop=(),
-             chat=True, dtype=DEFAULT_DTYPE, runtime="auto", **spec_options):
-    sd = _speculator(target, draft, method, dtype, runtime)
+             chat=True, dtype=DEFAULT_DTYPE, runtime="auto", target_format=DEFAULT_TARGET_FORMAT,
+             draft_format=DEFAULT_DRAFT_FORMAT, **spec_options):
+    sd = _speculator(target, draft, method, dtype, runtime, target_format, draft_format)
     return sd, dict(prompt=prompt, spec=SpecConfig(method=method, k=k, **spec_options), chat=chat,
                     sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
                     gen=GenerationConfig(max_new_tokens=max_new_tokens, stop=stop))
@@ -214,7 +225,7 @@ def generate(prompt: str, **options) -> GenerationResult:
     """One call: load (and keep) the models, generate, return text and statistics.
 
     Options: target, draft, method, k, temperature, top_k, top_p, seed, max_new_tokens, stop,
-    chat, dtype, runtime, and SpecConfig's ngram_max, ngram_min, min_confidence (defaults as in
+    chat, dtype, runtime, target_format, draft_format, and SpecConfig's ngram_max, ngram_min, min_confidence (defaults as in
     :mod:`specdraft.config`).
     """
     sd, args = _prepare(prompt, **options)

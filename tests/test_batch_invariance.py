@@ -56,3 +56,26 @@ def test_default_target_block_equals_single_bf16():
     ids = torch.randint(0, 150000, (300,), generator=torch.Generator().manual_seed(2))
     blk, one = block_vs_single(model, ids, 230, 16)
     assert torch.equal(blk, one), (blk - one).abs().max()
+
+
+@pytest.mark.parametrize("fmt", ["w8a8", "w8a8-fast"])
+@pytest.mark.parametrize("heads,kv_heads,bias", [(4, 2, True), (3, 1, False)])
+def test_tiny_block_equals_single_w8a8(tmp_path, fmt, heads, kv_heads, bias):
+    # Integer GEMMs with per-row activation scales (quant.W8A8Linear) and row-wise attention
+    # keep fp32 rows independent of the block too.
+    model = LlamaModel.from_dir(_tiny(tmp_path, heads, kv_heads, bias), dtype=torch.float32, max_length=256,
+                                weight_format=fmt)
+    ids = torch.randint(0, 96, (200,), generator=torch.Generator().manual_seed(1))
+    for prefix, block in [(5, 16), (60, 9), (120, 17), (130, 2)]:
+        blk, one = block_vs_single(model, ids, prefix, block)
+        assert torch.equal(blk, one), (prefix, block, (blk - one).abs().max())
+
+
+def test_head_vocab_limits_logits(tmp_path):
+    path = _tiny(tmp_path, 4, 2, True)
+    full = LlamaModel.from_dir(path, dtype=torch.float32, max_length=64)
+    cut = LlamaModel.from_dir(path, dtype=torch.float32, max_length=64, head_vocab=40)
+    ids = torch.arange(10)
+    a, b = full.forward(ids).logits, cut.forward(ids).logits
+    assert b.shape == (10, 40) and a.shape == (10, 96)
+    assert torch.allclose(a[:, :40], b, atol=1e-5)

