@@ -57,13 +57,18 @@ def _onednn_fp32() -> bool:
     return torch.backends.mkldnn.is_available() and os.environ.get("SPECDRAFT_ONEDNN", "1") != "0"
 
 
+def _per_channel_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [out, in] -> (int8 [out, in], fp32 scales [out]); symmetric, per output channel."""
+    w = weight.float()
+    scales = w.abs().amax(dim=1).clamp_min(1e-8) / 127.0
+    return (w / scales[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous(), scales
+
+
 class Int8Linear:
     __slots__ = ("qweight", "scales", "bias", "dtype")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        w = weight.float()
-        scales = w.abs().amax(dim=1).clamp_min(1e-8) / 127.0  # [out]
-        self.qweight = (w / scales[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()  # [out, in]
+        self.qweight, scales = _per_channel_int8(weight)
         self.dtype = weight.dtype
         self.scales = scales.to(self.dtype)
         self.bias = bias
@@ -120,23 +125,16 @@ class W8A8Linear:
     GRID = 63.0  # quantization steps per unit of the normalised row
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, passes: int = 1):
-        w = weight.float()
-        out_f, in_f = w.shape
-        scales = w.abs().amax(dim=1).clamp_min(1e-8) / 127.0  # [out]
-        q = (w / scales[:, None]).round().clamp(-127, 127)
+        q, scales = _per_channel_int8(weight)  # [out, in], [out]
+        out_f = q.shape[0]
         q = torch.cat([q, q.new_zeros(out_f, 2)], 1)  # [out, in + 2]: zero weights for the sentinels
         with warnings.catch_warnings():  # torch flags quantized tensors as deprecated; FBGEMM still wants one
             warnings.simplefilter("ignore", UserWarning)
-            qw = torch._make_per_channel_quantized_tensor(q.to(torch.int8), scales.double(),
-                                                          torch.zeros(out_f, dtype=torch.long), 0)
+            qw = torch._make_per_channel_quantized_tensor(q, scales.double(), torch.zeros(out_f, dtype=torch.long), 0)
         self.packed = torch.ops.quantized.linear_prepack(qw, None)
         self.bias = None if bias is None else bias.float()
         self.passes = passes
-        self._init_extra(q[:, :in_f].to(torch.int8), scales)
         self._sentinel = torch.tensor([1.0, -64.0 / self.GRID])
-
-    def _init_extra(self, q: torch.Tensor, scales: torch.Tensor) -> None:
-        pass
 
     def _rows(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, in] -> (rows [T, in] with max |.| = 1, their maxima [T, 1])."""
@@ -171,12 +169,9 @@ class W8A8Head(W8A8Linear):
     __slots__ = ("qweight", "scales", "refine")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, refine: int = 32):
-        self.refine = refine
         super().__init__(weight, bias, passes=1)
-
-    def _init_extra(self, q: torch.Tensor, scales: torch.Tensor) -> None:
-        self.qweight = q.contiguous()  # [V, in] int8
-        self.scales = scales  # [V]
+        self.refine = refine
+        self.qweight, self.scales = _per_channel_int8(weight)  # [V, in] int8, [V]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.float()
