@@ -91,11 +91,19 @@ def rope_tables(config, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     return emb.cos() * scale, emb.sin() * scale
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Apply RoPE (rotate-half convention) to x [heads, T, hd] with cos/sin [T, hd]."""
-    half = x.shape[-1] // 2
-    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rot * sin
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin [.., hd] with its first half negated (see _rotate)."""
+    half = sin.shape[-1] // 2
+    return torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """Apply RoPE (rotate-half convention) to x [heads, T, hd] with cos/sin [T, hd].
+
+    rotate_half(x) * sin == roll(x, hd/2) * sin_signed, where sin_signed has its first half
+    negated: the same products bit for bit (a sign flip is exact), in 4 ops instead of 7.
+    """
+    return x * cos + torch.roll(x, x.shape[-1] // 2, -1) * sin_signed
 
 
 ATTN_CHUNK = 64  # kv positions are processed in whole chunks of this many (see _attention)
@@ -154,6 +162,12 @@ def _attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: i
         lp = -(-(first + i + 1) // ATTN_CHUNK) * ATTN_CHUNK
         j = min(T, lp - first)  # rows i..j-1 share kv length lp
         kt, vv = k[:, :lp].transpose(1, 2), v[:, :lp]  # [nkv, hd, lp], [nkv, lp, hd]
+        if j - i == 1 and mask is None:  # one causal row (every decode step): the same ops, unbatched
+            scores = torch.matmul(qg[:, :, i], kt).float().mul_(hd ** -0.5)  # [nkv, g, lp]
+            scores[..., first + i + 1:] = float("-inf")
+            out[:, :, i] = torch.matmul(torch.softmax(scores, dim=-1), vv)
+            i = j
+            continue
         scores = torch.stack([torch.matmul(qg[:, :, r], kt) for r in range(i, j)]).float()  # [n, nkv, g, lp]
         scores = scores * (hd ** -0.5)
         w = min(lp, length)
@@ -232,7 +246,8 @@ class LlamaModel:
                 weights.pop(a + name + ".weight", None)
             for name in ("gate_proj", "up_proj", "down_proj"):
                 weights.pop(p + "mlp." + name + ".weight", None)
-        self.cos, self.sin = rope_tables(config, self.max_length)  # [max_len, hd] float32
+        cos, sin = rope_tables(config, self.max_length)  # [max_len, hd] float32
+        self.cos, self.sin = cos.to(dtype), signed_sin(sin).to(dtype)  # sin with its first half negated
         # Capacity rounded up to whole attention chunks, so the chunk-rounded kv length always fits.
         shape = (s.num_kv_heads, -(-self.max_length // ATTN_CHUNK) * ATTN_CHUNK, s.head_dim)
         self.k_cache = [torch.zeros(shape, dtype=dtype) for _ in range(s.num_layers)]
@@ -294,8 +309,8 @@ class LlamaModel:
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # Same order of operations as transformers' RMSNorm: normalise in float32, scale in dtype.
         xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.spec.rms_eps)
-        return weight * xf.to(self.dtype)
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True).add_(self.spec.rms_eps))
+        return weight * (xf if self.dtype == torch.float32 else xf.to(self.dtype))
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, *, positions: torch.Tensor | None = None,
@@ -311,7 +326,6 @@ class LlamaModel:
             cos, sin = self.cos[L0:L], self.sin[L0:L]  # [T, hd]
         else:
             cos, sin = self.cos[positions], self.sin[positions]
-        cos, sin = cos.to(self.dtype), sin.to(self.dtype)
         # Attention mask over [prefix | new block]: None when every new token sees everything
         # before it and T == 1; otherwise [T, L] bool, True = may attend.
         mask = None
@@ -324,12 +338,10 @@ class LlamaModel:
         for i, layer in enumerate(self.layers):
             h = self._rms(x, layer.ln1)
             qkv = layer.qkv(h)  # [T, (nh + 2 nkv) hd]
-            q, k, v = qkv.split([self._q_size, self._kv_size, self._kv_size], dim=-1)
-            q = q.view(T, s.num_heads, s.head_dim).transpose(0, 1)  # [nh, T, hd]
-            k = k.view(T, s.num_kv_heads, s.head_dim).transpose(0, 1)  # [nkv, T, hd]
-            v = v.view(T, s.num_kv_heads, s.head_dim).transpose(0, 1)
-            q = _rotate(q, cos, sin)
-            k = _rotate(k, cos, sin)
+            qk = qkv[:, :self._q_size + self._kv_size].view(T, s.num_heads + s.num_kv_heads, s.head_dim)
+            qk = _rotate(qk.transpose(0, 1), cos, sin)  # [nh + nkv, T, hd]: q and k rotated together
+            q, k = qk[:s.num_heads], qk[s.num_heads:]  # [nh, T, hd], [nkv, T, hd]
+            v = qkv[:, self._q_size + self._kv_size:].view(T, s.num_kv_heads, s.head_dim).transpose(0, 1)
             self.k_cache[i][:, L0:L] = k
             self.v_cache[i][:, L0:L] = v
             o = _attention(q, self.k_cache[i][:, :Lp], self.v_cache[i][:, :Lp], L, mask)  # [nh, T, hd]

@@ -120,13 +120,17 @@ class W8A8Linear:
     layers whose inputs have outliers, at the cost of twice the rows (flat for small blocks).
     """
 
-    __slots__ = ("packed", "bias", "passes", "_sentinel")
+    __slots__ = ("packed", "bias", "passes", "in_features")
 
     GRID = 63.0  # quantization steps per unit of the normalised row
+    # Input buffers [rows, in + 2] whose last two columns hold the sentinels, one per input width,
+    # shared by every W8A8Linear (calls run one at a time): a row is normalised straight into
+    # the buffer, so no per-call concatenation (a copy of the whole block) is needed.
+    _buffers: dict[int, torch.Tensor] = {}
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, passes: int = 1):
         q, scales = _per_channel_int8(weight)  # [out, in], [out]
-        out_f = q.shape[0]
+        out_f, self.in_features = q.shape
         q = torch.cat([q, q.new_zeros(out_f, 2)], 1)  # [out, in + 2]: zero weights for the sentinels
         with warnings.catch_warnings():  # torch flags quantized tensors as deprecated; FBGEMM still wants one
             warnings.simplefilter("ignore", UserWarning)
@@ -134,26 +138,35 @@ class W8A8Linear:
         self.packed = torch.ops.quantized.linear_prepack(qw, None)
         self.bias = None if bias is None else bias.float()
         self.passes = passes
-        self._sentinel = torch.tensor([1.0, -64.0 / self.GRID])
 
-    def _rows(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [T, in] -> (rows [T, in] with max |.| = 1, their maxima [T, 1])."""
-        amax = x.abs().amax(dim=-1, keepdim=True).clamp_min_(1e-30)  # (vector_norm(inf) is 10x slower)
-        return x / amax, amax
+    def _buffer(self, rows: int) -> torch.Tensor:
+        """[rows, in + 2] input buffer: columns in, in+1 hold +1 and -64/63 (see the class doc)."""
+        buf = self._buffers.get(self.in_features)
+        if buf is None or buf.shape[0] < rows:
+            buf = torch.empty(max(rows, 64), self.in_features + 2)
+            buf[:, -2] = 1.0
+            buf[:, -1] = -64.0 / self.GRID
+            W8A8Linear._buffers[self.in_features] = buf
+        return buf[:rows]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.float()
         T = x.shape[0]
-        xn, amax = self._rows(x)
+        buf = self._buffer(T * self.passes)
+        xn = buf[:T, :-2]
+        amax = x.abs().amax(dim=-1, keepdim=True).clamp_min_(1e-30)  # [T, 1] (vector_norm(inf) is 10x slower)
+        torch.div(x, amax, out=xn)  # rows with max |.| = 1
         if self.passes == 2:
-            # what the 63-step grid loses, as a second row per token: [2T, in], maxima [2T, 1]
-            res, rmax = self._rows(xn - torch.round(xn * self.GRID) / self.GRID)
-            xn, amax = torch.cat([xn, res]), torch.cat([amax, amax * rmax])
-        xs = torch.cat([xn, self._sentinel.expand(xn.shape[0], 2)], -1)  # [rows, in + 2]
-        y = torch.ops.quantized.linear_dynamic(xs, self.packed, True).mul_(amax)
+            # what the 63-step grid loses, as a second row per token, renormalised to its own max
+            res = buf[T:, :-2]
+            torch.sub(xn, torch.round(xn * self.GRID).div_(self.GRID), out=res)
+            rmax = res.abs().amax(dim=-1, keepdim=True).clamp_min_(1e-30)
+            res.div_(rmax)
+            amax = torch.cat([amax, amax * rmax])
+        y = torch.ops.quantized.linear_dynamic(buf, self.packed, True).mul_(amax)
         if self.passes == 2:
             y = y[:T] + y[T:]
-        return y if self.bias is None else y + self.bias
+        return y if self.bias is None else y.add_(self.bias)
 
 
 class W8A8Head(W8A8Linear):
