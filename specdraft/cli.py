@@ -37,6 +37,14 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
                    help="draft-model, greedy: stop a draft early when the draft's top probability falls below this")
     p.add_argument("--ngram-max", type=int, default=_DEFAULTS_SPEC.ngram_max, help="prompt-lookup: longest n-gram matched")
     p.add_argument("--ngram-min", type=int, default=_DEFAULTS_SPEC.ngram_min, help="prompt-lookup: shortest n-gram matched")
+    p.add_argument("--draft-window", type=int, default=_DEFAULTS_SPEC.draft_window,
+                   help="draft model: see at most this many (latest) prompt tokens, bounding its prefill; 0 = all")
+
+
+def spec_from_args(method: str, args) -> SpecConfig:
+    """The SpecConfig that _spec_args' options describe (ParameterError when one is invalid)."""
+    return SpecConfig(method=method, k=args.k, ngram_max=args.ngram_max, ngram_min=args.ngram_min,
+                      min_confidence=args.min_confidence, draft_window=args.draft_window)
 
 
 def speculator_options(args) -> dict:
@@ -78,6 +86,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="colour tokens by origin: green = accepted draft, blue = produced by the target")
     g.add_argument("--json", action="store_true", help="print the statistics as JSON instead of one line")
 
+    v = sub.add_parser("serve", help="serve an OpenAI-compatible API (and a chat page at /)")
+    v.add_argument("--method", default=_DEFAULTS_SPEC.method, choices=_methods(),
+                   help="default drafter; a request may pick another with the extension field \"method\"")
+    _model_args(v)
+    _spec_args(v)
+    v.add_argument("--host", default="127.0.0.1")
+    v.add_argument("--port", type=int, default=8000)
+    v.add_argument("--model-name", default=None, help="the model id clients send (default: the target's name)")
+    v.add_argument("--queue-size", type=int, default=16, help="requests that may wait; the next one gets 429")
+    v.add_argument("--request-timeout", type=float, default=300.0, help="seconds from arrival to a forced end")
+    v.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    v.add_argument("--no-draft", action="store_true", help="do not load a draft model (only none / prompt-lookup)")
+
     b = sub.add_parser("bench", help="benchmark methods on Spec-Bench prompts")
     from .bench.harness import add_bench_args
 
@@ -96,8 +117,7 @@ def _cmd_generate(args) -> int:
     from .drafters import needs_draft_model
 
     # Validate cheap things before loading any model.
-    spec = SpecConfig(method=args.method, k=args.k, ngram_max=args.ngram_max, ngram_min=args.ngram_min,
-                      min_confidence=args.min_confidence)
+    spec = spec_from_args(args.method, args)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, stop=tuple(args.stop))
     with_draft = args.method != "none" and needs_draft_model(args.method)
@@ -124,6 +144,31 @@ def _cmd_generate(args) -> int:
     return 0
 
 
+def _cmd_serve(args) -> int:
+    from .errors import ParameterError
+    from .pipeline import Speculator
+    from .drafters import needs_draft_model
+
+    spec = spec_from_args(args.method, args)
+    if args.queue_size < 1 or args.request_timeout <= 0 or args.max_body_bytes < 1024 or not 0 < args.port < 65536:
+        raise ParameterError("queue-size must be >= 1, request-timeout > 0, max-body-bytes >= 1024, port in 1..65535")
+    with_draft = not args.no_draft
+    if not with_draft and args.method != "none" and needs_draft_model(args.method):
+        raise ParameterError(f"--method {args.method} needs the draft model; drop --no-draft or pick none/prompt-lookup")
+    import uvicorn
+
+    from .server.app import ServerConfig, create_app
+
+    sd = Speculator(args.target, args.draft, dtype=args.dtype, runtime=args.runtime, max_length=args.max_context,
+                    load_draft=with_draft, **speculator_options(args))
+    config = ServerConfig(model_name=args.model_name or sd.target.name, spec=spec, max_waiting=args.queue_size,
+                          request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes)
+    print(f"serving {config.model_name} on http://{args.host}:{args.port} (method {spec.method}; chat page at /)",
+          file=sys.stderr)
+    uvicorn.run(create_app(sd, config), host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 def _cmd_models(args) -> int:
     from .models.packaged import PACKAGED, resolve_model_dir
 
@@ -146,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             from .bench.harness import run_bench
 
             return run_bench(args)
+        if args.command == "serve":
+            return _cmd_serve(args)
         if args.command == "models":
             return _cmd_models(args)
     except SpecdraftError as e:

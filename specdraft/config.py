@@ -57,7 +57,7 @@ class GenerationConfig:
 # math_reasoning; 128 new tokens; AVX2 CPU, w8a8 1.5B target, w8a8-fast 0.5B draft): with the
 # target's one-token forward at ~90 ms the 0.5B draft (~40 ms a token) pays for short drafts
 # only (k=3 beat k=5 on 3 of 4 prompts); a w8a8 block of 4-6 tokens costs ~1.2x one token.
-DEFAULT_K = {"draft-model": 3, "prompt-lookup": 5}
+DEFAULT_K = {"draft-model": 3, "prompt-lookup": 5, "hybrid": 5}  # hybrid: lookup k; its model part uses draft-model's
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,9 @@ class SpecConfig:
     # draft-model, greedy: stop a draft once the draft model's top probability falls below this
     # (an unsure guess is likely rejected, and every draft token costs a draft forward).
     min_confidence: float = 0.5
+    # draft-model: the draft model sees at most this many prompt tokens (the latest); 0 = all.
+    # Bounds the draft's prefill on long prompts; lossless (only the guesses change).
+    draft_window: int = 0
 
     @property
     def draft_len(self) -> int:
@@ -90,6 +93,8 @@ class SpecConfig:
         if not isinstance(self.min_confidence, (int, float)) or isinstance(self.min_confidence, bool) \
                 or not 0.0 <= self.min_confidence < 1.0:
             raise ParameterError(f"min-confidence must be in [0, 1), got {self.min_confidence!r}")
+        if not isinstance(self.draft_window, int) or isinstance(self.draft_window, bool) or self.draft_window < 0:
+            raise ParameterError(f"draft-window must be an integer >= 0 (0 = whole prompt), got {self.draft_window!r}")
         if self.k is not None and (not isinstance(self.k, int) or isinstance(self.k, bool) or not 1 <= self.k <= 64):
             raise ParameterError(f"k (draft tokens per step) must be an integer in [1, 64], got {self.k!r}")
         if not (1 <= self.ngram_min <= self.ngram_max):

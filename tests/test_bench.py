@@ -213,6 +213,18 @@ def test_unknown_counts_make_the_aggregate_unknown():
     assert row["mean_accepted_tokens"] is None and row["target_forwards"] is None and row["speedup"] == 1.0
 
 
+def test_decode_speed_leaves_out_the_target_prefill():
+    # none: 11 tokens in 3 s, 1 s of it prefill -> 10 decode tokens in 2 s; x: same, 0.5 s decoding
+    records = [rec("none", 1, "qa", 11, 3.0, 10, 10, 0, 0), rec("x", 1, "qa", 11, 1.5, 4, 10, 8, 6)]
+    records[0].prefill_seconds, records[1].prefill_seconds = 1.0, 1.0
+    mark_exactness(records)
+    rows = {(r["method"], r["category"]): r for r in aggregate(records, ["none", "x"], ["qa"])}
+    assert rows[("none", "qa")]["decode_tokens_per_s"] == pytest.approx(5.0)
+    assert rows[("x", "overall")]["decode_tokens_per_s"] == pytest.approx(20.0)
+    assert rows[("x", "overall")]["decode_speedup"] == pytest.approx(4.0)
+    assert rows[("x", "overall")]["speedup"] == pytest.approx(2.0)
+
+
 def test_markdown_has_overall_and_category_tables():
     records = crafted_records()
     mark_exactness(records)
@@ -221,8 +233,8 @@ def test_markdown_has_overall_and_category_tables():
     lines = md.splitlines()
     assert lines[0] == "## Overall"
     assert "| method | tokens/s | speedup |" in lines[2]
-    assert "| draft-model | 10.00 | 1.33x | 1.80 | 50% | 67% | 3 | 30 | 3.0 |" in lines
-    assert "| hf-assisted | 6.67 | 0.89x | 2.75 | – | 100% | 3 | 30 | 4.5 |" in lines
+    assert "| draft-model | 10.00 | 1.33x | – | – | 1.80 | 50% | 67% | 3 | 30 | 3.0 |" in lines
+    assert "| hf-assisted | 6.67 | 0.89x | – | – | 2.75 | – | 100% | 3 | 30 | 4.5 |" in lines
     i = lines.index("## Speedup by category")
     assert lines[i + 2] == "| method | coding | math | overall |"
     assert lines[i + 3] == "|---|---:|---:|---:|"

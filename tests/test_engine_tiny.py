@@ -193,6 +193,8 @@ def test_native_cache_overflow_raises(models):
     ("draft-model", "near", 1),
     ("prompt-lookup", None, 4),
     ("prompt-lookup", None, 8),
+    ("hybrid", "near", 4),
+    ("hybrid", "other", 3),
 ])
 def test_greedy_speculative_equals_plain(target, drafts, plain, method, draft, k):
     engine = make_engine(target, method, drafts[draft] if draft else None, k=k)
@@ -240,6 +242,27 @@ def test_draft_model_with_a_smaller_context_than_the_target(models, target, plai
     assert stats.target_forwards > stats.drafts  # some steps had no draft
 
 
+def test_hybrid_uses_both_prophets(target, drafts, plain):
+    engine = make_engine(target, "hybrid", drafts["near"], k=4)
+    _, _, ids, stats = run(engine)
+    assert ids == plain[1]
+    assert_speculated(stats)
+    hybrid = engine.drafter
+    assert hybrid.copied > 0 and hybrid.modelled > 0  # tiny models repeat themselves, and not always
+    assert hybrid.copied + hybrid.modelled == stats.drafts
+
+
+@pytest.mark.parametrize("method", ["draft-model", "hybrid"])
+def test_draft_window_is_lossless_and_bounds_the_draft_cache(target, drafts, plain, method):
+    draft = drafts["near"]
+    engine = make_engine(target, method, draft, k=4, draft_window=3)
+    _, _, ids, stats = run(engine)
+    assert ids == plain[1]
+    assert_speculated(stats)
+    # the draft saw the prompt's last 3 tokens and what came after, never the whole prompt
+    assert draft.length <= 3 + len(ids)
+
+
 def test_engine_is_reusable(target, drafts, plain):
     engine = make_engine(target, "draft-model", drafts["near"], k=4)
     first = run(engine)[2]
@@ -252,7 +275,8 @@ def test_engine_is_reusable(target, drafts, plain):
 
 # ------------------------------------------------------------------------------------ stopping
 
-METHODS = [("none", None), ("draft-model", "target"), ("draft-model", "near"), ("prompt-lookup", None)]
+METHODS = [("none", None), ("draft-model", "target"), ("draft-model", "near"), ("prompt-lookup", None),
+           ("hybrid", "near")]
 
 
 @pytest.mark.parametrize("method, draft", METHODS)

@@ -8,6 +8,10 @@ first: speedups are relative to it and every other method's tokens are compared 
 Per method and category (and ``overall``):
   tokens_per_s          total new tokens / total seconds (prefill included) over those prompts
   speedup               tokens_per_s / the same for ``none``
+  decode_tokens_per_s   (new tokens - 1) / (seconds - target prefill): speed after the first token,
+                        draft prefill included (our engine only; null for the transformers peers,
+                        whose prefill time is not observed)
+  decode_speedup        decode_tokens_per_s / the same for ``none``
   mean_accepted_tokens  tokens committed per target forward (decode/verify forwards; for the
                         transformers peers every target call, see :mod:`specdraft.bench.peers`)
   acceptance_rate       accepted / drafted tokens (null where the method does not say)
@@ -194,8 +198,9 @@ def needs_our_draft(methods: list[str]) -> bool:
 
 
 def spec_for(method: str, args) -> SpecConfig:
-    return SpecConfig(method=method, k=args.k, ngram_max=args.ngram_max, ngram_min=args.ngram_min,
-                      min_confidence=args.min_confidence)
+    from ..cli import spec_from_args
+
+    return spec_from_args(method, args)
 
 
 # ============================================================================ records
@@ -362,10 +367,13 @@ def analyse_mismatches(records: list[PromptRecord], prompt_ids: dict, target, ti
 def summarise(method: str, category: str, recs: list[PromptRecord]) -> dict:
     new_tokens = sum(r.new_tokens for r in recs)
     seconds = sum(r.seconds for r in recs)
+    prefill = _sum_known(recs, "prefill_seconds")
     return dict(
         method=method, category=category,
         tokens_per_s=ratio(new_tokens, seconds),
         speedup=None,  # filled once the baseline's row is known
+        decode_tokens_per_s=None if prefill is None else ratio(new_tokens - len(recs), seconds - prefill),
+        decode_speedup=None,
         mean_accepted_tokens=ratio(_sum_known(recs, "step_tokens"), _sum_known(recs, "target_forwards")),
         acceptance_rate=ratio(_sum_known(recs, "accepted"), _sum_known(recs, "drafted")),
         exact_match_rate=(None if any(r.exact is None for r in recs)
@@ -392,9 +400,11 @@ def aggregate(records: list[PromptRecord], methods: list[str], categories: list[
                 rows.append(summarise(method, category, recs))
         if mine:
             rows.append(summarise(method, "overall", mine))
-    base = {row["category"]: row["tokens_per_s"] for row in rows if row["method"] == BASELINE}
+    base = {row["category"]: row for row in rows if row["method"] == BASELINE}
     for row in rows:
-        row["speedup"] = ratio(row["tokens_per_s"], base.get(row["category"]))
+        ref = base.get(row["category"], {})
+        row["speedup"] = ratio(row["tokens_per_s"], ref.get("tokens_per_s"))
+        row["decode_speedup"] = ratio(row["decode_tokens_per_s"], ref.get("decode_tokens_per_s"))
     return rows
 
 
@@ -403,19 +413,21 @@ def fmt(value, spec: str = ".2f", suffix: str = "") -> str:
     return "–" if value is None else f"{value:{spec}}{suffix}"
 
 
-OVERALL_COLUMNS = ("method", "tokens/s", "speedup", "tokens/forward", "acceptance", "exact match",
-                   "prompts", "new tokens", "seconds")
+OVERALL_COLUMNS = ("method", "tokens/s", "speedup", "decode tok/s", "decode speedup", "tokens/forward",
+                   "acceptance", "exact match", "prompts", "new tokens", "seconds")
 
 
 def overall_cells(row: dict) -> list[str]:
     return [row["method"], fmt(row["tokens_per_s"]), fmt(row["speedup"], ".2f", "x"),
+            fmt(row.get("decode_tokens_per_s")), fmt(row.get("decode_speedup"), ".2f", "x"),
             fmt(row["mean_accepted_tokens"]), fmt(row["acceptance_rate"], ".0%"), fmt(row["exact_match_rate"], ".0%"),
             str(row["prompts"]), str(row["new_tokens"]), fmt(row["seconds"], ".1f")]
 
 
-def speedup_grid(results: list[dict], methods: list[str], categories: list[str]) -> list[list[str]]:
+def speedup_grid(results: list[dict], methods: list[str], categories: list[str],
+                 key: str = "speedup") -> list[list[str]]:
     """Rows of [method, speedup per category..., overall]."""
-    cell = {(r["method"], r["category"]): r["speedup"] for r in results}
+    cell = {(r["method"], r["category"]): r.get(key) for r in results}
     return [[m] + [fmt(cell.get((m, c)), ".2f", "x") for c in [*categories, "overall"]] for m in methods]
 
 
@@ -426,6 +438,9 @@ def markdown_report(results: list[dict], methods: list[str], categories: list[st
     header = ["method", *categories, "overall"]
     lines += ["", "## Speedup by category", "", _md_row(header), _md_rule(len(header))]
     lines += [_md_row(row) for row in speedup_grid(results, methods, categories)]
+    lines += ["", "## Decode speedup by category (after the first token; our methods only)", "",
+              _md_row(header), _md_rule(len(header))]
+    lines += [_md_row(row) for row in speedup_grid(results, methods, categories, "decode_speedup")]
     return "\n".join(lines) + "\n"
 
 

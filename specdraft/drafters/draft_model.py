@@ -8,6 +8,11 @@ drafts k tokens one by one, sampling from its own distribution q when the target
 Cache invariant: after ``propose(context, k)``, the draft cache holds ``context + draft[:-1]``
 (the last draft token is never fed: its KV is only needed if all k are accepted, and then the
 next ``propose`` feeds it together with the bonus token).
+
+``window``: when > 0 and the prompt is longer, the draft model sees only the prompt's last
+``window`` tokens (and everything generated after them). Its prefill of a long prompt (a RAG
+document, an article to summarise) then costs a bounded time; lossless, since only the guesses
+change. ``seq`` and the cache then hold ``context[offset:]``.
 """
 from __future__ import annotations
 
@@ -21,8 +26,10 @@ from .base import Draft, DrafterContext, register
 class DraftModel:
     name = "draft-model"
 
-    def __init__(self, model, *, min_confidence: float = 0.0):
+    def __init__(self, model, *, min_confidence: float = 0.0, window: int = 0):
         self.model = model
+        self.window = window
+        self.offset = 0  # context[offset:] is what the draft model sees
         # Greedy only: stop drafting early when the draft's top probability falls below this,
         # since a guess it is unsure of is likely rejected and every draft token costs a forward.
         self.min_confidence = min_confidence
@@ -31,9 +38,11 @@ class DraftModel:
     def begin(self, prompt: list[int]) -> None:
         self.model.reset()
         self.seq = []
+        self.offset = max(0, len(prompt) - self.window) if self.window > 0 else 0
 
     def _sync(self, context: list[int]) -> torch.Tensor:
         """Bring the cache to ``context`` and return the logits [V] for the next token."""
+        context = context[self.offset:]
         n = _common_prefix(self.seq, context)
         n = min(n, len(context) - 1)  # always feed at least one token to get fresh logits
         self.model.rollback(n)
@@ -43,7 +52,7 @@ class DraftModel:
 
     def propose(self, context: list[int], k: int, sampling: SamplingConfig,
                 generator: torch.Generator) -> Draft:
-        k = min(k, self.model.max_length - len(context))
+        k = min(k, self.model.max_length - (len(context) - self.offset))
         if k <= 0:
             return Draft()
         logits = self._sync(context)
@@ -88,4 +97,4 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 @register("draft-model", needs_draft_model=True)
 def _build(ctx: DrafterContext) -> DraftModel:
-    return DraftModel(ctx.draft_model, min_confidence=ctx.spec.min_confidence)
+    return DraftModel(ctx.draft_model, min_confidence=ctx.spec.min_confidence, window=ctx.spec.draft_window)
