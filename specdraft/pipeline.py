@@ -162,12 +162,22 @@ class Speculator:
 
     def encode_prompt(self, prompt: str, chat: bool = True) -> list[int]:
         """Token ids of ``prompt``, through the chat template (as one user turn) when there is one."""
+        if chat and getattr(self.tokenizer, "chat_template", None):
+            return self.encode_messages([{"role": "user", "content": prompt}])
+        return self.tokenizer(prompt)["input_ids"]
+
+    def encode_messages(self, messages: list[dict]) -> list[int]:
+        """Token ids of a conversation ([{"role", "content"}...]) through the chat template,
+        ready for the assistant's answer. Without a template: the contents, one per line."""
         tok = self.tokenizer
-        if chat and getattr(tok, "chat_template", None):
-            text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                           add_generation_prompt=True)
-            return tok(text, add_special_tokens=False)["input_ids"]
-        return tok(prompt)["input_ids"]
+        if not getattr(tok, "chat_template", None):
+            return tok("\n".join(m["content"] for m in messages))["input_ids"]
+        msgs = [{**m, "role": "system" if m["role"] == "developer" else m["role"]} for m in messages]
+        try:
+            text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # noqa: BLE001 - jinja raises on conversations the template rejects
+            raise ParameterError(f"the chat template rejects these messages: {e}") from None
+        return tok(text, add_special_tokens=False)["input_ids"]
 
     def engine(self, spec: SpecConfig) -> Engine:
         drafter = None

@@ -1,0 +1,95 @@
+"""Request bodies of the OpenAI-compatible endpoints (pydantic), with their limits.
+
+Unknown fields are ignored (OpenAI clients send many), known ones are type-checked and
+range-checked here, so a bad request is a 400 before it reaches the queue. Two extension
+fields pick the speculation per request: ``method`` (a drafter name or "none") and ``k``.
+"""
+from __future__ import annotations
+
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+
+MAX_STOP = 4  # as OpenAI
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None  # None: the served model
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)  # newer OpenAI name
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: StrictInt = Field(default=0, ge=0)
+    seed: StrictInt | None = Field(default=None, ge=0, le=2**63 - 1)
+    stop: str | list[str] | None = None
+    n: StrictInt = Field(default=1, ge=1, le=1)  # one completion per request
+    stream: StrictBool = False
+    stream_options: dict | None = None
+    logprobs: StrictBool | StrictInt | None = None
+    method: str | None = None  # extension: drafter name or "none"
+    k: StrictInt | None = Field(default=None, ge=1, le=64)  # extension: draft tokens per step
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v):
+        stops = [v] if isinstance(v, str) else (v or [])
+        if len(stops) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop strings")
+        if any(s == "" for s in stops):
+            raise ValueError("stop strings must not be empty")
+        return stops
+
+    @field_validator("logprobs", "echo", check_fields=False)  # echo: completions only
+    @classmethod
+    def _unsupported(cls, v, info):
+        if v:
+            raise ValueError(f"{info.field_name} is not supported")
+        return v
+
+    @property
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[TextPart], None] = None
+
+    @property
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content or ""
+
+
+class ChatRequest(_Common):
+    messages: list[Message] = Field(min_length=1)
+
+
+class CompletionRequest(_Common):
+    prompt: Union[str, list[str], list[StrictInt]]
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    echo: StrictBool = False
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v):
+        if isinstance(v, list) and v and isinstance(v[0], str):
+            if len(v) != 1:
+                raise ValueError("one prompt per request (n=1)")
+        if isinstance(v, list) and not v:
+            raise ValueError("the prompt is empty")
+        return v

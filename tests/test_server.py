@@ -1,0 +1,363 @@
+"""The OpenAI-compatible server on a tiny model: the official client, streaming, errors, load, fuzzing.
+
+A live uvicorn server on 127.0.0.1 (a free port) serves the openai client and the load test;
+the fuzzing goes through the in-process test client. The scheduler's queue rules are tested on
+:class:`Worker` directly with a run function that blocks on demand.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from _tiny import make_cli_model
+from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdraft.pipeline import Speculator
+from specdraft.server.app import ServerConfig, create_app
+from specdraft.server.worker import Job, Outcome, QueueFull, TimedOut, Worker
+
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+MODEL = "tiny"
+QUESTION = "abcabcabd abcab"
+
+
+@pytest.fixture(scope="module")
+def sd(tmp_path_factory):
+    d = make_cli_model(tmp_path_factory.mktemp("srv") / "tiny")
+    return Speculator(str(d), str(d), dtype="fp32", target_format="w8a8", draft_format="w8a8", max_length=256,
+                      progress=False)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(sd):
+    """A live server; yields its base URL."""
+    app = create_app(sd, ServerConfig(model_name=MODEL, spec=SpecConfig(method="draft-model", k=4, min_confidence=0.0),
+                                      max_waiting=64, request_timeout=60))
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if srv.started:
+            break
+        time.sleep(0.05)
+    assert srv.started
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def expected(sd, method="none", max_new_tokens=24, **sampling) -> str:
+    ids = sd.encode_messages([{"role": "user", "content": QUESTION}])
+    res = sd.generate(ids, spec=SpecConfig(method=method, k=4, min_confidence=0.0),
+                      sampling=SamplingConfig(**sampling), gen=GenerationConfig(max_new_tokens=max_new_tokens))
+    return res.text
+
+
+# ------------------------------------------------------------------------------ the official client
+def test_chat_greedy_equals_plain_decoding(client, sd):
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
+                                       max_tokens=24, temperature=0)
+    assert r.choices[0].message.content == expected(sd)
+    assert r.choices[0].finish_reason in ("length", "stop")
+    usage = r.usage.model_dump()
+    assert usage["completion_tokens"] <= 24 and usage["prompt_tokens"] > 0
+    spec = usage["speculation"]
+    assert spec["method"] == "draft-model" and spec["draft_tokens"] > 0
+    assert spec["mean_accepted_tokens"] >= 1.0
+
+
+def test_streamed_text_equals_plain_text_for_a_seed(client):
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=24, temperature=0.9,
+              top_p=0.95, seed=7)
+    whole = client.chat.completions.create(**kw).choices[0].message.content
+    parts, usage = [], None
+    for chunk in client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw):
+        if chunk.choices:
+            parts.append(chunk.choices[0].delta.content or "")
+        if chunk.usage is not None:
+            usage = chunk.usage
+    assert "".join(parts) == whole
+    assert usage is not None and usage.completion_tokens > 0
+
+
+def test_completions_plain_and_streaming(client, sd):
+    r = client.completions.create(model=MODEL, prompt=QUESTION, max_tokens=16, temperature=0, extra_body={"method": "none"})
+    ids = sd.encode_prompt(QUESTION, chat=False)
+    want = sd.generate(ids, spec=SpecConfig(method="none"), gen=GenerationConfig(max_new_tokens=16)).text
+    assert r.choices[0].text == want
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt=QUESTION, max_tokens=16, temperature=0, stream=True, extra_body={"method": "prompt-lookup"}))
+    assert streamed == want
+
+
+def test_stop_string_ends_the_text(client, sd):
+    full = expected(sd)
+    stop = full[3:5]
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}],
+                                       max_tokens=24, temperature=0, stop=[stop])
+    assert r.choices[0].message.content == full[:full.index(stop)]
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_models_health_metrics(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    h = httpx.get(server + "/health").json()
+    assert h["status"] == "ok" and "draft-model" in h["methods"] and h["default_method"] == "draft-model"
+    text = httpx.get(server + "/metrics").text
+    assert 'specdraft_requests_total{endpoint="/v1/chat/completions",status="200"}' in text
+    assert "specdraft_time_to_first_token_seconds_bucket" in text
+    assert "specdraft_mean_accepted_tokens" in text and "specdraft_acceptance_rate" in text
+    page = httpx.get(server + "/")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"] and "specdraft" in page.text
+
+
+def test_stream_chunks_carry_token_origins(server):
+    body = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 12, "temperature": 0, "stream": True}
+    origins = []
+    with httpx.stream("POST", server + "/v1/chat/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                origins += json.loads(line[6:])["origins"]
+    assert len(origins) == 12 and set(origins) <= {"draft", "target"} and "draft" in origins
+
+
+# ------------------------------------------------------------------------------ errors
+def post(server, path, content, headers=None):
+    return httpx.post(server + path, content=content, headers={"content-type": "application/json", **(headers or {})},
+                      timeout=30)
+
+
+GOOD = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+@pytest.mark.parametrize("body, status, param", [
+    ("{not json", 400, None),
+    ({}, 400, "messages"),
+    ({"messages": []}, 400, "messages"),
+    ({"messages": "hi"}, 400, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages.0.role"),
+    ({**GOOD, "temperature": -1}, 400, "temperature"),
+    ({**GOOD, "temperature": "hot"}, 400, "temperature"),
+    ({**GOOD, "top_p": 0}, 400, "top_p"),
+    ({**GOOD, "top_k": -3}, 400, "top_k"),
+    ({**GOOD, "max_tokens": 0}, 400, "max_tokens"),
+    ({**GOOD, "max_tokens": "4"}, 400, "max_tokens"),
+    ({**GOOD, "max_tokens": 100000}, 400, "max_tokens"),
+    ({**GOOD, "n": 2}, 400, "n"),
+    ({**GOOD, "seed": -1}, 400, "seed"),
+    ({**GOOD, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ({**GOOD, "logprobs": True}, 400, "logprobs"),
+    ({**GOOD, "method": "crystal-ball"}, 400, "method"),
+    ({**GOOD, "k": 0}, 400, "k"),
+    ({**GOOD, "model": "gpt-7"}, 404, "model"),
+])
+def test_bad_requests_get_openai_errors(server, body, status, param):
+    r = post(server, "/v1/chat/completions", body if isinstance(body, str) else json.dumps(body))
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["message"] and err["type"]
+    if param is not None:
+        assert err["param"] == param
+
+
+def test_bad_completion_prompts(server):
+    for prompt in ([], ["a", "b"], [10**9], None):
+        r = post(server, "/v1/completions", json.dumps({"prompt": prompt, "max_tokens": 2}))
+        assert r.status_code == 400, (prompt, r.text)
+
+
+def test_oversized_bodies_get_413(server):
+    big = json.dumps({**GOOD, "messages": [{"role": "user", "content": "x" * (2 << 20)}]})
+    assert post(server, "/v1/chat/completions", big).status_code == 413
+
+    def chunks():  # no content-length: counted as it arrives
+        for _ in range(40):
+            yield b" " * 65536
+    r = httpx.post(server + "/v1/chat/completions", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert httpx.get(server + "/health").json()["status"] == "ok"
+
+
+def test_unknown_route_is_a_json_404(server):
+    r = httpx.get(server + "/v1/nothing")
+    assert r.status_code == 404 and "error" in r.json()
+
+
+# ------------------------------------------------------------------------------ load
+def test_concurrent_clients_some_disconnecting(server, sd):
+    want = expected(sd, max_new_tokens=16)
+    body = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 16, "temperature": 0}
+
+    async def one_client(i: int, ac: httpx.AsyncClient) -> list[str]:
+        got = []
+        for j in range(5):
+            if (i + j) % 4 == 3:  # leave mid-stream after the first chunks
+                async with ac.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+                    n = 0
+                    async for line in r.aiter_lines():
+                        n += line.startswith("data: ")
+                        if n >= 3:
+                            break
+                continue
+            r = await ac.post("/v1/chat/completions", json={**body, "stream": j % 2 == 0})
+            assert r.status_code == 200, r.text
+            if j % 2 == 0:
+                text = "".join(json.loads(ln[6:])["choices"][0]["delta"].get("content") or ""
+                               for ln in r.text.splitlines() if ln.startswith("data: {"))
+            else:
+                text = r.json()["choices"][0]["message"]["content"]
+            got.append(text)
+        return got
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server, timeout=120) as ac:
+            return await asyncio.gather(*(one_client(i, ac) for i in range(8)))
+
+    results = asyncio.run(main())
+    texts = [t for r in results for t in r]
+    assert len(texts) == 30 and all(t == want for t in texts)
+    h = httpx.get(server + "/health").json()
+    assert h["status"] == "ok"
+    for _ in range(100):  # abandoned streams stop within a step
+        if not h["running"] and h["waiting"] == 0:
+            break
+        time.sleep(0.05)
+        h = httpx.get(server + "/health").json()
+    assert not h["running"] and h["waiting"] == 0
+
+
+# ------------------------------------------------------------------------------ the scheduler
+class Blocking:
+    """A run function that holds the worker until released."""
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.started = threading.Event()
+
+    def __call__(self, job: Job) -> Outcome:
+        self.started.set()
+        while not self.release.is_set() and not job.stopped:
+            time.sleep(0.01)
+        return Outcome(stats=None, finish_reason="length" if job.stopped else "stop", token_ids=[])
+
+
+def with_worker(test) -> None:
+    """Run ``async test(worker, run, loop)`` against a fresh Worker (2 waiting places) over Blocking."""
+    async def main():
+        run = Blocking()
+        w = Worker(run, max_waiting=2)
+        try:
+            await test(w, run, asyncio.get_running_loop())
+        finally:
+            w.close()
+
+    asyncio.run(main())
+
+
+def test_worker_queue_bound_cancel_and_deadline():
+    async def test(w, run, loop):
+        first = Job("a", loop, deadline=time.monotonic() + 30)
+        w.submit(first)
+        await asyncio.to_thread(run.started.wait, 5)
+        waiting = [Job(x, loop, deadline=time.monotonic() + 30) for x in "bc"]
+        for j in waiting:
+            w.submit(j)
+        with pytest.raises(QueueFull):
+            w.submit(Job("d", loop, deadline=time.monotonic() + 30))
+        w.cancel(waiting[0])  # a client that left frees its place at once
+        assert w.waiting == 1
+        late = Job("e", loop, deadline=time.monotonic() + 0.05)
+        w.submit(late)
+        await asyncio.sleep(0.2)
+        run.release.set()
+        kind, outcome = await asyncio.wait_for(first.events.get(), 5)
+        assert kind == "done" and outcome.finish_reason == "stop"
+        kind, _ = await asyncio.wait_for(waiting[1].events.get(), 5)
+        assert kind == "done"
+        kind, err = await asyncio.wait_for(late.events.get(), 5)
+        assert kind == "error" and isinstance(err, TimedOut)
+        assert waiting[0].events.empty()
+
+    with_worker(test)
+
+
+def test_a_running_job_stops_when_cancelled():
+    async def test(w, run, loop):
+        job = Job("a", loop, deadline=time.monotonic() + 30)
+        w.submit(job)
+        await asyncio.to_thread(run.started.wait, 5)
+        w.cancel(job)
+        kind, outcome = await asyncio.wait_for(job.events.get(), 5)
+        assert kind == "done" and outcome.finish_reason == "length"
+
+    with_worker(test)
+
+
+# ------------------------------------------------------------------------------ fuzzing
+JSONISH = st.recursive(st.none() | st.booleans() | st.integers(-10**12, 10**12) | st.floats(allow_nan=False)
+                       | st.text(max_size=8), lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
+                       max_leaves=6)
+FIELDS = {
+    "model": st.sampled_from([MODEL, "other", None, 3]),
+    "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "bad", 1]),
+                                                "content": st.text(max_size=20) | JSONISH}), max_size=3) | JSONISH,
+    "prompt": st.text(max_size=20) | st.lists(st.integers(-5, 300), max_size=5) | JSONISH,
+    "max_tokens": st.integers(-2, 6) | st.sampled_from([10**6, None, "3", 2.5]),
+    "temperature": st.floats(-1, 3, allow_nan=False) | JSONISH,
+    "top_p": st.floats(-0.5, 1.5, allow_nan=False) | JSONISH,
+    "top_k": st.integers(-3, 50) | JSONISH,
+    "seed": st.integers(-3, 2**64) | JSONISH,
+    "stop": st.text(max_size=3) | st.lists(st.text(max_size=3), max_size=5) | JSONISH,
+    "n": st.integers(-1, 3),
+    "stream": st.booleans() | JSONISH,
+    "stream_options": JSONISH,
+    "method": st.sampled_from(["none", "draft-model", "prompt-lookup", "hybrid", "x", ""]) | JSONISH,
+    "k": st.integers(-1, 70) | JSONISH,
+    "logprobs": JSONISH,
+    "echo": JSONISH,
+}
+
+
+@pytest.fixture(scope="module")
+def test_client(sd):
+    from fastapi.testclient import TestClient
+
+    app = create_app(sd, ServerConfig(model_name=MODEL, max_waiting=8, request_timeout=30))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        yield c
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(path=st.sampled_from(["/v1/chat/completions", "/v1/completions"]),
+       body=st.fixed_dictionaries({}, optional=FIELDS) | JSONISH)
+def test_fuzzed_requests_never_get_a_5xx(test_client, path, body):
+    r = test_client.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
+    assert r.status_code < 500, (body, r.text)
+    if r.status_code >= 400:
+        assert "message" in r.json()["error"]
+
+
+def test_openapi_spec_lists_the_endpoints(test_client):
+    paths = test_client.get("/openapi.json").json()["paths"]
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"} <= set(paths)
