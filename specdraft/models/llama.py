@@ -183,6 +183,48 @@ def _attention_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: i
     return out.view(nh, T, hd)
 
 
+class LazyWeights(dict):
+    """name -> tensor over safetensors files, read on each access and not kept.
+
+    The model reads each weight once and converts it (fusing, quantizing). Reading everything
+    first would double the loading peak, and one open handle would keep the whole memory-mapped
+    file resident (measured: 8.1 GB peak RSS for the default w8a8 pair with eager reads). Each
+    read opens its own map, released with the tensor. Assigned entries (aliases) stay as in a dict.
+    """
+
+    def __init__(self, files):
+        from safetensors import safe_open
+
+        super().__init__()
+        self._open = safe_open
+        self._where: dict[str, str] = {}
+        for f in files:
+            with safe_open(str(f), framework="pt") as fh:
+                for name in fh.keys():
+                    self._where[name] = str(f)
+
+    def __contains__(self, name) -> bool:
+        return dict.__contains__(self, name) or name in self._where
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if dict.__contains__(self, name):
+            return dict.__getitem__(self, name)
+        if name not in self._where:
+            raise KeyError(name)
+        try:
+            with self._open(self._where[name], framework="pt") as fh:
+                return fh.get_tensor(name)
+        except Exception as e:  # noqa: BLE001 - a truncated or corrupt file
+            raise ModelFileError(f"cannot read weight {name!r} ({e}); the file is corrupt, re-create it") from None
+
+    def get(self, name: str, default=None):
+        return self[name] if name in self else default
+
+    def pop(self, name: str, default=None):
+        self._where.pop(name, None)
+        return dict.pop(self, name, default)
+
+
 class _Layer:
     """One decoder layer: norms and linear objects, with q/k/v and gate/up fused."""
 
@@ -214,14 +256,25 @@ class LlamaModel:
                 raise ModelFileError(f"weight {name!r} is missing from the model files; the checkpoint is incomplete")
             return weights[name].to(dtype).contiguous()
 
+        def lw(name: str) -> torch.Tensor:
+            """A linear layer's weight: the w8a8 formats take the stored tensor (bf16 or fp32) and
+            quantize it chunk by chunk, so no full fp32 copy of a large matrix is made."""
+            if not weight_format.startswith("w8a8"):
+                return w(name)
+            if name not in weights:
+                raise ModelFileError(f"weight {name!r} is missing from the model files; the checkpoint is incomplete")
+            return weights[name]
+
         self.weight_format = weight_format
         if "model.embed_tokens.weight" not in weights and s.tie_embeddings and "lm_head.weight" in weights:
             weights["model.embed_tokens.weight"] = weights["lm_head.weight"]  # tied, saved under the head's name
         # The embedding is only gathered from: keep it in its stored dtype when that is bf16 (an
         # exact fp32 lookup at half the memory), else in the compute dtype.
         emb = weights.get("model.embed_tokens.weight")
-        self.embed = emb.contiguous() if emb is not None and emb.dtype == torch.bfloat16 else w("model.embed_tokens.weight")  # [V, H]
-        head = w("model.embed_tokens.weight") if (s.tie_embeddings or "lm_head.weight" not in weights) else w("lm_head.weight")
+        # clone(): a tensor read from safetensors maps the whole file; a copy lets the map go
+        # (measured: the 2.9 GB file stayed resident behind a 0.45 GB embedding).
+        self.embed = emb.clone() if emb is not None and emb.dtype == torch.bfloat16 else w("model.embed_tokens.weight").clone()  # [V, H]
+        head = lw("model.embed_tokens.weight") if (s.tie_embeddings or "lm_head.weight" not in weights) else lw("lm_head.weight")
         if head_vocab is not None and head_vocab < head.shape[0]:
             # Draft models only: logits for the first head_vocab ids alone (BPE vocabularies put
             # frequent tokens first). The output head is the largest matrix of a small model; a
@@ -233,14 +286,14 @@ class LlamaModel:
         for i in range(s.num_layers):
             p = f"model.layers.{i}."
             a = p + "self_attn."
-            w_qkv = torch.cat([w(a + "q_proj.weight"), w(a + "k_proj.weight"), w(a + "v_proj.weight")]).contiguous()
+            w_qkv = torch.cat([lw(a + "q_proj.weight"), lw(a + "k_proj.weight"), lw(a + "v_proj.weight")])
             b_qkv = None
             if s.attention_bias and (a + "q_proj.bias") in weights:
                 b_qkv = torch.cat([w(a + "q_proj.bias"), w(a + "k_proj.bias"), w(a + "v_proj.bias")]).contiguous()
-            w_gu = torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]).contiguous()
+            w_gu = torch.cat([lw(p + "mlp.gate_proj.weight"), lw(p + "mlp.up_proj.weight")])
             lin = [make_linear(m, b, weight_format, role) for m, b, role in
-                   ((w_qkv, b_qkv, "qkv"), (w(a + "o_proj.weight"), None, "o"), (w_gu, None, "gate_up"),
-                    (w(p + "mlp.down_proj.weight"), None, "down"))]
+                   ((w_qkv, b_qkv, "qkv"), (lw(a + "o_proj.weight"), None, "o"), (w_gu, None, "gate_up"),
+                    (lw(p + "mlp.down_proj.weight"), None, "down"))]
             self.layers.append(_Layer(w(p + "input_layernorm.weight"), w(p + "post_attention_layernorm.weight"), *lin))
             for name in ("q_proj", "k_proj", "v_proj", "o_proj"):  # free the unfused copies as we go
                 weights.pop(a + name + ".weight", None)
@@ -272,14 +325,10 @@ class LlamaModel:
         files = sorted(path.glob("*.safetensors"))
         if not files:
             raise ModelFileError(f"no *.safetensors weights in {path}; convert or re-download the model")
-        weights: dict[str, torch.Tensor] = {}
         try:
-            for f in files:
-                with safe_open(str(f), framework="pt") as fh:
-                    for name in fh.keys():
-                        weights[name] = fh.get_tensor(name)
+            weights = LazyWeights(files)
         except Exception as e:  # noqa: BLE001
-            raise ModelFileError(f"cannot read weights {f.name} in {path} ({e}); the file is corrupt, re-create it") from None
+            raise ModelFileError(f"cannot read weights in {path} ({e}); the file is corrupt, re-create it") from None
         return cls(read_spec(config), weights, config, dtype=dtype, max_length=max_length,
                    weight_format=weight_format, head_vocab=head_vocab)
 

@@ -57,11 +57,19 @@ def _onednn_fp32() -> bool:
     return torch.backends.mkldnn.is_available() and os.environ.get("SPECDRAFT_ONEDNN", "1") != "0"
 
 
-def _per_channel_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """weight [out, in] -> (int8 [out, in], fp32 scales [out]); symmetric, per output channel."""
-    w = weight.float()
-    scales = w.abs().amax(dim=1).clamp_min(1e-8) / 127.0
-    return (w / scales[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous(), scales
+def _per_channel_int8(weight: torch.Tensor, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [out, in] (any float dtype) -> (int8 [out, in], fp32 scales [out]); symmetric, per
+    output channel. Works on ``chunk`` rows at a time, so the fp32 temporaries stay small (the
+    151936-row head of Qwen2.5 would otherwise need ~3 GB of them)."""
+    out_f = weight.shape[0]
+    q = torch.empty(weight.shape, dtype=torch.int8)
+    scales = torch.empty(out_f)
+    for i in range(0, out_f, chunk):
+        w = weight[i:i + chunk].float()
+        s = w.abs().amax(dim=1).clamp_min(1e-8) / 127.0
+        q[i:i + chunk] = (w / s[:, None]).round_().clamp_(-127, 127)  # integral values: the cast is exact
+        scales[i:i + chunk] = s
+    return q, scales
 
 
 class Int8Linear:
@@ -128,8 +136,9 @@ class W8A8Linear:
     # the buffer, so no per-call concatenation (a copy of the whole block) is needed.
     _buffers: dict[int, torch.Tensor] = {}
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, passes: int = 1):
-        q, scales = _per_channel_int8(weight)  # [out, in], [out]
+    def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None = None, passes: int = 1,
+                 quantized: tuple[torch.Tensor, torch.Tensor] | None = None):
+        q, scales = quantized if quantized is not None else _per_channel_int8(weight)  # [out, in], [out]
         out_f, self.in_features = q.shape
         q = torch.cat([q, q.new_zeros(out_f, 2)], 1)  # [out, in + 2]: zero weights for the sentinels
         with warnings.catch_warnings():  # torch flags quantized tensors as deprecated; FBGEMM still wants one
@@ -182,9 +191,9 @@ class W8A8Head(W8A8Linear):
     __slots__ = ("qweight", "scales", "refine")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, refine: int = 32):
-        super().__init__(weight, bias, passes=1)
-        self.refine = refine
         self.qweight, self.scales = _per_channel_int8(weight)  # [V, in] int8, [V]
+        super().__init__(None, bias, passes=1, quantized=(self.qweight, self.scales))
+        self.refine = refine
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         x = x.float()
