@@ -34,7 +34,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 def _spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, default=_DEFAULTS_SPEC.k, help="draft tokens per target forward (default: the drafter's own, see config.DEFAULT_K)")
     p.add_argument("--min-confidence", type=float, default=_DEFAULTS_SPEC.min_confidence,
-                   help="draft-model, greedy: stop a draft early when the draft's top probability falls below this")
+                   help="draft-model, greedy: draft another token only while the product of the draft's "
+                        "probabilities for its guesses so far is at least this")
     p.add_argument("--ngram-max", type=int, default=_DEFAULTS_SPEC.ngram_max, help="prompt-lookup: longest n-gram matched")
     p.add_argument("--ngram-min", type=int, default=_DEFAULTS_SPEC.ngram_min, help="prompt-lookup: shortest n-gram matched")
     p.add_argument("--draft-window", type=int, default=_DEFAULTS_SPEC.draft_window,

@@ -319,3 +319,17 @@ def test_peer_runner_counts_forwards_and_matches_plain_greedy(tiny_hf_model):
     assert assisted.target_forwards < plain.target_forwards  # identical assistant: everything accepted
     lookup = PeerRunner(PEERS["hf-prompt-lookup"], tiny_hf_model, None, [63])(ids, 12)
     assert lookup.token_ids == plain.token_ids
+
+
+def test_chart_is_a_png(tmp_path):
+    from specdraft.bench.chart import draw, main
+
+    records = crafted_records()
+    mark_exactness(records)
+    results = aggregate(records, ["none", "draft-model", "hf-assisted"], ["coding", "math"])
+    draw(results, tmp_path / "c.png", "title")
+    data = (tmp_path / "c.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    (tmp_path / "r.json").write_text(json.dumps({"results": results}))
+    assert main([str(tmp_path / "r.json"), str(tmp_path / "d.png")]) == 0
+    assert (tmp_path / "d.png").stat().st_size > 10_000

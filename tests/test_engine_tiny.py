@@ -232,6 +232,48 @@ def test_min_confidence_drafting_is_still_lossless(target, drafts, plain):
     assert_speculated(stats)
 
 
+class ScriptedLM:
+    """A CausalLM whose next-token distribution after n tokens is scripted: token n + 1 with
+    probability probs[n] (the rest spread evenly). Counts forwards."""
+
+    def __init__(self, probs: list[float], vocab: int = 50):
+        self.probs, self.vocab, self.max_length = probs, vocab, 1000
+        self.length = self.forwards = 0
+
+    def forward(self, ids, last_only=False, **_):
+        from specdraft.models.base import ModelOutput
+
+        self.forwards += 1
+        self.length += int(ids.shape[0])
+        p = self.probs[min(self.length, len(self.probs) - 1)]
+        row = torch.full((self.vocab,), (1.0 - p) / (self.vocab - 1))
+        row[(self.length + 1) % self.vocab] = p
+        return ModelOutput(logits=row.log()[None], hidden=None)
+
+    def rollback(self, length):
+        self.length = length
+
+    def reset(self):
+        self.length = 0
+
+
+def test_draft_stops_forwarding_once_it_doubts_its_guesses():
+    from specdraft.drafters.draft_model import DraftModel
+
+    # After the 4-token context the draft is 0.9, 0.7, 0.4, 0.9 sure of its next guesses.
+    lm = ScriptedLM([0.9] * 4 + [0.9, 0.7, 0.4, 0.9, 0.9])
+    drafter = DraftModel(lm, min_confidence=0.5)
+    drafter.begin([1, 2, 3, 4])
+    draft = drafter.propose([1, 2, 3, 4], 6, GREEDY, torch.Generator())
+    # 0.9 -> 0.63 -> 0.252 < 0.5: the third guess is proposed, but no forward is run for a fourth
+    assert draft.tokens == [5, 6, 7]
+    assert lm.forwards == 1 + 2  # the catch-up forward, then one per further guess
+    lm.forwards = 0
+    drafter = DraftModel(lm, min_confidence=0.0)  # off: always k guesses
+    drafter.begin([1, 2, 3, 4])
+    assert len(drafter.propose([1, 2, 3, 4], 6, GREEDY, torch.Generator())) == 6 and lm.forwards == 6
+
+
 def test_draft_model_with_a_smaller_context_than_the_target(models, target, plain):
     # The draft's cache fills up mid-generation; from then on the engine decodes without drafts.
     short_draft = load_native(models["near"][1], max_length=len(PROMPT) + 12)

@@ -361,3 +361,33 @@ def test_fuzzed_requests_never_get_a_5xx(test_client, path, body):
 def test_openapi_spec_lists_the_endpoints(test_client):
     paths = test_client.get("/openapi.json").json()["paths"]
     assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"} <= set(paths)
+
+
+# ------------------------------------------------------------------------------ bench --endpoint
+def test_bench_times_an_openai_endpoint(server, tmp_path, capsys):
+    from specdraft.cli import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"question_id": i, "category": c, "turns": [QUESTION[:8 + i]]})
+                                 for i, c in enumerate(["a", "a", "b"])) + "\n")
+    out = tmp_path / "r.json"
+    assert main(["bench", "--endpoint", server + "/v1", "--prompts", str(prompts), "--max-new-tokens", "6",
+                 "--json", str(out), "--endpoint-name", "ours"]) == 0
+    report = json.loads(out.read_text())
+    rows = {(r["method"], r["category"]): r for r in report["results"]}
+    assert set(rows) == {("ours", "a"), ("ours", "b"), ("ours", "overall")}
+    o = rows[("ours", "overall")]
+    assert o["prompts"] == 3 and 3 <= o["new_tokens"] <= 18 and o["tokens_per_s"] > 0 and o["ttft_s"] > 0
+    assert o["mean_accepted_tokens"] >= 1.0  # our server reports its speculation
+    assert o["new_tokens"] == sum(p["new_tokens"] for p in report["prompts"])
+
+
+def test_bench_endpoint_unreachable_is_one_line(tmp_path, capsys):
+    from specdraft.cli import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"question_id": 1, "category": "a", "turns": ["hi"]}) + "\n")
+    code = main(["bench", "--endpoint", f"http://127.0.0.1:{_free_port()}/v1", "--prompts", str(prompts),
+                 "--json", str(tmp_path / "r.json")])
+    err = capsys.readouterr().err
+    assert code != 0 and "is the server running?" in err and "Traceback" not in err

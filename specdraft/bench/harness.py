@@ -65,6 +65,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--categories", default=None, help="comma-separated categories to keep (default: all)")
     p.add_argument("--json", dest="json_out", required=True, type=Path, help="write the full report here")
     p.add_argument("--markdown", type=Path, default=None, help="also write Markdown tables here")
+    p.add_argument("--chart", type=Path, default=None,
+                   help="also draw a PNG: speedup per category per method, tokens per target forward")
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
                    help="run each method once on a short prompt before timing (first calls set up kernels)")
     dtypes = ["auto", "bf16", "fp32"]
@@ -74,6 +76,12 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    help="dtype of hf-assisted, target and assistant (auto: bf16 with native bf16, else fp32)")
     p.add_argument("--hf-dtype-prompt-lookup", choices=dtypes, default="auto",
                    help="dtype of hf-prompt-lookup (it verifies blocks, like hf-assisted)")
+    p.add_argument("--endpoint", default=None,
+                   help="time an OpenAI-compatible server instead (base URL, e.g. http://127.0.0.1:8000/v1); "
+                        "--methods is then ignored")
+    p.add_argument("--endpoint-model", default=None, help="the model field sent to --endpoint")
+    p.add_argument("--endpoint-name", default=None, help="the method name of --endpoint in the report")
+    p.add_argument("--endpoint-timeout", type=float, default=600.0, help="seconds per request to --endpoint")
     p.add_argument("--tie-gap", type=float, default=DEFAULT_TIE_GAP,
                    help="a mismatch whose top-2 logit gap is below this counts as a rounding tie")
 
@@ -652,6 +660,11 @@ def run_all(methods, prompts, prompt_ids, args, speculator, peers, console,
 def run_bench(args) -> int:
     from rich.console import Console
 
+    if args.endpoint:
+        from .endpoint import run_endpoint
+
+        return run_endpoint(args)
+
     # Everything cheap is validated before any model loads.
     methods = parse_methods(args.methods)
     GenerationConfig(max_new_tokens=args.max_new_tokens)
@@ -662,6 +675,7 @@ def run_bench(args) -> int:
     categories = categories_in_order(prompts)
     check_output_path(args.json_out, "--json")
     check_output_path(args.markdown, "--markdown")
+    check_output_path(args.chart, "--chart")
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)  # no 80-column wrap in logs
     if BASELINE not in (parse_list(args.methods) or []):
         console.print("note: added method none (plain decoding): it is the baseline of speedups and exactness")
@@ -691,6 +705,10 @@ def run_bench(args) -> int:
     results = save(records, rss, mismatches)
     if args.markdown is not None:
         write_text(args.markdown, markdown_report(results, methods, categories))
+    if args.chart is not None:
+        from .chart import draw
+
+        draw(results, args.chart, f"{speculator.target.name}, {len(prompts)} prompts, {args.max_new_tokens} new tokens")
     # Off a terminal (a log file, a pipe) rich assumes 80 columns and truncates the headers.
     print_tables(Console(width=None if sys.stdout.isatty() else 160), results, methods, categories)
     near = sum(m["near_tie"] for m in mismatches)

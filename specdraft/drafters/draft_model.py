@@ -55,24 +55,28 @@ class DraftModel:
         k = min(k, self.model.max_length - (len(context) - self.offset))
         if k <= 0:
             return Draft()
-        logits = self._sync(context)
+        logits = self._sync(context)  # paid on every step anyway: the first guess costs no forward
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
+        sure = 1.0  # greedy: the draft's own probability that every guess so far is right
         for i in range(k):
             if sampling.greedy:
-                if self.min_confidence > 0.0:
-                    top = torch.softmax(logits.float(), -1).max()
-                    if i > 0 and float(top) < self.min_confidence:
-                        break
                 tok = int(logits.argmax())
+                if self.min_confidence > 0.0:
+                    sure *= float(torch.softmax(logits.float(), -1)[tok])
             else:
                 q = probs_from_logits(logits[None], sampling)  # [1, V]
                 tok = int(sample(q, generator)[0])
                 qs.append(q[0])
             tokens.append(tok)
-            if i + 1 < k:
+            # Another guess costs a draft forward, and pays only if every guess before it is
+            # accepted: stop once the draft itself doubts that (the guess in hand is still
+            # proposed; checking it costs the target almost nothing).
+            if i + 1 < k and sure >= self.min_confidence:
                 logits = self.model.forward(torch.tensor([tok], dtype=torch.int64)).logits[-1]
                 self.seq.append(tok)
+            else:
+                break
         probs = torch.stack(qs) if qs else None
         return Draft(tokens, probs)
 

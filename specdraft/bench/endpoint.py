@@ -1,0 +1,125 @@
+"""``specdraft bench --endpoint URL``: time any OpenAI-compatible server (ours, vLLM, llama.cpp).
+
+Each prompt goes to ``URL/chat/completions`` as one user turn, greedy, streaming, with
+``max_tokens`` = --max-new-tokens. Per prompt: the time to the first content chunk, the time to
+the end, and the tokens generated (``usage.completion_tokens`` when the server reports it, else
+the number of content chunks, which is one token per chunk on llama.cpp and on our server).
+A specdraft server's ``usage.speculation`` also gives tokens per target forward and acceptance.
+
+The report has the same flat rows as the local benchmark (speedup and exactness are null: there
+is no baseline in the same run), plus ``ttft_s`` (mean time to first token).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import SpecdraftError
+
+
+class EndpointError(SpecdraftError):
+    """The endpoint cannot be reached or does not answer like an OpenAI server."""
+
+
+@dataclass
+class Timing:
+    question_id: int | str
+    category: str
+    new_tokens: int
+    seconds: float  # request sent -> stream ended
+    ttft: float | None  # request sent -> first content
+    step_tokens: int | None = None  # from usage.speculation, when the server says
+    target_forwards: int | None = None
+    drafted: int | None = None
+    accepted: int | None = None
+
+
+def stream_one(client, url: str, model: str | None, text: str, max_tokens: int) -> tuple[int, float, float | None, dict | None]:
+    """One streamed request -> (tokens, seconds, ttft, usage or None)."""
+    body = {"messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    if model:
+        body["model"] = model
+    chunks, usage, ttft = 0, None, None
+    t0 = time.perf_counter()
+    with client.stream("POST", url, json=body) as r:
+        if r.status_code != 200:
+            r.read()
+            raise EndpointError(f"{url} answered {r.status_code}: {r.text[:200]}")
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            try:
+                msg = json.loads(line[6:])
+            except json.JSONDecodeError:
+                raise EndpointError(f"{url} sent a stream line that is not JSON: {line[:80]!r}") from None
+            if msg.get("error"):
+                raise EndpointError(f"{url} reported an error: {msg['error']}")
+            if msg.get("usage"):
+                usage = msg["usage"]
+            for choice in msg.get("choices") or []:
+                delta = choice.get("delta") or {}
+                if delta.get("content"):
+                    chunks += 1
+                    if ttft is None:
+                        ttft = time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    tokens = (usage or {}).get("completion_tokens") or chunks
+    return tokens, seconds, ttft, usage
+
+
+def summarise(method: str, category: str, timings: list[Timing]) -> dict:
+    n = sum(t.new_tokens for t in timings)
+    secs = sum(t.seconds for t in timings)
+    ttfts = [t.ttft for t in timings if t.ttft is not None]
+    decode = sum(t.seconds - t.ttft for t in timings if t.ttft is not None)
+
+    def known(name):
+        vals = [getattr(t, name) for t in timings]
+        return None if any(v is None for v in vals) else sum(vals)
+
+    fw, st, dr, ac = known("target_forwards"), known("step_tokens"), known("drafted"), known("accepted")
+    return dict(method=method, category=category, tokens_per_s=n / secs if secs > 0 else None, speedup=None,
+                decode_tokens_per_s=(n - len(ttfts)) / decode if decode > 0 else None, decode_speedup=None,
+                ttft_s=sum(ttfts) / len(ttfts) if ttfts else None,
+                mean_accepted_tokens=st / fw if fw else None, acceptance_rate=ac / dr if dr else None,
+                exact_match_rate=None, prompts=len(timings), new_tokens=n, seconds=secs, target_forwards=fw)
+
+
+def run_endpoint(args) -> int:
+    import httpx
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from .harness import categories_in_order, check_output_path, load_prompts, parse_list, select_prompts, write_text
+
+    prompts = select_prompts(load_prompts(args.prompts), parse_list(args.categories), args.per_category)
+    check_output_path(args.json_out, "--json")
+    base = args.endpoint.rstrip("/")
+    url = base + "/chat/completions"
+    method = args.endpoint_name or f"endpoint {base}"
+    console = Console(stderr=True)
+    timings: list[Timing] = []
+    try:
+        with httpx.Client(timeout=args.endpoint_timeout) as client, Progress(console=console) as progress:
+            task = progress.add_task(method, total=len(prompts))
+            for p in prompts:
+                tokens, secs, ttft, usage = stream_one(client, url, args.endpoint_model, p.text, args.max_new_tokens)
+                spec = (usage or {}).get("speculation") or {}
+                timings.append(Timing(p.question_id, p.category, tokens, secs, ttft, spec.get("step_tokens"),
+                                      spec.get("target_forwards"), spec.get("draft_tokens"), spec.get("accepted_tokens")))
+                progress.advance(task)
+    except httpx.HTTPError as e:
+        raise EndpointError(f"cannot talk to {url} ({type(e).__name__}: {e}); is the server running?") from None
+    rows = [summarise(method, c, [t for t in timings if t.category == c]) for c in categories_in_order(prompts)]
+    rows.append(summarise(method, "overall", timings))
+    report = dict(config=dict(endpoint=base, model=args.endpoint_model, max_new_tokens=args.max_new_tokens),
+                  results=rows, prompts=[t.__dict__ for t in timings])
+    write_text(Path(args.json_out), json.dumps(report, indent=1) + "\n")
+    o = rows[-1]
+    console.print(f"{method}: {o['new_tokens']} tokens in {o['seconds']:.1f} s, {o['tokens_per_s']:.2f} tok/s, "
+                  f"time to first token {o['ttft_s'] if o['ttft_s'] is None else round(o['ttft_s'], 2)} s; "
+                  f"report: {args.json_out}")
+    return 0
