@@ -39,7 +39,8 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ngram-max", type=int, default=_DEFAULTS_SPEC.ngram_max, help="prompt-lookup: longest n-gram matched")
     p.add_argument("--ngram-min", type=int, default=_DEFAULTS_SPEC.ngram_min, help="prompt-lookup: shortest n-gram matched")
     p.add_argument("--draft-window", type=int, default=_DEFAULTS_SPEC.draft_window,
-                   help="draft model: see at most this many (latest) prompt tokens, bounding its prefill; 0 = all")
+                   help="draft model: see at most this many (latest) prompt tokens, bounding its prefill; "
+                        "0 = all (default: 256 for hybrid, all for draft-model)")
 
 
 def spec_from_args(method: str, args) -> SpecConfig:

@@ -313,10 +313,18 @@ def test_invalid_sampling_config(kwargs):
     dict(k=0), dict(k=-3), dict(k=65), dict(k=2.0), dict(k=True), dict(ngram_min=0),
     dict(ngram_min=4, ngram_max=3), dict(ngram_max=0), dict(min_confidence=-0.1), dict(min_confidence=1.0),
     dict(min_confidence=float("nan")), dict(min_confidence="0.5"), dict(ngram_min=1.5), dict(ngram_max=2.5),
+    dict(draft_window=-1), dict(draft_window=1.5), dict(draft_window=True),
 ])
 def test_invalid_spec_config(kwargs):
     with pytest.raises(ParameterError):
         SpecConfig(**kwargs)
+
+
+def test_draft_window_defaults_per_drafter():
+    assert SpecConfig(method="hybrid").window == 256
+    assert SpecConfig(method="draft-model").window == 0
+    assert SpecConfig(method="hybrid", draft_window=0).window == 0  # explicit: the whole prompt
+    assert SpecConfig(method="draft-model", draft_window=64).window == 64
 
 
 @pytest.mark.parametrize("kwargs", [

@@ -101,4 +101,4 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 @register("draft-model", needs_draft_model=True)
 def _build(ctx: DrafterContext) -> DraftModel:
-    return DraftModel(ctx.draft_model, min_confidence=ctx.spec.min_confidence, window=ctx.spec.draft_window)
+    return DraftModel(ctx.draft_model, min_confidence=ctx.spec.min_confidence, window=ctx.spec.window)

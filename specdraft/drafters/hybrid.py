@@ -51,7 +51,7 @@ class Hybrid:
 @register("hybrid", needs_draft_model=True)
 def _build(ctx: DrafterContext) -> Hybrid:
     spec = ctx.spec
-    model = DraftModel(ctx.draft_model, min_confidence=spec.min_confidence, window=spec.draft_window)
+    model = DraftModel(ctx.draft_model, min_confidence=spec.min_confidence, window=spec.window)
     # An explicit --k caps both; by default each part keeps its own measured length.
     model_k = spec.k if spec.k is not None else DEFAULT_K["draft-model"]
     return Hybrid(model, model_k=model_k, ngram_max=spec.ngram_max, ngram_min=spec.ngram_min)
