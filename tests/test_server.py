@@ -391,3 +391,60 @@ def test_bench_endpoint_unreachable_is_one_line(tmp_path, capsys):
                  "--json", str(tmp_path / "r.json")])
     err = capsys.readouterr().err
     assert code != 0 and "is the server running?" in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------------------------ the chat page, in a browser
+def _browser():
+    """Headless Chromium through selenium, or None where either is missing (Debian: chromium,
+    chromium-driver)."""
+    import shutil
+
+    driver_path = shutil.which("chromedriver")
+    if driver_path is None or (shutil.which("chromium") or shutil.which("chromium-browser")) is None:
+        return None
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        return None
+    opts = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1100,900"):
+        opts.add_argument(arg)
+    return webdriver.Chrome(service=Service(driver_path), options=opts)
+
+
+def test_chat_page_streams_coloured_tokens_and_figures(server, sd, tmp_path):
+    import os
+
+    driver = _browser()
+    if driver is None:
+        pytest.skip("headless Chromium (Debian chromium + chromium-driver) or selenium is not installed")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    try:
+        driver.get(server + "/")
+        wait = WebDriverWait(driver, 60)
+        wait.until(lambda d: len(Select(d.find_element(By.ID, "method")).options) >= 3)
+        Select(driver.find_element(By.ID, "method")).select_by_value("draft-model")
+        box = driver.find_element(By.ID, "question")
+        box.clear()
+        box.send_keys(QUESTION)
+        for field, value in (("max", "12"), ("temp", "0")):
+            el = driver.find_element(By.ID, field)
+            el.clear()
+            el.send_keys(value)
+        driver.find_element(By.ID, "send").click()
+        wait.until(lambda d: d.find_element(By.ID, "ntok").text == "12" and d.find_element(By.ID, "send").is_enabled())
+        spans = driver.find_elements(By.CSS_SELECTOR, "#answer span")
+        assert len(spans) == 12 and {s.get_attribute("class") for s in spans} <= {"draft", "target"}
+        assert any(s.get_attribute("class") == "draft" for s in spans)
+        assert float(driver.find_element(By.ID, "tps").text) > 0
+        assert float(driver.find_element(By.ID, "mal").text) >= 1.0
+        assert driver.find_element(By.ID, "acc").text.endswith("%")
+        shown = driver.execute_script("return document.getElementById('answer').textContent")
+        assert shown == expected(sd, method="draft-model", max_new_tokens=12)
+        shot = os.environ.get("SPECDRAFT_SCREENSHOT")
+        driver.save_screenshot(shot or str(tmp_path / "page.png"))
+    finally:
+        driver.quit()
