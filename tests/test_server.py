@@ -259,7 +259,7 @@ class Blocking:
         self.started.set()
         while not self.release.is_set() and not job.stopped:
             time.sleep(0.01)
-        return Outcome(stats=None, finish_reason="length" if job.stopped else "stop", token_ids=[])
+        return Outcome(stats=None, finish_reason="length" if job.stopped else "stop")
 
 
 def with_worker(test) -> None:

@@ -71,21 +71,19 @@ def stream_one(client, url: str, model: str | None, text: str, max_tokens: int) 
 
 
 def summarise(method: str, category: str, timings: list[Timing]) -> dict:
+    from .harness import _sum_known, ratio
+
     n = sum(t.new_tokens for t in timings)
     secs = sum(t.seconds for t in timings)
     ttfts = [t.ttft for t in timings if t.ttft is not None]
     decode = sum(t.seconds - t.ttft for t in timings if t.ttft is not None)
-
-    def known(name):
-        vals = [getattr(t, name) for t in timings]
-        return None if any(v is None for v in vals) else sum(vals)
-
-    fw, st, dr, ac = known("target_forwards"), known("step_tokens"), known("drafted"), known("accepted")
-    return dict(method=method, category=category, tokens_per_s=n / secs if secs > 0 else None, speedup=None,
-                decode_tokens_per_s=(n - len(ttfts)) / decode if decode > 0 else None, decode_speedup=None,
-                ttft_s=sum(ttfts) / len(ttfts) if ttfts else None,
-                mean_accepted_tokens=st / fw if fw else None, acceptance_rate=ac / dr if dr else None,
-                exact_match_rate=None, prompts=len(timings), new_tokens=n, seconds=secs, target_forwards=fw)
+    forwards = _sum_known(timings, "target_forwards")
+    return dict(method=method, category=category, tokens_per_s=ratio(n, secs), speedup=None,
+                decode_tokens_per_s=ratio(n - len(ttfts), decode), decode_speedup=None,
+                ttft_s=ratio(sum(ttfts), len(ttfts)),
+                mean_accepted_tokens=ratio(_sum_known(timings, "step_tokens"), forwards),
+                acceptance_rate=ratio(_sum_known(timings, "accepted"), _sum_known(timings, "drafted")),
+                exact_match_rate=None, prompts=len(timings), new_tokens=n, seconds=secs, target_forwards=forwards)
 
 
 def run_endpoint(args) -> int:

@@ -37,6 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from ..cli import spec_from_args
 from ..config import GenerationConfig, SamplingConfig, SpecConfig
 from ..errors import SpecdraftError
 from ..pipeline import resolve_dtype
@@ -203,12 +204,6 @@ def needs_our_draft(methods: list[str]) -> bool:
     from ..drafters import needs_draft_model
 
     return any(m != BASELINE and m not in PEERS and needs_draft_model(m) for m in methods)
-
-
-def spec_for(method: str, args) -> SpecConfig:
-    from ..cli import spec_from_args
-
-    return spec_from_args(method, args)
 
 
 # ============================================================================ records
@@ -517,7 +512,7 @@ def run_config(args, methods: list[str], speculator, peers: PeerSetup | None) ->
                machine=machine_info(), methods=methods, max_new_tokens=args.max_new_tokens, greedy=True,
                target=dict(name=speculator.target.name, path=str(speculator.target.path), dtype=resolve_dtype(args.dtype),
                            eos_ids=sorted(speculator.target.eos_ids)),
-               spec={k: v for k, v in asdict(spec_for("draft-model", args)).items() if k != "method"}, warmup=args.warmup, tie_gap=args.tie_gap)
+               spec={k: v for k, v in asdict(spec_from_args("draft-model", args)).items() if k != "method"}, warmup=args.warmup, tie_gap=args.tie_gap)
     if speculator.draft is not None:
         cfg["draft"] = dict(name=speculator.draft.name, path=str(speculator.draft.path))
     if peers is not None:
@@ -596,7 +591,7 @@ def _resolve_draft(args, speculator) -> Path:
 def make_runner(method: str, args, speculator, peers: PeerSetup | None) -> Runner:
     if method in PEERS:
         return peers.runner(method)
-    return engine_runner(speculator, spec_for(method, args))
+    return engine_runner(speculator, spec_from_args(method, args))
 
 
 def run_method(method: str, runner: Runner, prompts: list[BenchPrompt], prompt_ids: dict, args,
@@ -668,7 +663,7 @@ def run_bench(args) -> int:
     # Everything cheap is validated before any model loads.
     methods = parse_methods(args.methods)
     GenerationConfig(max_new_tokens=args.max_new_tokens)
-    spec_for("draft-model", args)
+    spec_from_args("draft-model", args)
     if not args.tie_gap >= 0:
         raise BenchError(f"--tie-gap must be >= 0, got {args.tie_gap}")
     prompts = select_prompts(load_prompts(args.prompts), parse_list(args.categories), args.per_category)

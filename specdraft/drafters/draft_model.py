@@ -30,8 +30,8 @@ class DraftModel:
         self.model = model
         self.window = window
         self.offset = 0  # context[offset:] is what the draft model sees
-        # Greedy only: stop drafting early when the draft's top probability falls below this,
-        # since a guess it is unsure of is likely rejected and every draft token costs a forward.
+        # Greedy only: run another draft forward only while the product of the probabilities of
+        # the guesses so far is at least this (see propose).
         self.min_confidence = min_confidence
         self.seq: list[int] = []
 

@@ -251,19 +251,14 @@ class LlamaModel:
         self.length = 0
         s = spec
 
-        def w(name: str) -> torch.Tensor:
-            if name not in weights:
-                raise ModelFileError(f"weight {name!r} is missing from the model files; the checkpoint is incomplete")
-            return weights[name].to(dtype).contiguous()
-
-        def lw(name: str) -> torch.Tensor:
-            """A linear layer's weight: the w8a8 formats take the stored tensor (bf16 or fp32) and
-            quantize it chunk by chunk, so no full fp32 copy of a large matrix is made."""
-            if not weight_format.startswith("w8a8"):
-                return w(name)
+        def raw(name: str) -> torch.Tensor:
+            """A linear layer's weight as stored: make_linear converts it to the compute dtype."""
             if name not in weights:
                 raise ModelFileError(f"weight {name!r} is missing from the model files; the checkpoint is incomplete")
             return weights[name]
+
+        def w(name: str) -> torch.Tensor:
+            return raw(name).to(dtype).contiguous()
 
         self.weight_format = weight_format
         if "model.embed_tokens.weight" not in weights and s.tie_embeddings and "lm_head.weight" in weights:
@@ -274,26 +269,26 @@ class LlamaModel:
         # clone(): a tensor read from safetensors maps the whole file; a copy lets the map go
         # (measured: the 2.9 GB file stayed resident behind a 0.45 GB embedding).
         self.embed = emb.clone() if emb is not None and emb.dtype == torch.bfloat16 else w("model.embed_tokens.weight").clone()  # [V, H]
-        head = lw("model.embed_tokens.weight") if (s.tie_embeddings or "lm_head.weight" not in weights) else lw("lm_head.weight")
+        head = raw("model.embed_tokens.weight") if (s.tie_embeddings or "lm_head.weight" not in weights) else raw("lm_head.weight")
         if head_vocab is not None and head_vocab < head.shape[0]:
             # Draft models only: logits for the first head_vocab ids alone (BPE vocabularies put
             # frequent tokens first). The output head is the largest matrix of a small model; a
             # draft that cannot propose a rare token loses only that guess, never exactness.
             head = head[:head_vocab].contiguous()
-        self.lm_head = make_linear(head, None, weight_format, "head")  # H -> V' (V' = head_vocab or V)
+        self.lm_head = make_linear(head, None, weight_format, "head", dtype)  # H -> V' (V' = head_vocab or V)
         self.norm = w("model.norm.weight")
         self.layers: list[_Layer] = []
         for i in range(s.num_layers):
             p = f"model.layers.{i}."
             a = p + "self_attn."
-            w_qkv = torch.cat([lw(a + "q_proj.weight"), lw(a + "k_proj.weight"), lw(a + "v_proj.weight")])
+            w_qkv = torch.cat([raw(a + "q_proj.weight"), raw(a + "k_proj.weight"), raw(a + "v_proj.weight")])
             b_qkv = None
             if s.attention_bias and (a + "q_proj.bias") in weights:
                 b_qkv = torch.cat([w(a + "q_proj.bias"), w(a + "k_proj.bias"), w(a + "v_proj.bias")]).contiguous()
-            w_gu = torch.cat([lw(p + "mlp.gate_proj.weight"), lw(p + "mlp.up_proj.weight")])
-            lin = [make_linear(m, b, weight_format, role) for m, b, role in
-                   ((w_qkv, b_qkv, "qkv"), (lw(a + "o_proj.weight"), None, "o"), (w_gu, None, "gate_up"),
-                    (lw(p + "mlp.down_proj.weight"), None, "down"))]
+            w_gu = torch.cat([raw(p + "mlp.gate_proj.weight"), raw(p + "mlp.up_proj.weight")])
+            lin = [make_linear(m, b, weight_format, role, dtype) for m, b, role in
+                   ((w_qkv, b_qkv, "qkv"), (raw(a + "o_proj.weight"), None, "o"), (w_gu, None, "gate_up"),
+                    (raw(p + "mlp.down_proj.weight"), None, "down"))]
             self.layers.append(_Layer(w(p + "input_layernorm.weight"), w(p + "post_attention_layernorm.weight"), *lin))
             for name in ("q_proj", "k_proj", "v_proj", "o_proj"):  # free the unfused copies as we go
                 weights.pop(a + name + ".weight", None)

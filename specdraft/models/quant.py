@@ -75,9 +75,9 @@ def _per_channel_int8(weight: torch.Tensor, chunk: int = 4096) -> tuple[torch.Te
 class Int8Linear:
     __slots__ = ("qweight", "scales", "bias", "dtype")
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, dtype: torch.dtype | None = None):
         self.qweight, scales = _per_channel_int8(weight)
-        self.dtype = weight.dtype
+        self.dtype = dtype or weight.dtype  # compute dtype
         self.scales = scales.to(self.dtype)
         self.bias = bias
 
@@ -89,7 +89,8 @@ class Int8Linear:
 class Int4Linear:
     __slots__ = ("packed", "scales_zeros", "group", "bias", "dtype")
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, group: int = 32):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, group: int = 32,
+                 dtype: torch.dtype | None = None):
         out_f, in_f = weight.shape
         if in_f % group:
             raise ValueError(f"in_features {in_f} is not a multiple of the int4 group {group}")
@@ -99,7 +100,8 @@ class Int4Linear:
         q = ((w - lo) / scale).round().clamp(0, 15).to(torch.int32).view(out_f, in_f)
         zero = lo + 8.0 * scale  # the kernel dequantizes as (q - 8) * scale + zero
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2)
-        self.dtype = weight.dtype if weight.dtype != torch.float32 else torch.bfloat16
+        dtype = dtype or weight.dtype
+        self.dtype = dtype if dtype != torch.float32 else torch.bfloat16
         # [in/group, out, 2]: per group and output channel, (scale, zero)
         self.scales_zeros = torch.stack([scale.squeeze(-1), zero.squeeze(-1)], -1).transpose(0, 1).contiguous().to(self.dtype)
         self.group = group
@@ -229,17 +231,23 @@ def resolve_format(fmt: str, dtype: torch.dtype, draft: bool) -> str:
     return "int4" if draft else "dense"
 
 
-def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, fmt: str, role: str = ""):
-    """A linear layer over ``weight`` [out, in] in the given weight format.
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, fmt: str, role: str = "",
+                dtype: torch.dtype | None = None):
+    """A linear layer over ``weight`` [out, in] (as stored: any float dtype) in the given format.
 
+    dtype: the compute dtype (default: the weight's). Quantized formats read the stored weight
+    directly, chunk by chunk, so no full-size converted copy of a large matrix is made.
     role: "qkv", "o", "gate_up", "down" or "head"; lets a format treat layers differently.
     """
+    dtype = dtype or weight.dtype
+    if weight.dtype.itemsize > dtype.itemsize:
+        weight = weight.to(dtype)  # round as the compute dtype would; widening (exact) is left to the format
     if fmt == "dense":
-        return DenseLinear(weight, bias)
+        return DenseLinear(weight.to(dtype).contiguous(), bias)
     if fmt == "int8":
-        return Int8Linear(weight, bias)
+        return Int8Linear(weight, bias, dtype)
     if fmt == "int4":
-        return Int4Linear(weight, bias)
+        return Int4Linear(weight, bias, dtype=dtype)
     if fmt == "w8a8" and role == "head":
         return W8A8Head(weight, bias)
     if fmt == "w8a8":

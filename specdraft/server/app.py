@@ -136,7 +136,7 @@ def create_app(speculator, config: ServerConfig) -> FastAPI:
             pieces.close()  # ends the engine's loop; its statistics are final
         n = len(engine.token_ids)
         reason = "length" if timed_out or n >= req.gen.max_new_tokens else "stop"
-        return Outcome(engine.stats, reason, list(engine.token_ids))
+        return Outcome(engine.stats, reason)
 
     worker = Worker(run, max_waiting=config.max_waiting)
 

@@ -37,7 +37,6 @@ class TimedOut(Exception):
 class Outcome:
     stats: SpecStats
     finish_reason: str  # "stop" (EOS or a stop string), "length" (max tokens or time limit)
-    token_ids: list[int]
 
 
 @dataclass(eq=False)
