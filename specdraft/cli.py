@@ -1,4 +1,4 @@
-"""The command line: ``specdraft generate``, ``specdraft bench``, ``specdraft models``.
+"""The command line: ``specdraft generate``, ``bench``, ``serve``, ``train-head``, ``models``.
 
 User errors print one line (``error: ...``) and exit with status 2; no traceback.
 """
@@ -41,12 +41,15 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-window", type=int, default=_DEFAULTS_SPEC.draft_window,
                    help="draft model: see at most this many (latest) prompt tokens, bounding its prefill; "
                         "0 = all (default: 256 for hybrid, all for draft-model)")
+    p.add_argument("--head", default=_DEFAULTS_SPEC.head,
+                   help="head / hybrid-head: directory of a trained drafting head (default: the one shipped for the target)")
 
 
 def spec_from_args(method: str, args) -> SpecConfig:
     """The SpecConfig that _spec_args' options describe (ParameterError when one is invalid)."""
     return SpecConfig(method=method, k=args.k, ngram_max=args.ngram_max, ngram_min=args.ngram_min,
-                      min_confidence=args.min_confidence, draft_window=args.draft_window)
+                      min_confidence=args.min_confidence, draft_window=args.draft_window,
+                      head=args.head)
 
 
 def speculator_options(args) -> dict:
@@ -107,6 +110,22 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_args(b)
     _model_args(b)
     _spec_args(b)
+
+    t = sub.add_parser("train-head", help="train a drafting head on the target's features (for --method head / hybrid-head)")
+    from .heads.train import add_train_args
+
+    add_train_args(t)
+    _model_args(t)
+
+    c = sub.add_parser("calibrate", help="measure a model's forward cost over 1..32 new tokens on this machine")
+    c.add_argument("--model", default=None, help="packaged name, HF model dir or .gguf (default: the default target)")
+    c.add_argument("--format", default="auto", choices=["auto", "dense", "int8", "int4", "w8a8", "w8a8-fast"],
+                   help="weight format (auto = what a target gets on this CPU)")
+    c.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
+    c.add_argument("--context", type=int, default=300, help="tokens already in the KV cache")
+    c.add_argument("--blocks", default="1,2,4,8,16,32", help="comma-separated numbers of new tokens")
+    c.add_argument("--repeats", type=int, default=5, help="timed forwards per block (median reported)")
+    c.add_argument("--json", dest="json_out", default=None, help="also write {tokens, seconds, ...} here")
 
     m = sub.add_parser("models", help="list the packaged models, or prepare (join, verify, convert) them")
     m.add_argument("action", choices=["list", "prepare"])
@@ -171,6 +190,38 @@ def _cmd_serve(args) -> int:
     return 0
 
 
+def _cmd_calibrate(args) -> int:
+    import json
+
+    import torch
+
+    from .bench.forward_cost import forward_cost
+    from .errors import ParameterError
+    from .models.packaged import DEFAULT_TARGET
+    from .pipeline import load_model
+
+    try:
+        blocks = tuple(int(b) for b in args.blocks.split(","))
+    except ValueError:
+        raise ParameterError(f"--blocks must be comma-separated integers, got {args.blocks!r}") from None
+    if not blocks or min(blocks) < 1 or args.context < 1 or args.repeats < 1:
+        raise ParameterError("blocks, context and repeats must be >= 1")
+    name = args.model or DEFAULT_TARGET
+    m = load_model(name, dtype=args.dtype, weight_format=args.format, max_length=args.context + max(blocks) + 1)
+    cost = forward_cost(m.model, blocks=blocks, context=args.context, repeats=args.repeats)
+    one = cost["seconds"][0]
+    for k, sec in zip(cost["tokens"], cost["seconds"]):
+        print(f"{k:3d} new tokens: {sec * 1000:8.1f} ms  ({sec / one:.2f}x the first block, {k / sec:7.1f} tok/s)")
+    if args.json_out:
+        report = {"model": name, "weight_format": getattr(m.model, "weight_format", "hf"),
+                  "dtype": str(getattr(m.model, "dtype", "")), "context": args.context,
+                  "threads": torch.get_num_threads(), **cost}
+        with open(args.json_out, "w") as f:
+            json.dump(report, f, indent=1)
+            f.write("\n")
+    return 0
+
+
 def _cmd_models(args) -> int:
     from .models.packaged import PACKAGED, resolve_model_dir
 
@@ -197,6 +248,12 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_serve(args)
         if args.command == "models":
             return _cmd_models(args)
+        if args.command == "calibrate":
+            return _cmd_calibrate(args)
+        if args.command == "train-head":
+            from .heads.train import train_from_args
+
+            return train_from_args(args)
     except SpecdraftError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

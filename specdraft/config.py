@@ -57,7 +57,8 @@ class GenerationConfig:
 # draft ~38 ms). With the cumulative-confidence stop (SpecConfig.min_confidence) a longer cap
 # pays: on 8 dev prompts (writing, reasoning, math, coding; 128 tokens) draft-model went from
 # 1.16x at k=3 to 1.24x at k=5 (3.48 tokens per target forward). Prompt lookup: k=5 beat 8.
-DEFAULT_K = {"draft-model": 5, "prompt-lookup": 5, "hybrid": 5}  # hybrid: lookup k; its model part uses draft-model's
+DEFAULT_K = {"draft-model": 5, "prompt-lookup": 5, "hybrid": 5, "head": 5, "hybrid-head": 5}
+# hybrid / hybrid-head: the lookup's k; their model part uses draft-model's / head's
 
 
 # Draft-model prompt window per drafter, measured on the 8 long-prompt dev prompts (rag,
@@ -90,6 +91,9 @@ class SpecConfig:
     # drafter's default (DEFAULT_DRAFT_WINDOW). Bounds the draft's prefill on long prompts;
     # lossless (only the guesses change).
     draft_window: int | None = None
+    # head / hybrid-head: the directory of a trained drafting head (head.json + head.safetensors);
+    # None = the one shipped for the target, when there is one.
+    head: str | None = None
 
     @property
     def draft_len(self) -> int:

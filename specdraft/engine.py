@@ -108,8 +108,11 @@ class Engine:
             self.target.reset()
             if self.drafter is not None:
                 self.drafter.begin(list(prompt_ids))
-            logits = self.target.forward(torch.tensor(prompt_ids, dtype=torch.int64), last_only=True).logits
-            new = [next_token(logits[-1], sampling, generator)]
+            features = getattr(self.drafter, "uses_features", False)  # the drafter reads target hidden states
+            out = self.target.forward(torch.tensor(prompt_ids, dtype=torch.int64), last_only=True, need_hidden=features)
+            new = [next_token(out.logits[-1], sampling, generator)]
+            if features:
+                self.drafter.take_features(out.hidden[-1])
             origins = [TARGET]
             stats.time_prefill = time.perf_counter() - t_start
             while True:
@@ -151,10 +154,12 @@ class Engine:
                 t1 = time.perf_counter()
                 # 2. Verify: one target forward over [last token] + draft.
                 ids = torch.tensor([context[-1]] + draft.tokens, dtype=torch.int64)
-                logits = self.target.forward(ids).logits  # [K+1, V]
-                verdict = verify(logits, draft.tokens, draft.probs, sampling, generator)
+                out = self.target.forward(ids, need_hidden=features)  # logits [K+1, V]
+                verdict = verify(out.logits, draft.tokens, draft.probs, sampling, generator)
                 # 3. Roll the target back to the committed context minus its newest token.
                 n = verdict.num_accepted
+                if features:  # row n produced the newest committed token
+                    self.drafter.take_features(out.hidden[n])
                 self.target.rollback(len(context) + n)
                 new = verdict.tokens(draft.tokens)
                 origins = [DRAFT] * n + [TARGET]

@@ -13,7 +13,7 @@ from typing import Iterator
 import torch
 
 from .config import GenerationConfig, SamplingConfig, SpecConfig
-from .drafters import DrafterContext, build_drafter, needs_draft_model
+from .drafters import DrafterContext, build_drafter, needs_draft_model, needs_head
 from .engine import Engine, Piece
 from .errors import ModelFileError, ParameterError, TokenizerMismatchError
 from .metrics import SpecStats
@@ -179,13 +179,32 @@ class Speculator:
             raise ParameterError(f"the chat template rejects these messages: {e}") from None
         return tok(text, add_special_tokens=False)["input_ids"]
 
+    def head(self, directory: str | None = None):
+        """The drafting head in ``directory`` (default: the one shipped for this target), loaded once."""
+        from .heads.model import FeatureHead, shipped_head_dir
+
+        path = directory or shipped_head_dir(self.target.name)
+        if path is None:
+            raise ParameterError(f"no drafting head is shipped for {self.target.name!r}; train one with "
+                                 "`specdraft train-head --target ...` and pass --head DIR")
+        heads = self.__dict__.setdefault("_heads", {})
+        if path not in heads:
+            head = FeatureHead.load(path)
+            hidden = getattr(getattr(self.target.model, "spec", None), "hidden_size", None)
+            if hidden != head.cfg.hidden_size:
+                raise ParameterError(f"the drafting head in {path} was trained for hidden size {head.cfg.hidden_size}, "
+                                     f"but the target's is {hidden}; pass the head trained for this target")
+            heads[path] = head
+        return heads[path]
+
     def engine(self, spec: SpecConfig) -> Engine:
         drafter = None
         if spec.method != "none":
             if needs_draft_model(spec.method) and self.draft is None:
                 raise ParameterError(f"method {spec.method!r} needs a draft model; pass --draft")
             ctx = DrafterContext(spec=spec, target=self.target.model,
-                                 draft_model=self.draft.model if self.draft else None)
+                                 draft_model=self.draft.model if self.draft else None,
+                                 head=self.head(spec.head) if needs_head(spec.method) else None)
             drafter = build_drafter(spec.method, ctx)
         return Engine(self.target.model, self.tokenizer, drafter, spec, self.target.eos_ids)
 

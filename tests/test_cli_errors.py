@@ -145,3 +145,36 @@ def test_draft_method_without_draft_model_is_a_parameter_error():
         from specdraft.config import SpecConfig
 
         sd.engine(SpecConfig(method="draft-model"))
+
+
+def test_calibrate_prints_and_saves_the_forward_cost(capsys, tiny_dir, tmp_path):
+    out_json = tmp_path / "cost.json"
+    rc, out, err = call(["calibrate", "--model", str(tiny_dir), "--format", "dense", "--dtype", "fp32",
+                         "--context", "8", "--blocks", "1,2,4", "--repeats", "2", "--json", str(out_json)], capsys)
+    assert rc == 0, err
+    report = json.loads(out_json.read_text())
+    assert report["tokens"] == [1, 2, 4] and len(report["seconds"]) == 3 and min(report["seconds"]) > 0
+    assert out.count("new tokens") == 3
+
+
+@pytest.mark.parametrize("args, contains", [
+    (["--blocks", "1,x"], "blocks"),
+    (["--blocks", "0"], "blocks"),
+    (["--context", "0"], "context"),
+])
+def test_calibrate_bad_arguments_give_one_line(capsys, args, contains):
+    rc, out, err = call(["calibrate", "--model", "/nonexistent/model", *args], capsys)
+    assert_one_line_error(rc, out, err, contains=contains)
+
+
+def test_head_method_without_a_head_gives_one_line(capsys, tiny_dir):
+    rc, out, err = call(["generate", "hello", "--target", str(tiny_dir), "--method", "head", "--no-chat",
+                         "--max-new-tokens", "4"], capsys)
+    assert_one_line_error(rc, out, err, contains="train-head")
+
+
+def test_head_from_a_bad_directory_gives_one_line(capsys, tiny_dir, tmp_path):
+    (tmp_path / "head.json").write_text("{not json")
+    rc, out, err = call(["generate", "hello", "--target", str(tiny_dir), "--method", "hybrid-head", "--no-chat",
+                         "--head", str(tmp_path), "--max-new-tokens", "4"], capsys)
+    assert_one_line_error(rc, out, err, contains="head")

@@ -8,7 +8,10 @@ Every drafter ("prophet") answers the same two calls:
   sequence and ``num_accepted`` says how many draft tokens made it, so stateful drafters can
   roll back (a draft model's KV cache) or learn (a datastore).
 
-``begin(prompt)`` starts a new sequence. A draft carries optional per-token probabilities q
+``begin(prompt)`` starts a new sequence. A drafter that reads the target's features sets
+``uses_features = True`` and gets ``take_features(hidden)``: hidden [H] is the target's
+final-norm hidden state at the row that produced the newest committed token, after the prefill
+and after every verification (before ``observe``). A draft carries optional per-token probabilities q
 (None = deterministic, treated as one-hot by the verifier) and optional tree parents (None = a
 chain; trees come with tree verification).
 """
@@ -51,17 +54,28 @@ class DrafterContext:
     spec: SpecConfig
     target: object  # the target model (CausalLM)
     draft_model: object | None  # the draft model (CausalLM), when one was loaded
+    head: object | None = None  # a trained drafting head (heads.model.FeatureHead), when one was loaded
 
 
 DrafterFactory = Callable[[DrafterContext], Drafter]
-_REGISTRY: dict[str, tuple[DrafterFactory, bool]] = {}
 
 
-def register(name: str, *, needs_draft_model: bool = False) -> Callable[[DrafterFactory], DrafterFactory]:
+@dataclass(frozen=True)
+class _Entry:
+    factory: DrafterFactory
+    needs_draft_model: bool  # DrafterContext.draft_model must be loaded
+    needs_head: bool  # DrafterContext.head must be loaded
+
+
+_REGISTRY: dict[str, _Entry] = {}
+
+
+def register(name: str, *, needs_draft_model: bool = False,
+             needs_head: bool = False) -> Callable[[DrafterFactory], DrafterFactory]:
     """Class/function decorator: make a drafter available under ``name``."""
 
     def deco(factory: DrafterFactory) -> DrafterFactory:
-        _REGISTRY[name] = (factory, needs_draft_model)
+        _REGISTRY[name] = _Entry(factory, needs_draft_model, needs_head)
         return factory
 
     return deco
@@ -73,12 +87,17 @@ def drafter_names() -> list[str]:
 
 def needs_draft_model(name: str) -> bool:
     _check(name)
-    return _REGISTRY[name][1]
+    return _REGISTRY[name].needs_draft_model
+
+
+def needs_head(name: str) -> bool:
+    _check(name)
+    return _REGISTRY[name].needs_head
 
 
 def build_drafter(name: str, ctx: DrafterContext) -> Drafter:
     _check(name)
-    return _REGISTRY[name][0](ctx)
+    return _REGISTRY[name].factory(ctx)
 
 
 def _check(name: str) -> None:

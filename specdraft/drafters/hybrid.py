@@ -1,4 +1,7 @@
-"""Two prophets at once: prompt lookup where the text repeats, the draft model elsewhere.
+"""Two prophets at once: prompt lookup where the text repeats, a model prophet elsewhere.
+
+``hybrid`` pairs lookup with the draft model, ``hybrid-head`` with a trained head on the
+target's features (drafters.feature_head).
 
 Each step first looks for the context's suffix n-gram earlier in the context (free: no model
 runs). A match proposes up to k copied tokens; only when there is none does the draft model pay
@@ -17,14 +20,16 @@ import torch
 from ..config import DEFAULT_K, SamplingConfig
 from .base import Draft, DrafterContext, register
 from .draft_model import DraftModel
+from .feature_head import FeatureHeadDrafter
 from .prompt_lookup import find_continuation
 
 
 class Hybrid:
     name = "hybrid"
 
-    def __init__(self, model: DraftModel, *, model_k: int, ngram_max: int, ngram_min: int):
-        self.model = model
+    def __init__(self, model, *, model_k: int, ngram_max: int, ngram_min: int):
+        self.model = model  # the model prophet: DraftModel or FeatureHeadDrafter
+        self.uses_features = getattr(model, "uses_features", False)
         self.model_k = model_k  # draft length when the draft model drafts
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min
@@ -44,6 +49,9 @@ class Hybrid:
         self.modelled += 1
         return self.model.propose(context, min(k, self.model_k), sampling, generator)
 
+    def take_features(self, hidden: torch.Tensor) -> None:
+        self.model.take_features(hidden)
+
     def observe(self, context: list[int], num_accepted: int) -> None:
         self.model.observe(context, num_accepted)
 
@@ -55,3 +63,13 @@ def _build(ctx: DrafterContext) -> Hybrid:
     # An explicit --k caps both; by default each part keeps its own measured length.
     model_k = spec.k if spec.k is not None else DEFAULT_K["draft-model"]
     return Hybrid(model, model_k=model_k, ngram_max=spec.ngram_max, ngram_min=spec.ngram_min)
+
+
+@register("hybrid-head", needs_head=True)
+def _build_head(ctx: DrafterContext) -> Hybrid:
+    spec = ctx.spec
+    model = FeatureHeadDrafter(ctx.target, ctx.head, min_confidence=spec.min_confidence)
+    model_k = spec.k if spec.k is not None else DEFAULT_K["head"]
+    hybrid = Hybrid(model, model_k=model_k, ngram_max=spec.ngram_max, ngram_min=spec.ngram_min)
+    hybrid.name = "hybrid-head"
+    return hybrid

@@ -1,0 +1,127 @@
+"""Recording what a drafting head learns from: the target's features and choices on text.
+
+One teacher-forced forward per document (chat template: request, then the answer) gives, for
+every position t, the target's final-norm hidden state f_t [H] and its top candidates for the
+next token (the argmax first). A head is trained to map (f_t, token_{t+1}) to f_{t+1}: every
+quantity comes from the text and one forward, so nothing has to be generated.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+TOP = 16  # target candidates kept per position (the argmax first)
+
+
+@dataclass
+class FeatureSet:
+    features: torch.Tensor  # [N, H] float16, final-norm hidden state of each position
+    tokens: torch.Tensor  # [N] int64, the input token at each position
+    top: torch.Tensor  # [N, TOP] int64, the target's best next tokens there, best first
+    starts: torch.Tensor  # [D + 1] int64, document d covers rows starts[d]:starts[d+1]
+
+    def save(self, path) -> None:
+        torch.save({"features": self.features, "tokens": self.tokens, "top": self.top, "starts": self.starts}, path)
+
+    @classmethod
+    def load(cls, path) -> "FeatureSet":
+        d = torch.load(path, weights_only=True)
+        return cls(d["features"], d["tokens"], d["top"], d["starts"])
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+def encode_document(tokenizer, request: str, answer: str, max_answer_tokens: int) -> list[int]:
+    """Chat-template ids of (request, answer), the answer cut to ``max_answer_tokens``."""
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": request}], tokenize=False,
+                                           add_generation_prompt=True)
+    head = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    body = tokenizer(answer, add_special_tokens=False)["input_ids"][:max_answer_tokens]
+    return list(head) + list(body)
+
+
+def encode_corpus(tokenizer, documents, max_answer_tokens: int = 448):
+    """Token id lists of documents (corpus.Document), lazily."""
+    for doc in documents:
+        yield encode_document(tokenizer, doc.request, doc.answer, max_answer_tokens)
+
+
+@torch.inference_mode()
+def record(model, sequences, *, max_tokens: int | None = None, seconds: float | None = None,
+           progress=None) -> FeatureSet:
+    """Teacher-force ``model`` (a CausalLM) over each token id list; stop after ``max_tokens``
+    rows or ``seconds`` of forwards, whichever comes first."""
+    feats, toks, tops, starts = [], [], [], [0]
+    t0 = time.perf_counter()
+    for ids in sequences:
+        ids = list(ids)[:model.max_length]
+        if len(ids) < 2:
+            continue
+        model.reset()
+        out = model.forward(torch.tensor(ids), need_hidden=True)
+        feats.append(out.hidden.to(torch.float16))
+        toks.append(torch.tensor(ids))
+        tops.append(out.logits.topk(min(TOP, out.logits.shape[-1]), dim=-1).indices)
+        starts.append(starts[-1] + len(ids))
+        if progress is not None:
+            progress(len(ids))
+        if (max_tokens is not None and starts[-1] >= max_tokens) or \
+                (seconds is not None and time.perf_counter() - t0 >= seconds):
+            break
+    model.reset()
+    return FeatureSet(torch.cat(feats), torch.cat(toks), torch.cat(tops), torch.tensor(starts))
+
+
+@torch.inference_mode()
+def record_generation(model, prompt: list[int], max_new_tokens: int, eos_ids=()) -> tuple[list[int], list, list]:
+    """Plain greedy decoding of ``prompt`` that keeps, for the last prompt position and every
+    generated one, the input token, the feature and the top candidates: the target's own
+    answer, recorded at no extra cost (each decoding forward computes them anyway)."""
+    model.reset()
+    out = model.forward(torch.tensor(prompt), last_only=True, need_hidden=True)
+    toks, feats, tops = [prompt[-1]], [], []
+    for _ in range(max_new_tokens + 1):
+        feats.append(out.hidden[-1].to(torch.float16))
+        tops.append(out.logits[-1].topk(min(TOP, out.logits.shape[-1])).indices)
+        nxt = int(tops[-1][0])
+        if nxt in eos_ids or len(toks) > max_new_tokens or model.length >= model.max_length:
+            break
+        toks.append(nxt)
+        out = model.forward(torch.tensor([nxt]), need_hidden=True)
+    model.reset()
+    return toks, feats, tops
+
+
+def record_answers(model, prompts, *, max_new_tokens: int = 192, eos_ids=(), seconds: float | None = None,
+                   progress=None) -> FeatureSet:
+    """record_generation over encoded prompts until ``seconds`` have passed."""
+    feats, toks, tops, starts = [], [], [], [0]
+    t0 = time.perf_counter()
+    for prompt in prompts:
+        if len(prompt) + 2 > model.max_length:
+            continue
+        t, f, p = record_generation(model, prompt, max_new_tokens, eos_ids)
+        if len(t) < 2:
+            continue
+        toks.append(torch.tensor(t[:len(f)]))
+        feats.append(torch.stack(f))
+        tops.append(torch.stack(p))
+        starts.append(starts[-1] + len(f))
+        if progress is not None:
+            progress(len(f))
+        if seconds is not None and time.perf_counter() - t0 >= seconds:
+            break
+    return FeatureSet(torch.cat(feats), torch.cat(toks), torch.cat(tops), torch.tensor(starts))
+
+
+def concat(sets: list[FeatureSet]) -> FeatureSet:
+    """One FeatureSet holding the documents of all of ``sets``."""
+    starts, off = [torch.zeros(1, dtype=torch.int64)], 0
+    for s in sets:
+        starts.append(s.starts[1:] + off)
+        off += len(s)
+    return FeatureSet(torch.cat([s.features for s in sets]), torch.cat([s.tokens for s in sets]),
+                      torch.cat([s.top for s in sets]), torch.cat(starts))

@@ -1,0 +1,92 @@
+"""A drafting head on the target's features: one MLP step from (f_t, x_{t+1}) to f_{t+1}.
+
+f_t [H] is the target's final-norm hidden state at position t (what its output head reads), and
+x_{t+1} the token chosen from it. The head predicts the next feature
+
+    f_{t+1} ~= f_t + W2 silu(W1 [rms(f_t) * g_f ; rms(E[x_{t+1}]) * g_e])      W1 [D, 2H], W2 [H, D]
+
+and the target's own output head, cut to the first ``vocab`` ids, turns it into a guess for
+x_{t+2}. Fed its own prediction and guess, it drafts further. E is the target's embedding
+(frozen, not stored with the head). EAGLE's draft is the same idea with a transformer layer in
+the middle; this head keeps only the MLP, so one step costs ~2 matrix-vector products of
+~3H x D: on a 2-core CPU a few ms, against ~85 ms for a forward of the 1.5B target.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ModelFileError
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    hidden_size: int  # H: the target's hidden size
+    inner: int  # D: the MLP width
+    vocab: int  # guesses come from the first `vocab` token ids (frequent BPE ids come first)
+    target: str = ""  # what it was trained on (informative)
+    eps: float = 1e-6
+
+
+class FeatureHead(torch.nn.Module):
+    def __init__(self, cfg: HeadConfig):
+        super().__init__()
+        self.cfg = cfg
+        H, D = cfg.hidden_size, cfg.inner
+        self.g_f = torch.nn.Parameter(torch.ones(H))
+        self.g_e = torch.nn.Parameter(torch.ones(H))
+        self.w1 = torch.nn.Linear(2 * H, D)
+        self.w2 = torch.nn.Linear(D, H)
+        torch.nn.init.zeros_(self.w2.weight)  # starts as "the next feature is this one"
+        torch.nn.init.zeros_(self.w2.bias)
+
+    def _rms(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.eps)
+
+    def forward(self, f: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        """f [B, H] features, e [B, H] embeddings of the tokens chosen from them -> [B, H]."""
+        z = torch.cat([self._rms(f) * self.g_f, self._rms(e) * self.g_e], -1)  # [B, 2H]
+        return f + self.w2(F.silu(self.w1(z)))
+
+    def save(self, directory: str | Path) -> None:
+        from safetensors.torch import save_file
+
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.detach().to(torch.bfloat16).contiguous() for k, v in self.state_dict().items()},
+                  str(d / "head.safetensors"))
+        (d / "head.json").write_text(json.dumps(asdict(self.cfg), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "FeatureHead":
+        from safetensors.torch import load_file
+
+        d = Path(directory)
+        try:
+            cfg = HeadConfig(**json.loads((d / "head.json").read_text()))
+            state = load_file(str(d / "head.safetensors"))
+            head = cls(cfg)
+            head.load_state_dict({k: v.float() for k, v in state.items()})
+        except FileNotFoundError:
+            raise ModelFileError(f"no drafting head in {d} (head.json + head.safetensors); "
+                                 "train one with `specdraft train-head` or pass --head DIR") from None
+        except Exception as e:  # noqa: BLE001 - user-facing: corrupt or mismatched files
+            raise ModelFileError(f"cannot load the drafting head in {d} ({type(e).__name__}: {str(e)[:120]}); "
+                                 "retrain it with `specdraft train-head`") from None
+        return head.eval()
+
+
+SHIPPED = Path(__file__).parent / "trained"  # heads trained by us, one directory per packaged target
+
+
+def shipped_head_dir(target: str) -> str | None:
+    """The shipped head for a packaged target name (or alias), if there is one."""
+    from ..models.packaged import ALIASES
+
+    name = ALIASES.get(target, target)
+    d = SHIPPED / name
+    return str(d) if (d / "head.json").is_file() else None

@@ -1,0 +1,165 @@
+"""The trained-head prophet (heads/ and drafters/feature_head) on a tiny random target.
+
+A head is recorded and trained in-process on the tiny target's own text; then `head` and
+`hybrid-head` must reproduce plain greedy decoding token for token, sample with a seed
+reproducibly, and actually draft (and get guesses accepted).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from _tiny import VOCAB, FakeTokenizer, build_hf, load_native, save
+from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdraft.drafters import DrafterContext, build_drafter, needs_head
+from specdraft.drafters.feature_head import output_weight
+from specdraft.engine import Engine
+from specdraft.errors import ModelFileError
+from specdraft.heads.data import FeatureSet, record
+from specdraft.heads.model import FeatureHead, HeadConfig
+from specdraft.heads.train import TrainConfig, train_head
+
+PROMPTS = [[5, 17, 33, 2, 5, 17, 33, 8], [41, 5, 17, 60, 3], [9, 9, 1, 70, 12, 30]]
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return load_native(save(build_hf("qwen2", seed=0), tmp_path_factory.mktemp("head") / "target"))
+
+
+def engine(target, method, head=None, **spec_kw):
+    spec = SpecConfig(method=method, min_confidence=0.0, ngram_min=1, **spec_kw)
+    drafter = None if method == "none" else build_drafter(method, DrafterContext(spec, target, None, head))
+    return Engine(target, FakeTokenizer(), drafter, spec)
+
+
+def generate(target, method, prompt, head=None, sampling=SamplingConfig(), n=40):
+    e = engine(target, method, head)
+    e.generate(prompt, sampling, GenerationConfig(max_new_tokens=n))
+    return list(e.token_ids), e.stats
+
+
+@pytest.fixture(scope="module")
+def trained(target):
+    """Features recorded on the target's own greedy text for 24 random prompts; a head on them."""
+    gen = torch.Generator().manual_seed(0)
+    seqs = []
+    for _ in range(24):
+        prompt = torch.randint(0, VOCAB, (6,), generator=gen).tolist()
+        ids, _ = generate(target, "none", prompt, n=60)
+        seqs.append(prompt + ids)
+    data = record(target, seqs)
+    cfg = TrainConfig(inner=128, vocab=VOCAB, epochs=30, batch=64, negatives=32, lr=3e-3, holdout=0.2)
+    head, report = train_head(data, target.embed, output_weight(target, VOCAB), cfg, log=lambda *a: None)
+    return data, head, report
+
+
+def test_recorded_features_are_the_targets(target, trained):
+    data, _, _ = trained
+    assert len(data) == int(data.starts[-1]) == data.features.shape[0] == data.top.shape[0]
+    a, b = int(data.starts[0]), int(data.starts[1])
+    target.reset()
+    out = target.forward(data.tokens[a:b], need_hidden=True)
+    assert torch.equal(data.top[a:b, 0], out.logits.argmax(-1))
+    assert torch.allclose(data.features[a:b].float(), out.hidden, atol=2e-3, rtol=1e-2)
+
+
+def test_training_beats_the_untrained_head(target, trained):
+    data, head, report = trained
+    assert report["steps"] > 0 and len(report["val_agreement"]) == 3
+    untrained = FeatureHead(head.cfg).eval()
+    w = output_weight(target, VOCAB)
+    rows = torch.arange(int(data.starts[-2]), int(data.starts[-1]) - 1)  # one document, one step
+
+    def agreement(h):
+        with torch.no_grad():
+            f = h(data.features[rows].float(), target.embed[data.tokens[rows + 1]].float())
+            return float(((f @ w.T).argmax(-1) == data.top[rows + 1, 0]).float().mean())
+
+    assert agreement(head) > agreement(untrained) + 0.2, (agreement(head), agreement(untrained))
+
+
+@pytest.mark.parametrize("method", ["head", "hybrid-head"])
+def test_greedy_equals_plain_and_guesses_are_accepted(target, trained, method):
+    _, head, _ = trained
+    assert needs_head(method)
+    accepted = 0
+    for prompt in PROMPTS:
+        plain, _ = generate(target, "none", prompt)
+        ids, stats = generate(target, method, prompt, head)
+        assert ids == plain
+        assert stats.drafts > 0 and stats.draft_tokens > 0
+        accepted += stats.accepted_tokens
+    assert accepted > 0  # the trained head does predict the target
+
+
+def test_sampling_is_reproducible_and_drafts(target, trained):
+    _, head, _ = trained
+    s = SamplingConfig(temperature=0.8, top_k=20, seed=7)
+    a, stats = generate(target, "head", PROMPTS[0], head, s)
+    b, _ = generate(target, "head", PROMPTS[0], head, s)
+    assert a == b and stats.draft_tokens > 0 and len(a) == 40
+
+
+def test_save_load_round_trip_and_bad_files(tmp_path, trained):
+    _, head, _ = trained
+    head.save(tmp_path / "h")
+    back = FeatureHead.load(tmp_path / "h")
+    assert back.cfg == head.cfg
+    f, e = torch.randn(2, head.cfg.hidden_size), torch.randn(2, head.cfg.hidden_size)
+    assert torch.allclose(back(f, e), head(f, e), atol=5e-2)  # stored in bf16
+    with pytest.raises(ModelFileError, match="no drafting head"):
+        FeatureHead.load(tmp_path / "missing")
+    (tmp_path / "h" / "head.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ModelFileError, match="cannot load the drafting head"):
+        FeatureHead.load(tmp_path / "h")
+    cfg = json.loads((tmp_path / "h" / "head.json").read_text())
+    assert cfg["vocab"] == VOCAB
+
+
+def test_featureset_round_trip(tmp_path, trained):
+    data, _, _ = trained
+    data.save(tmp_path / "f.pt")
+    back = FeatureSet.load(tmp_path / "f.pt")
+    assert torch.equal(back.tokens, data.tokens) and torch.equal(back.features, data.features)
+
+
+def test_recorded_answers_are_plain_greedy_decoding(target):
+    from specdraft.heads.data import record_answers
+
+    prompt = PROMPTS[1]
+    plain, _ = generate(target, "none", prompt, n=20)
+    data = record_answers(target, [prompt, PROMPTS[2]], max_new_tokens=20)
+    assert len(data.starts) == 3
+    a, b = int(data.starts[0]), int(data.starts[1])
+    assert data.tokens[a:b].tolist() == [prompt[-1]] + plain  # last prompt token, then the answer
+    assert data.top[a:b - 1, 0].tolist() == plain  # each row's choice is the next token
+    target.reset()
+    out = target.forward(torch.tensor(prompt + plain), need_hidden=True)
+    assert torch.allclose(data.features[a:b].float(), out.hidden[len(prompt) - 1:], atol=2e-3, rtol=1e-2)
+
+
+def test_concat_and_weighted_training_rows(trained):
+    from specdraft.heads.data import concat
+    from specdraft.heads.train import _starts
+
+    data, _, _ = trained
+    both = concat([data, data])
+    n_docs = len(data.starts) - 1
+    assert len(both) == 2 * len(data) and len(both.starts) == 2 * n_docs + 1
+    assert torch.equal(both.tokens[len(data):], data.tokens)
+    docs = torch.tensor([0, n_docs])
+    weight = torch.tensor([1] * n_docs + [3] * n_docs)
+    rows = _starts(both, docs, 3, weight)
+    one = int(data.starts[1] - data.starts[0]) - 3
+    assert len(rows) == 4 * one  # document 0 once, its copy three times
+
+
+def test_chat_requests_are_varied_and_reproducible():
+    from specdraft.heads.corpus import chat_requests
+
+    a, b = chat_requests(27, seed=3), chat_requests(27, seed=3)
+    assert a == b and len(a) == 27 and len(set(a)) > 20
+    assert any("def" in r or "function" in r for r in a) and any("Translate" in r for r in a)
