@@ -77,7 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text for a prompt, streaming, then print statistics")
     g.add_argument("prompt")
-    g.add_argument("--method", default=_DEFAULTS_SPEC.method, choices=_methods(), help="the drafter; none = plain decoding")
+    g.add_argument("--method", default=None, choices=_methods(),
+                   help="the drafter; none = plain decoding (default: hybrid-head where a head is shipped for the "
+                        "target, else draft-model)")
     _model_args(g)
     _spec_args(g)
     g.add_argument("--temperature", type=float, default=_DEFAULTS_SAMPLING.temperature, help="0 = greedy")
@@ -92,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print the statistics as JSON instead of one line")
 
     v = sub.add_parser("serve", help="serve an OpenAI-compatible API (and a chat page at /)")
-    v.add_argument("--method", default=_DEFAULTS_SPEC.method, choices=_methods(),
+    v.add_argument("--method", default=None, choices=_methods(),
                    help="default drafter; a request may pick another with the extension field \"method\"")
     _model_args(v)
     _spec_args(v)
@@ -133,10 +135,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def default_method(args) -> str:
+    """--method when given, else the best measured method the target allows: hybrid-head where a
+    head is shipped for it (1.21x against hybrid's 1.14x on the dev prompts, and no draft model
+    to load), else draft-model."""
+    from .heads.model import shipped_head_dir
+    from .models.packaged import DEFAULT_TARGET
+
+    if args.method:
+        return args.method
+    if args.head or shipped_head_dir(args.target or DEFAULT_TARGET):
+        return "hybrid-head"
+    return _DEFAULTS_SPEC.method
+
+
 def _cmd_generate(args) -> int:
     from .pipeline import Speculator
     from .drafters import needs_draft_model
 
+    args.method = default_method(args)
     # Validate cheap things before loading any model.
     spec = spec_from_args(args.method, args)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
@@ -170,6 +187,7 @@ def _cmd_serve(args) -> int:
     from .pipeline import Speculator
     from .drafters import needs_draft_model
 
+    args.method = default_method(args)
     spec = spec_from_args(args.method, args)
     if args.queue_size < 1 or args.request_timeout <= 0 or args.max_body_bytes < 1024 or not 0 < args.port < 65536:
         raise ParameterError("queue-size must be >= 1, request-timeout > 0, max-body-bytes >= 1024, port in 1..65535")

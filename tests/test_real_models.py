@@ -2,8 +2,8 @@
 
 * SmolLM2-135M, fp32: the native runtime's greedy tokens equal transformers' own generate();
   a draft identical to the target is always accepted and changes nothing.
-* The default pair (Qwen2.5-Coder 1.5B target + 0.5B draft), bf16: greedy draft-model and
-  prompt-lookup outputs equal plain greedy output.
+* The default pair (Qwen2.5-Coder 1.5B target + 0.5B draft): greedy draft-model, prompt-lookup,
+  head and hybrid-head outputs equal plain greedy output; the shipped head's guesses pass.
 
 Skipped when the model packages are not installed. Run with ``python -m pytest -m slow``.
 """
@@ -149,7 +149,7 @@ def pair_plain(pair):
     return out
 
 
-@pytest.mark.parametrize("method", ["draft-model", "prompt-lookup"])
+@pytest.mark.parametrize("method", ["draft-model", "prompt-lookup", "head", "hybrid-head"])
 @pytest.mark.parametrize("prompt", PAIR_PROMPTS)
 def test_default_pair_greedy_speculative_equals_plain(pair, pair_plain, prompt, method):
     ids, plain = pair_plain[prompt]
@@ -160,3 +160,12 @@ def test_default_pair_greedy_speculative_equals_plain(pair, pair_plain, prompt, 
     if spec.token_ids == plain.token_ids:
         assert spec.text == plain.text
         assert spec.stats.target_forwards <= plain.stats.target_forwards
+
+
+def test_shipped_head_guesses_are_accepted(pair, pair_plain):
+    """The head shipped for the default target predicts it: some guesses pass on each prompt."""
+    for prompt in PAIR_PROMPTS:
+        ids, plain = pair_plain[prompt]
+        out = generate(pair, ids, "head", k=4)
+        assert out.token_ids == plain.token_ids
+        assert out.stats.accepted_tokens > 0, out.stats.summary()

@@ -95,7 +95,7 @@ def record_generation(model, prompt: list[int], max_new_tokens: int, eos_ids=())
     return toks, feats, tops
 
 
-def record_answers(model, prompts, *, max_new_tokens: int = 192, eos_ids=(), seconds: float | None = None,
+def record_answers(model, prompts, *, max_new_tokens: int = 160, eos_ids=(), seconds: float | None = None,
                    progress=None) -> FeatureSet:
     """record_generation over encoded prompts until ``seconds`` have passed."""
     feats, toks, tops, starts = [], [], [], [0]

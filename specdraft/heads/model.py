@@ -60,6 +60,7 @@ class FeatureHead(torch.nn.Module):
         save_file({k: v.detach().to(torch.bfloat16).contiguous() for k, v in self.state_dict().items()},
                   str(d / "head.safetensors"))
         (d / "head.json").write_text(json.dumps(asdict(self.cfg), indent=1) + "\n")
+        (d / "head.safetensors").chmod(0o644)  # safetensors writes 0600; a shipped head must be readable
 
     @classmethod
     def load(cls, directory: str | Path) -> "FeatureHead":

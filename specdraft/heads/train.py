@@ -144,9 +144,9 @@ def add_train_args(p) -> None:
                    help="recorded features of the text corpus (.pt): reused when the file exists, else recorded and saved there")
     p.add_argument("--answers", default=None,
                    help="recorded features of the target's own answers (.pt): reused when it exists, else recorded and saved there")
-    p.add_argument("--record-minutes", type=float, default=15.0,
+    p.add_argument("--record-minutes", type=float, default=25.0,
                    help="time spent teacher-forcing the target over the text corpus")
-    p.add_argument("--answer-minutes", type=float, default=20.0,
+    p.add_argument("--answer-minutes", type=float, default=22.0,
                    help="time spent letting the target answer generated chat requests (its own words teach best)")
     p.add_argument("--answer-weight", type=int, default=3, help="how many times the answers count against the corpus")
     p.add_argument("--train-minutes", type=float, default=None, help="stop training after this long")
