@@ -41,6 +41,7 @@ from ..cli import spec_from_args
 from ..config import GenerationConfig, SamplingConfig, SpecConfig
 from ..errors import SpecdraftError
 from ..pipeline import resolve_dtype
+from .llama_cpp import NAME as LLAMA_CPP
 from .peers import PEERS, Outcome, PeerModels, PeerRunner, assistant_key, target_key
 
 BASELINE = "none"
@@ -59,8 +60,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", required=True, type=Path,
                    help="Spec-Bench prompts, JSON lines with question_id, category, turns")
     p.add_argument("--methods", default="none,draft-model,prompt-lookup",
-                   help="comma-separated: none, our drafters, and the transformers peers "
-                        f"{', '.join(PEERS)} (none always runs first: it is the baseline)")
+                   help="comma-separated: none, our drafters, the transformers peers "
+                        f"{', '.join(PEERS)} and {LLAMA_CPP} (llama.cpp on the target's GGUF; needs "
+                        "llama-cpp-python) (none always runs first: it is the baseline)")
     p.add_argument("--max-new-tokens", type=int, default=GenerationConfig.max_new_tokens)
     p.add_argument("--per-category", type=int, default=None, help="first N prompts of each category (file order)")
     p.add_argument("--categories", default=None, help="comma-separated categories to keep (default: all)")
@@ -187,7 +189,7 @@ def select_prompts(prompts: list[BenchPrompt], categories: list[str] | None = No
 def known_methods() -> list[str]:
     from ..drafters import drafter_names
 
-    return [BASELINE, *drafter_names(), *PEERS]
+    return [BASELINE, *drafter_names(), *PEERS, LLAMA_CPP]
 
 
 def parse_methods(text: str) -> list[str]:
@@ -203,7 +205,7 @@ def parse_methods(text: str) -> list[str]:
 def needs_our_draft(methods: list[str]) -> bool:
     from ..drafters import needs_draft_model
 
-    return any(m != BASELINE and m not in PEERS and needs_draft_model(m) for m in methods)
+    return any(m != BASELINE and m not in PEERS and m != LLAMA_CPP and needs_draft_model(m) for m in methods)
 
 
 # ============================================================================ records
@@ -591,6 +593,14 @@ def _resolve_draft(args, speculator) -> Path:
 def make_runner(method: str, args, speculator, peers: PeerSetup | None) -> Runner:
     if method in PEERS:
         return peers.runner(method)
+    if method == LLAMA_CPP:
+        from ..models.packaged import gguf_file
+        from .llama_cpp import LlamaCppRunner
+
+        from ..models.packaged import DEFAULT_TARGET
+
+        return LlamaCppRunner(gguf_file(args.target or DEFAULT_TARGET), speculator.target.eos_ids,
+                              n_ctx=speculator.target.model.max_length)
     return engine_runner(speculator, spec_from_args(method, args))
 
 
@@ -636,7 +646,7 @@ def run_all(methods, prompts, prompt_ids, args, speculator, peers, console,
         for i, method in enumerate(methods):
             if peers is not None:
                 peers.models.keep_only(peers.keys_for(method))
-            progress.update(task, description=f"{method}: loading" if method in PEERS else method)
+            progress.update(task, description=f"{method}: loading" if method in PEERS or method == LLAMA_CPP else method)
             runner = make_runner(method, args, speculator, peers)
             recs = run_method(method, runner, prompts, prompt_ids, args, progress, task, warm_ids)
             del runner

@@ -563,10 +563,8 @@ def _local_gguf_dir(path: Path) -> Path:
     return cache_root() / "models" / f"{path.stem}-{key}"
 
 
-def _resolve_packaged(model: PackagedModel, progress: bool) -> Path:
-    out_dir = cache_root() / "models" / model.name
-    if is_converted(out_dir, model.sha256):
-        return out_dir
+def _packaged_gguf(model: PackagedModel, progress: bool) -> Path:
+    """The packaged model's GGUF file, verified: its one part in place, or the parts joined."""
     parts = part_paths(model)
     fix = _model_reinstall_hint(model)
     if len(parts) == 1:  # a whole GGUF in one wheel: verify in place, no copy needed
@@ -580,7 +578,27 @@ def _resolve_packaged(model: PackagedModel, progress: bool) -> Path:
                 gguf.unlink()
         if not gguf.is_file():
             join_parts(parts, gguf, model.sha256, model.size, progress, fix=fix)
-    return convert_gguf(gguf, out_dir, progress, sha256=model.sha256, fix=fix)
+    return gguf
+
+
+def _resolve_packaged(model: PackagedModel, progress: bool) -> Path:
+    out_dir = cache_root() / "models" / model.name
+    if is_converted(out_dir, model.sha256):
+        return out_dir
+    gguf = _packaged_gguf(model, progress)
+    return convert_gguf(gguf, out_dir, progress, sha256=model.sha256, fix=_model_reinstall_hint(model))
+
+
+def gguf_file(spec: str, progress: bool = True) -> Path:
+    """The GGUF file behind a model spec (a packaged name or a .gguf path), for runtimes that
+    read GGUF themselves (llama.cpp). A Hugging Face directory has none: ModelFileError."""
+    name = ALIASES.get(spec, spec)
+    if name in PACKAGED:
+        return _packaged_gguf(PACKAGED[name], progress)
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    raise ModelFileError(f"{spec} is not a GGUF model (a packaged name or a .gguf file); llama.cpp reads GGUF only")
 
 
 def resolve_model_dir(spec: str, progress: bool = True) -> Path:
