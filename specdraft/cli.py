@@ -14,18 +14,19 @@ from .errors import SpecdraftError
 _DEFAULTS_SPEC = SpecConfig()
 _DEFAULTS_GEN = GenerationConfig()
 _DEFAULTS_SAMPLING = SamplingConfig()
+_DTYPES = ["auto", "bf16", "fp32"]
+_FORMATS = ["auto", "dense", "int8", "int4", "w8a8", "w8a8-fast"]  # "auto" + models.quant.WEIGHT_FORMATS
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="target model: packaged name, HF model dir or .gguf (default: qwen2.5-coder-1.5b)")
     p.add_argument("--draft", default=None, help="draft model for --method draft-model (default: qwen2.5-coder-0.5b)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
+    p.add_argument("--dtype", default="auto", choices=_DTYPES,
                    help="weights and activations of the models; auto = bf16 on CPUs with native bf16 (AMX), else fp32")
-    formats = ["auto", "dense", "int8", "int4", "w8a8", "w8a8-fast"]
-    p.add_argument("--target-format", default=None, choices=formats,
+    p.add_argument("--target-format", default=None, choices=_FORMATS,
                    help="target weights: auto = w8a8 (int8 weights and activations) on CPUs without native bf16, "
                         "dense bf16 on AMX; dense = exact --dtype weights")
-    p.add_argument("--draft-format", default=None, choices=formats,
+    p.add_argument("--draft-format", default=None, choices=_FORMATS,
                    help="draft model weights (auto = w8a8-fast or int4); a draft's numerics never change the output")
     p.add_argument("--runtime", default="auto", choices=["auto", "native", "hf"], help="native Llama-family runtime or the transformers adapter")
     p.add_argument("--max-context", type=int, default=4096, help="KV cache capacity in tokens")
@@ -121,9 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("calibrate", help="measure a model's forward cost over 1..32 new tokens on this machine")
     c.add_argument("--model", default=None, help="packaged name, HF model dir or .gguf (default: the default target)")
-    c.add_argument("--format", default="auto", choices=["auto", "dense", "int8", "int4", "w8a8", "w8a8-fast"],
+    c.add_argument("--format", default="auto", choices=_FORMATS,
                    help="weight format (auto = what a target gets on this CPU)")
-    c.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
+    c.add_argument("--dtype", default="auto", choices=_DTYPES)
     c.add_argument("--context", type=int, default=300, help="tokens already in the KV cache")
     c.add_argument("--blocks", default="1,2,4,8,16,32", help="comma-separated numbers of new tokens")
     c.add_argument("--repeats", type=int, default=5, help="timed forwards per block (median reported)")

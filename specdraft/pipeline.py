@@ -159,6 +159,7 @@ class Speculator:
                                     progress=progress)
             check_tokenizers(self.target.tokenizer, self.draft.tokenizer, self.target.name, self.draft.name)
         self.tokenizer = self.target.tokenizer
+        self._heads: dict[str, object] = {}  # drafting heads by directory, loaded on first use
 
     def encode_prompt(self, prompt: str, chat: bool = True) -> list[int]:
         """Token ids of ``prompt``, through the chat template (as one user turn) when there is one."""
@@ -187,7 +188,7 @@ class Speculator:
         if path is None:
             raise ParameterError(f"no drafting head is shipped for {self.target.name!r}; train one with "
                                  "`specdraft train-head --target ...` and pass --head DIR")
-        heads = self.__dict__.setdefault("_heads", {})
+        heads = self._heads
         if path not in heads:
             head = FeatureHead.load(path)
             hidden = getattr(getattr(self.target.model, "spec", None), "hidden_size", None)

@@ -205,7 +205,12 @@ def parse_methods(text: str) -> list[str]:
 def needs_our_draft(methods: list[str]) -> bool:
     from ..drafters import needs_draft_model
 
-    return any(m != BASELINE and m not in PEERS and m != LLAMA_CPP and needs_draft_model(m) for m in methods)
+    return any(m != BASELINE and not is_peer(m) and needs_draft_model(m) for m in methods)
+
+
+def is_peer(method: str) -> bool:
+    """A method run by another library (transformers, llama.cpp), not by our engine."""
+    return method in PEERS or method == LLAMA_CPP
 
 
 # ============================================================================ records
@@ -594,10 +599,8 @@ def make_runner(method: str, args, speculator, peers: PeerSetup | None) -> Runne
     if method in PEERS:
         return peers.runner(method)
     if method == LLAMA_CPP:
-        from ..models.packaged import gguf_file
+        from ..models.packaged import DEFAULT_TARGET, gguf_file
         from .llama_cpp import LlamaCppRunner
-
-        from ..models.packaged import DEFAULT_TARGET
 
         return LlamaCppRunner(gguf_file(args.target or DEFAULT_TARGET), speculator.target.eos_ids,
                               n_ctx=speculator.target.model.max_length)
@@ -646,7 +649,7 @@ def run_all(methods, prompts, prompt_ids, args, speculator, peers, console,
         for i, method in enumerate(methods):
             if peers is not None:
                 peers.models.keep_only(peers.keys_for(method))
-            progress.update(task, description=f"{method}: loading" if method in PEERS or method == LLAMA_CPP else method)
+            progress.update(task, description=f"{method}: loading" if is_peer(method) else method)
             runner = make_runner(method, args, speculator, peers)
             recs = run_method(method, runner, prompts, prompt_ids, args, progress, task, warm_ids)
             del runner

@@ -47,6 +47,19 @@ class Drafter(Protocol):
     def observe(self, context: list[int], num_accepted: int) -> None: ...
 
 
+def choose(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator,
+           confidence: bool) -> tuple[int, torch.Tensor | None, float]:
+    """A model drafter's next guess from its logits [V]: (token, q [V] when sampling else None,
+    the guess's probability when greedy and ``confidence`` is asked for, else 1.0)."""
+    from ..sampling import probs_from_logits, sample
+
+    if sampling.greedy:
+        tok = int(logits.argmax())
+        return tok, None, float(torch.softmax(logits.float(), -1)[tok]) if confidence else 1.0
+    q = probs_from_logits(logits[None].float(), sampling)  # [1, V]
+    return int(sample(q, generator)[0]), q[0], 1.0
+
+
 @dataclass(frozen=True)
 class DrafterContext:
     """What a drafter factory may use to build a drafter."""

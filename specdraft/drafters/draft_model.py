@@ -19,8 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..config import SamplingConfig
-from ..sampling import probs_from_logits, sample
-from .base import Draft, DrafterContext, register
+from .base import Draft, DrafterContext, choose, register
 
 
 class DraftModel:
@@ -60,14 +59,10 @@ class DraftModel:
         qs: list[torch.Tensor] = []
         sure = 1.0  # greedy: the draft's own probability that every guess so far is right
         for i in range(k):
-            if sampling.greedy:
-                tok = int(logits.argmax())
-                if self.min_confidence > 0.0:
-                    sure *= float(torch.softmax(logits.float(), -1)[tok])
-            else:
-                q = probs_from_logits(logits[None], sampling)  # [1, V]
-                tok = int(sample(q, generator)[0])
-                qs.append(q[0])
+            tok, q, p = choose(logits, sampling, generator, self.min_confidence > 0.0)
+            sure *= p
+            if q is not None:
+                qs.append(q)
             tokens.append(tok)
             # Another guess costs a draft forward, and pays only if every guess before it is
             # accepted: stop once the draft itself doubts that (the guess in hand is still

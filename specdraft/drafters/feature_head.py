@@ -16,8 +16,7 @@ import torch
 
 from ..config import SamplingConfig
 from ..errors import ParameterError
-from ..sampling import probs_from_logits, sample
-from .base import Draft, DrafterContext, register
+from .base import Draft, DrafterContext, choose, register
 
 
 def output_weight(target, n: int) -> torch.Tensor:
@@ -73,14 +72,10 @@ class FeatureHeadDrafter:
         for _ in range(k):
             f = self.head(f, self.embed[tok:tok + 1].float())  # [1, H] predicted next feature
             logits = self.out(f)[0]  # [V']
-            if sampling.greedy:
-                tok = int(logits.argmax())
-                if self.min_confidence > 0.0:
-                    sure *= float(torch.softmax(logits.float(), -1)[tok])
-            else:
-                q = probs_from_logits(logits[None].float(), sampling)  # [1, V']
-                tok = int(sample(q, generator)[0])
-                qs.append(q[0])
+            tok, q, p = choose(logits, sampling, generator, self.min_confidence > 0.0)
+            sure *= p
+            if q is not None:
+                qs.append(q)  # [V']
             tokens.append(tok)
             if sure < self.min_confidence:  # the guess in hand is still proposed
                 break

@@ -49,30 +49,46 @@ def encode_corpus(tokenizer, documents, max_answer_tokens: int = 448):
         yield encode_document(tokenizer, doc.request, doc.answer, max_answer_tokens)
 
 
+def _top(logits: torch.Tensor) -> torch.Tensor:
+    """[..., TOP] the best next-token ids of each row, best first."""
+    return logits.topk(min(TOP, logits.shape[-1]), dim=-1).indices
+
+
+def _collect(documents, *, max_tokens: int | None = None, seconds: float | None = None, progress=None) -> FeatureSet:
+    """One FeatureSet from (tokens [n], features [n, H], top [n, TOP]) per document, produced
+    lazily by ``documents``; stops after ``max_tokens`` rows or ``seconds``, whichever first."""
+    docs, starts = [], [0]
+    t0 = time.perf_counter()
+    for doc in documents:
+        docs.append(doc)
+        starts.append(starts[-1] + len(doc[0]))
+        if progress is not None:
+            progress(len(doc[0]))
+        if (max_tokens is not None and starts[-1] >= max_tokens) or \
+                (seconds is not None and time.perf_counter() - t0 >= seconds):
+            break
+    toks, feats, tops = zip(*docs)
+    return FeatureSet(torch.cat(feats), torch.cat(toks), torch.cat(tops), torch.tensor(starts))
+
+
 @torch.inference_mode()
 def record(model, sequences, *, max_tokens: int | None = None, seconds: float | None = None,
            progress=None) -> FeatureSet:
     """Teacher-force ``model`` (a CausalLM) over each token id list; stop after ``max_tokens``
     rows or ``seconds`` of forwards, whichever comes first."""
-    feats, toks, tops, starts = [], [], [], [0]
-    t0 = time.perf_counter()
-    for ids in sequences:
-        ids = list(ids)[:model.max_length]
-        if len(ids) < 2:
-            continue
-        model.reset()
-        out = model.forward(torch.tensor(ids), need_hidden=True)
-        feats.append(out.hidden.to(torch.float16))
-        toks.append(torch.tensor(ids))
-        tops.append(out.logits.topk(min(TOP, out.logits.shape[-1]), dim=-1).indices)
-        starts.append(starts[-1] + len(ids))
-        if progress is not None:
-            progress(len(ids))
-        if (max_tokens is not None and starts[-1] >= max_tokens) or \
-                (seconds is not None and time.perf_counter() - t0 >= seconds):
-            break
+
+    def documents():
+        for ids in sequences:
+            ids = list(ids)[:model.max_length]
+            if len(ids) < 2:
+                continue
+            model.reset()
+            out = model.forward(torch.tensor(ids), need_hidden=True)
+            yield torch.tensor(ids), out.hidden.to(torch.float16), _top(out.logits)
+
+    data = _collect(documents(), max_tokens=max_tokens, seconds=seconds, progress=progress)
     model.reset()
-    return FeatureSet(torch.cat(feats), torch.cat(toks), torch.cat(tops), torch.tensor(starts))
+    return data
 
 
 @torch.inference_mode()
@@ -85,7 +101,7 @@ def record_generation(model, prompt: list[int], max_new_tokens: int, eos_ids=())
     toks, feats, tops = [prompt[-1]], [], []
     for _ in range(max_new_tokens + 1):
         feats.append(out.hidden[-1].to(torch.float16))
-        tops.append(out.logits[-1].topk(min(TOP, out.logits.shape[-1])).indices)
+        tops.append(_top(out.logits[-1]))
         nxt = int(tops[-1][0])
         if nxt in eos_ids or len(toks) > max_new_tokens or model.length >= model.max_length:
             break
@@ -98,23 +114,16 @@ def record_generation(model, prompt: list[int], max_new_tokens: int, eos_ids=())
 def record_answers(model, prompts, *, max_new_tokens: int = 160, eos_ids=(), seconds: float | None = None,
                    progress=None) -> FeatureSet:
     """record_generation over encoded prompts until ``seconds`` have passed."""
-    feats, toks, tops, starts = [], [], [], [0]
-    t0 = time.perf_counter()
-    for prompt in prompts:
-        if len(prompt) + 2 > model.max_length:
-            continue
-        t, f, p = record_generation(model, prompt, max_new_tokens, eos_ids)
-        if len(t) < 2:
-            continue
-        toks.append(torch.tensor(t[:len(f)]))
-        feats.append(torch.stack(f))
-        tops.append(torch.stack(p))
-        starts.append(starts[-1] + len(f))
-        if progress is not None:
-            progress(len(f))
-        if seconds is not None and time.perf_counter() - t0 >= seconds:
-            break
-    return FeatureSet(torch.cat(feats), torch.cat(toks), torch.cat(tops), torch.tensor(starts))
+
+    def documents():
+        for prompt in prompts:
+            if len(prompt) + 2 > model.max_length:
+                continue
+            t, f, p = record_generation(model, prompt, max_new_tokens, eos_ids)
+            if len(t) >= 2:
+                yield torch.tensor(t[:len(f)]), torch.stack(f), torch.stack(p)
+
+    return _collect(documents(), seconds=seconds, progress=progress)
 
 
 def concat(sets: list[FeatureSet]) -> FeatureSet:

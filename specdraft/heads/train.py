@@ -13,9 +13,11 @@ Unrolling trains the head on its own predicted features, as it will be used when
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -159,8 +161,6 @@ def add_train_args(p) -> None:
 
 def _recorded(path, what: str, make):
     """A FeatureSet from ``path`` when it exists, else made (with a progress bar) and saved there."""
-    from pathlib import Path
-
     from rich.progress import Progress
 
     path = Path(path) if path else None
@@ -181,9 +181,6 @@ def _recorded(path, what: str, make):
 def train_from_args(args) -> int:
     """``specdraft train-head``: record the target's features on text and on its own answers
     to generated requests, train a head, save it."""
-    import json
-    from pathlib import Path
-
     from ..drafters.feature_head import output_weight
     from ..errors import ParameterError
     from ..models.packaged import DEFAULT_TARGET
