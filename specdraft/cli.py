@@ -15,7 +15,7 @@ _DEFAULTS_SPEC = SpecConfig()
 _DEFAULTS_GEN = GenerationConfig()
 _DEFAULTS_SAMPLING = SamplingConfig()
 _DTYPES = ["auto", "bf16", "fp32"]
-_FORMATS = ["auto", "dense", "int8", "int4", "w8a8", "w8a8-fast"]  # "auto" + models.quant.WEIGHT_FORMATS
+_FORMATS = ["auto", "dense", "int8", "int4", "w8a8", "w8a8-fast", "gguf"]  # "auto" + models.quant.WEIGHT_FORMATS
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:

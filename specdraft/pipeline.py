@@ -98,8 +98,13 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
     weight_format = resolve_format(weight_format, DTYPES[dtype], draft) if native else \
         ("dense" if weight_format == "auto" else weight_format)
     if native:
+        gguf = None
+        if weight_format == "gguf":
+            from .models.packaged import gguf_file
+
+            gguf = gguf_file(spec, progress=progress)  # a one-line error for model directories
         model = LlamaModel.from_dir(path, dtype=DTYPES[dtype], max_length=max_length, weight_format=weight_format,
-                                    head_vocab=head_vocab)
+                                    head_vocab=head_vocab, gguf_path=gguf)
     elif weight_format != "dense":
         raise ParameterError(f"{config.model_type!r} runs through the transformers adapter, which has dense weights only")
     else:

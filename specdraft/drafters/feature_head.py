@@ -22,6 +22,8 @@ from .base import Draft, DrafterContext, choose, register
 def output_weight(target, n: int) -> torch.Tensor:
     """[n, H] float32: the target's output head over its first n token ids (int8 rows dequantized)."""
     head = getattr(target, "lm_head", None)
+    if hasattr(head, "dequantize_rows"):  # GGUF weights
+        return head.dequantize_rows(n)
     if getattr(head, "qweight", None) is not None:
         return head.qweight[:n].float() * head.scales[:n, None]
     if getattr(head, "packed", None) is not None:  # fp32 weights in oneDNN's layout
@@ -36,6 +38,8 @@ def output_rows(target, n: int):
     from ..models.quant import DenseLinear, W8A8Linear
 
     head = getattr(target, "lm_head", None)
+    if hasattr(head, "first_rows"):  # GGUF weights: the same kernel over the first n rows
+        return head.first_rows(n)
     if getattr(head, "qweight", None) is not None:
         return W8A8Linear(None, quantized=(head.qweight[:n], head.scales[:n]))
     return DenseLinear(output_weight(target, n).to(target.dtype).contiguous())

@@ -44,8 +44,8 @@ class TrainConfig:
 def _starts(data: FeatureSet, docs: torch.Tensor, S: int, weight: torch.Tensor | None = None) -> torch.Tensor:
     """Row indices t with t + S inside the same document, over the given documents (each
     listed ``weight[d]`` times)."""
-    out = [torch.arange(int(data.starts[d]), int(data.starts[d + 1]) - S).repeat(1 if weight is None else int(weight[d]))
-           for d in docs.tolist()]
+    out = [torch.arange(int(data.starts[d]), max(int(data.starts[d]), int(data.starts[d + 1]) - S))  # short documents: none
+           .repeat(1 if weight is None else int(weight[d])) for d in docs.tolist()]
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.int64)
 
 
@@ -145,7 +145,8 @@ def add_train_args(p) -> None:
     p.add_argument("--features", default=None,
                    help="recorded features of the text corpus (.pt): reused when the file exists, else recorded and saved there")
     p.add_argument("--answers", default=None,
-                   help="recorded features of the target's own answers (.pt): reused when it exists, else recorded and saved there")
+                   help="recorded features of the target's own answers (.pt, or several separated by commas): "
+                        "each reused when it exists, else recorded (the Nth file on request set N) and saved there")
     p.add_argument("--record-minutes", type=float, default=25.0,
                    help="time spent teacher-forcing the target over the text corpus")
     p.add_argument("--answer-minutes", type=float, default=22.0,
@@ -204,10 +205,12 @@ def train_from_args(args) -> int:
         sets.append((_recorded(args.features, "text features", lambda progress: record(
             target, encode_corpus(sd.tokenizer, default_corpus()), seconds=args.record_minutes * 60,
             progress=progress)), 1))
-    if args.answer_weight and (args.answer_minutes > 0 or (args.answers and Path(args.answers).is_file())):
-        sets.append((_recorded(args.answers, "answer features", lambda progress: record_answers(
-            target, (sd.encode_prompt(r) for r in chat_requests(5000, seed=1)), eos_ids=sd.target.eos_ids,
-            seconds=args.answer_minutes * 60, progress=progress)), args.answer_weight))
+    answer_files = [a for a in (args.answers or "").split(",") if a] or [None]
+    for seed, path in enumerate(answer_files, start=1):  # each file answers its own set of requests
+        if args.answer_weight and (args.answer_minutes > 0 or (path and Path(path).is_file())):
+            sets.append((_recorded(path, "answer features", lambda progress, seed=seed: record_answers(
+                target, (sd.encode_prompt(r) for r in chat_requests(5000, seed=seed)), eos_ids=sd.target.eos_ids,
+                seconds=args.answer_minutes * 60, progress=progress)), args.answer_weight))
     if not sets:
         raise ParameterError("nothing to train on: give --record-minutes or --answer-minutes > 0")
     weight = torch.cat([torch.full((len(fs.starts) - 1,), w) for fs, w in sets])  # [D]

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 
 from ..errors import ModelFileError
 from .base import ModelOutput
-from .quant import make_linear
+from .gguf_weights import GGUFLinear
+from .quant import fbgemm_available, make_linear
 
 SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
 
@@ -243,7 +244,8 @@ class LlamaModel:
 
     # `weights` is consumed: unfused tensors are dropped as layers are built, to bound peak memory.
     def __init__(self, spec: LlamaSpec, weights: dict[str, torch.Tensor], config, *, dtype=torch.bfloat16,
-                 max_length: int = 4096, weight_format: str = "dense", head_vocab: int | None = None):
+                 max_length: int = 4096, weight_format: str = "dense", head_vocab: int | None = None,
+                 quantized=None):
         self.spec = spec
         self.dtype = dtype
         self.vocab_size = spec.vocab_size
@@ -251,14 +253,34 @@ class LlamaModel:
         self.length = 0
         s = spec
 
+        tied = s.tie_embeddings or "lm_head.weight" not in weights
+
         def raw(name: str) -> torch.Tensor:
             """A linear layer's weight as stored: make_linear converts it to the compute dtype."""
+            if name == "lm_head.weight" and tied:
+                name = "model.embed_tokens.weight"
             if name not in weights:
                 raise ModelFileError(f"weight {name!r} is missing from the model files; the checkpoint is incomplete")
             return weights[name]
 
         def w(name: str) -> torch.Tensor:
             return raw(name).to(dtype).contiguous()
+
+        # weight format "gguf": projections keep the GGUF file's own quantization (``quantized``:
+        # a gguf_weights.GGUFTensors); a layer with a tensor type the kernels lack uses w8a8.
+        fallback = ("w8a8" if fbgemm_available() else "dense") if weight_format == "gguf" else weight_format
+
+        def linear(names: list[str], bias: torch.Tensor | None, role: str, rows: int | None = None):
+            """One projection over the weights ``names`` stacked along the outputs."""
+            if quantized is not None:
+                parts = [quantized.get(n) for n in names]
+                if all(p is not None for p in parts):
+                    lin = GGUFLinear(parts, bias)
+                    return lin.first_rows(rows) if rows is not None else lin
+            m = raw(names[0]) if len(names) == 1 else torch.cat([raw(n) for n in names])
+            if rows is not None:
+                m = m[:rows].contiguous()
+            return make_linear(m, bias, fallback, role, dtype)
 
         self.weight_format = weight_format
         if "model.embed_tokens.weight" not in weights and s.tie_embeddings and "lm_head.weight" in weights:
@@ -269,26 +291,23 @@ class LlamaModel:
         # clone(): a tensor read from safetensors maps the whole file; a copy lets the map go
         # (measured: the 2.9 GB file stayed resident behind a 0.45 GB embedding).
         self.embed = emb.clone() if emb is not None and emb.dtype == torch.bfloat16 else w("model.embed_tokens.weight").clone()  # [V, H]
-        head = raw("model.embed_tokens.weight") if (s.tie_embeddings or "lm_head.weight" not in weights) else raw("lm_head.weight")
-        if head_vocab is not None and head_vocab < head.shape[0]:
-            # Draft models only: logits for the first head_vocab ids alone (BPE vocabularies put
-            # frequent tokens first). The output head is the largest matrix of a small model; a
-            # draft that cannot propose a rare token loses only that guess, never exactness.
-            head = head[:head_vocab].contiguous()
-        self.lm_head = make_linear(head, None, weight_format, "head", dtype)  # H -> V' (V' = head_vocab or V)
+        # Draft models only: logits for the first head_vocab ids alone (BPE vocabularies put
+        # frequent tokens first). The output head is the largest matrix of a small model; a
+        # draft that cannot propose a rare token loses only that guess, never exactness.
+        rows = head_vocab if head_vocab is not None and head_vocab < spec.vocab_size else None
+        self.lm_head = linear(["lm_head.weight"], None, "head", rows)  # H -> V' (V' = head_vocab or V)
         self.norm = w("model.norm.weight")
         self.layers: list[_Layer] = []
         for i in range(s.num_layers):
             p = f"model.layers.{i}."
             a = p + "self_attn."
-            w_qkv = torch.cat([raw(a + "q_proj.weight"), raw(a + "k_proj.weight"), raw(a + "v_proj.weight")])
             b_qkv = None
             if s.attention_bias and (a + "q_proj.bias") in weights:
                 b_qkv = torch.cat([w(a + "q_proj.bias"), w(a + "k_proj.bias"), w(a + "v_proj.bias")]).contiguous()
-            w_gu = torch.cat([raw(p + "mlp.gate_proj.weight"), raw(p + "mlp.up_proj.weight")])
-            lin = [make_linear(m, b, weight_format, role, dtype) for m, b, role in
-                   ((w_qkv, b_qkv, "qkv"), (raw(a + "o_proj.weight"), None, "o"), (w_gu, None, "gate_up"),
-                    (raw(p + "mlp.down_proj.weight"), None, "down"))]
+            lin = [linear([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"], b_qkv, "qkv"),
+                   linear([a + "o_proj.weight"], None, "o"),
+                   linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], None, "gate_up"),
+                   linear([p + "mlp.down_proj.weight"], None, "down")]
             self.layers.append(_Layer(w(p + "input_layernorm.weight"), w(p + "post_attention_layernorm.weight"), *lin))
             for name in ("q_proj", "k_proj", "v_proj", "o_proj"):  # free the unfused copies as we go
                 weights.pop(a + name + ".weight", None)
@@ -306,7 +325,9 @@ class LlamaModel:
     # ----------------------------------------------------------------------------- loading
     @classmethod
     def from_dir(cls, path: str | Path, *, dtype=torch.bfloat16, max_length: int = 4096,
-                 weight_format: str = "dense", head_vocab: int | None = None) -> "LlamaModel":
+                 weight_format: str = "dense", head_vocab: int | None = None,
+                 gguf_path: str | Path | None = None) -> "LlamaModel":
+        """weight_format "gguf" needs ``gguf_path``: the GGUF file the directory was converted from."""
         from safetensors import safe_open
         from transformers import AutoConfig
 
@@ -324,8 +345,16 @@ class LlamaModel:
             weights = LazyWeights(files)
         except Exception as e:  # noqa: BLE001
             raise ModelFileError(f"cannot read weights in {path} ({e}); the file is corrupt, re-create it") from None
+        quantized = None
+        if weight_format == "gguf":
+            from .gguf_weights import GGUFTensors
+
+            if gguf_path is None:
+                raise ModelFileError(f"weight format gguf needs the GGUF file behind {path}: "
+                                     "give a packaged model name or a .gguf file, or use another format")
+            quantized = GGUFTensors(gguf_path)
         return cls(read_spec(config), weights, config, dtype=dtype, max_length=max_length,
-                   weight_format=weight_format, head_vocab=head_vocab)
+                   weight_format=weight_format, head_vocab=head_vocab, quantized=quantized)
 
     # ----------------------------------------------------------------------------- cache
     def rollback(self, length: int) -> None:

@@ -598,7 +598,7 @@ def gguf_file(spec: str, progress: bool = True) -> Path:
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return path
-    raise ModelFileError(f"{spec} is not a GGUF model (a packaged name or a .gguf file); llama.cpp reads GGUF only")
+    raise ModelFileError(f"{spec} is not a GGUF model (a packaged name or a .gguf file); llama.cpp and the gguf weight format read GGUF only")
 
 
 def resolve_model_dir(spec: str, progress: bool = True) -> Path:

@@ -24,7 +24,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-WEIGHT_FORMATS = ("dense", "int8", "int4", "w8a8", "w8a8-fast")
+WEIGHT_FORMATS = ("dense", "int8", "int4", "w8a8", "w8a8-fast", "gguf")  # gguf: see models/gguf_weights.py
 
 
 class DenseLinear:

@@ -1,0 +1,48 @@
+"""Native kernels, compiled on first use with torch.utils.cpp_extension and cached.
+
+``gguf_ops()`` returns the compiled module (quantize_q8k, q4k_matmul, q6k_matmul: see
+gguf_matmul.cpp) or raises KernelUnavailable with a one-line reason (no AVX2 CPU, no C++
+compiler, build failure). The build takes ~1 minute once per source/torch version; the result lives
+under ``<cache>/ext/``.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("gguf_matmul.cpp")
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
+
+
+class KernelUnavailable(RuntimeError):
+    """The native kernels cannot be used here (the message says why)."""
+
+
+def cpu_supports_avx2() -> bool:
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+@lru_cache(maxsize=1)
+def gguf_ops():
+    if not cpu_supports_avx2():
+        raise KernelUnavailable("the GGUF kernels need an AVX2 CPU")
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        raise KernelUnavailable("the GGUF kernels need a C++ compiler (apt install g++)")
+    from torch.utils import cpp_extension
+
+    from ..models.packaged import cache_root
+
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + torch.__version__.encode()).hexdigest()[:12]
+    build = cache_root() / "ext" / f"gguf_matmul-{key}"
+    build.mkdir(parents=True, exist_ok=True)
+    try:
+        return cpp_extension.load(name=f"specdraft_gguf_{key}", sources=[str(SOURCE)], extra_cflags=FLAGS,
+                                  extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
+    except Exception as e:  # noqa: BLE001 - a build failure is reported in one line; callers fall back
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise KernelUnavailable(f"building the GGUF kernels failed ({first}); see {build}") from None

@@ -1,0 +1,224 @@
+// Matrix products over GGUF's Q4_K and Q6_K weights with 8-bit activations, for AVX2 CPUs.
+//
+// y[t, o] = sum_i W[o, i] * x[t, i] where W stays in its GGUF quantization:
+//   Q4_K: super-blocks of 256 inputs, 8 sub-blocks of 32:  W = d * sc[s] * q - dmin * m[s],  q in 0..15
+//   Q6_K: super-blocks of 256 inputs, 16 sub-blocks of 16: W = d * sc[s] * (q - 32),          q in 0..63
+// and x is quantized per row and per super-block to int8 (Q8_K: x ~= xs * qx, |qx| <= 127), as
+// llama.cpp does. Within a super-block everything is integer arithmetic (exact); each
+// super-block adds one float product per (t, o). Every (t, o) is computed by the same sequence of
+// operations whatever the number of rows T and wherever row t sits in the block, so a row's
+// result is bitwise independent of the block it is verified in: speculative decoding stays exact.
+//
+// Layouts (prepared once in Python, see specdraft/models/gguf_weights.py), nb = in / 256. Each
+// super-block is one record, so a weight row is one sequential stream:
+//   Q4_K  [O, nb, 152] u8: qs[128] in GGUF's own nibble order (byte l of chunk j holds input
+//         64j + l in its low nibble: sub-block 2j, and 64j + 32 + l in its high nibble: sub-block
+//         2j + 1), sc[8] and mn[8] (the 6-bit scales and mins, unpacked), d and dmin (f32)
+//   Q6_K  [O, nb, 276] u8: q[256] (0..63, natural order), sc[16] (i8), d (f32)
+//   x     qx [T, in] i8, xs [T, nb] f32, bsums [T, in / 16] i16 (sums of each 16 of qx),
+//         xm [T, nb, 8] f32: xs * (sums of each 32 of qx), for the Q4_K mins
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <cmath>
+#include <cstring>
+
+namespace {
+
+inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+inline float hsum128(__m128 s) {
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+constexpr int Q4K_REC = 152, Q6K_REC = 276;  // bytes per super-block record
+constexpr int PREFETCH = 512;  // bytes ahead in the weight stream
+
+inline float load_f32(const uint8_t* p) { float f; std::memcpy(&f, p, 4); return f; }
+
+// NT rows of x (t0 .. t0 + NT - 1) against one output row (w: its nb records) of a Q4_K matrix.
+template <int NT>
+inline void q4k_rows(const uint8_t* w, const int8_t* qx, const float* xs, const float* xm, int64_t nb, int64_t in,
+                     int64_t t0, float* out, int64_t O) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[NT], accm[NT];
+    for (int r = 0; r < NT; ++r) { acc[r] = _mm256_setzero_ps(); accm[r] = _mm256_setzero_ps(); }
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* rec = w + b * Q4K_REC;
+        _mm_prefetch((const char*)(rec + PREFETCH), _MM_HINT_T0);
+        _mm_prefetch((const char*)(rec + PREFETCH + 64), _MM_HINT_T0);
+        _mm_prefetch((const char*)(rec + PREFETCH + 128), _MM_HINT_T0);
+        const uint8_t* s = rec + 128;
+        __m256i sumi[NT];
+        for (int r = 0; r < NT; ++r) sumi[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 4; ++j) {
+            const __m256i v = _mm256_loadu_si256((const __m256i*)(rec + 32 * j));
+            const __m256i lo = _mm256_and_si256(v, low4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            const __m256i s_lo = _mm256_set1_epi16(s[2 * j]), s_hi = _mm256_set1_epi16(s[2 * j + 1]);
+            for (int r = 0; r < NT; ++r) {
+                const int8_t* xr = qx + (t0 + r) * in + b * 256 + 64 * j;
+                const __m256i p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i*)xr)), s_lo);
+                const __m256i p_hi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i*)(xr + 32))), s_hi);
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p_lo, p_hi));
+            }
+        }
+        // mins: dmin * m[s] (8 floats, shared by the rows) against xs * (sum of sub-block s's 32 qx)
+        const __m256 mf = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(rec + 136)))),
+                                        _mm256_set1_ps(load_f32(rec + 148)));
+        const __m256 d = _mm256_set1_ps(load_f32(rec + 144));
+        for (int r = 0; r < NT; ++r) {
+            const __m256 dx = _mm256_mul_ps(d, _mm256_broadcast_ss(xs + (t0 + r) * nb + b));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), dx, acc[r]);
+            accm[r] = _mm256_fmadd_ps(mf, _mm256_loadu_ps(xm + ((t0 + r) * nb + b) * 8), accm[r]);
+        }
+    }
+    for (int r = 0; r < NT; ++r) out[(t0 + r) * O] = hsum256(_mm256_sub_ps(acc[r], accm[r]));
+}
+
+// NT rows of x against one output row (w: its nb records) of a Q6_K matrix.
+template <int NT>
+inline void q6k_rows(const uint8_t* w, const int8_t* qx, const float* xs, const int16_t* bsums, int64_t nb,
+                     int64_t in, int64_t t0, float* out, int64_t O) {
+    __m256 acc[NT];
+    __m128 accm[NT];
+    for (int r = 0; r < NT; ++r) { acc[r] = _mm256_setzero_ps(); accm[r] = _mm_setzero_ps(); }
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* rec = w + b * Q6K_REC;
+        for (int p = 0; p < Q6K_REC; p += 64) _mm_prefetch((const char*)(rec + PREFETCH + p), _MM_HINT_T0);
+        const int8_t* s = (const int8_t*)(rec + 256);
+        __m256i sumi[NT];
+        for (int r = 0; r < NT; ++r) sumi[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; ++j) {  // 32 inputs: sub-blocks 2j (lanes 0-7 of the i16 pairs) and 2j + 1
+            const __m256i wv = _mm256_loadu_si256((const __m256i*)(rec + 32 * j));
+            const __m256i sj = _mm256_set_m128i(_mm_set1_epi16(s[2 * j + 1]), _mm_set1_epi16(s[2 * j]));
+            for (int r = 0; r < NT; ++r) {
+                const __m256i xv = _mm256_loadu_si256((const __m256i*)(qx + (t0 + r) * in + b * 256 + 32 * j));
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), sj));
+            }
+        }
+        // the -32 offset: 32 * sum over sub-blocks of sc[s] * (sum of its 16 qx)
+        const __m128i s_lo = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i*)s));
+        const __m128i s_hi = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i*)(s + 8)));
+        const float db = load_f32(rec + 272);
+        for (int r = 0; r < NT; ++r) {
+            const float dx = db * xs[(t0 + r) * nb + b];
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_set1_ps(dx), acc[r]);
+            const int16_t* bs = bsums + (t0 + r) * (in / 16) + b * 16;
+            const __m128i pm = _mm_add_epi32(_mm_madd_epi16(s_lo, _mm_loadu_si128((const __m128i*)bs)),
+                                             _mm_madd_epi16(s_hi, _mm_loadu_si128((const __m128i*)(bs + 8))));
+            accm[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(pm), _mm_set1_ps(32.0f * dx), accm[r]);
+        }
+    }
+    for (int r = 0; r < NT; ++r) out[(t0 + r) * O] = hsum256(acc[r]) - hsum128(accm[r]);
+}
+
+constexpr int TILE = 4;  // rows of x per pass over a weight row (accumulators live in registers)
+
+// Calls f.template operator()<NT>(t0) over tiles of TILE rows, then the remainder.
+template <typename F>
+inline void over_tiles(int64_t T, F&& f) {
+    int64_t t0 = 0;
+    for (; t0 + TILE <= T; t0 += TILE) f(std::integral_constant<int, TILE>{}, t0);
+    switch (T - t0) {
+        case 3: f(std::integral_constant<int, 3>{}, t0); break;
+        case 2: f(std::integral_constant<int, 2>{}, t0); break;
+        case 1: f(std::integral_constant<int, 1>{}, t0); break;
+        default: break;
+    }
+}
+
+void check_x(const torch::Tensor& qx, const torch::Tensor& xs, const torch::Tensor& bsums, const torch::Tensor& xm) {
+    TORCH_CHECK(qx.dtype() == torch::kInt8 && qx.dim() == 2 && qx.is_contiguous(), "qx: contiguous int8 [T, in]");
+    TORCH_CHECK(qx.size(1) % 256 == 0, "input width must be a multiple of 256");
+    const int64_t T = qx.size(0), nb = qx.size(1) / 256;
+    TORCH_CHECK(xs.dtype() == torch::kFloat32 && xs.is_contiguous() && xs.numel() == T * nb, "xs: float [T, in/256]");
+    TORCH_CHECK(bsums.dtype() == torch::kInt16 && bsums.is_contiguous() && bsums.numel() == T * nb * 16, "bsums: int16 [T, in/16]");
+    TORCH_CHECK(xm.dtype() == torch::kFloat32 && xm.is_contiguous() && xm.numel() == T * nb * 8, "xm: float [T, in/32]");
+}
+
+// y [T, O] = x (quantized: qx, xs, bsums, xm) times the weight records w [O, nb * REC]
+template <int REC, typename Rows>
+torch::Tensor matmul(const torch::Tensor& qx, const torch::Tensor& xs, const torch::Tensor& bsums,
+                     const torch::Tensor& xm, const torch::Tensor& w, Rows rows) {
+    check_x(qx, xs, bsums, xm);
+    const int64_t T = qx.size(0), in = qx.size(1), nb = in / 256;
+    TORCH_CHECK(w.dtype() == torch::kUInt8 && w.dim() == 2 && w.is_contiguous() && w.size(1) == nb * REC,
+                "weights: uint8 [O, in/256 * ", REC, "] records for this input width");
+    const int64_t O = w.size(0);
+    auto y = torch::empty({T, O}, torch::kFloat32);
+    const uint8_t* pw = w.data_ptr<uint8_t>();
+    float* py = y.data_ptr<float>();
+    at::parallel_for(0, O, 16, [&](int64_t begin, int64_t end) {
+        for (int64_t o = begin; o < end; ++o)
+            over_tiles(T, [&](auto nt, int64_t t0) { rows(nt, pw + o * nb * REC, nb, in, t0, py + o, O); });
+    });
+    return y;
+}
+
+}  // namespace
+
+// x [T, in] float32 -> (qx int8 [T, in], xs float32 [T, in/256], bsums int16 [T, in/16], xm float32 [T, in/32])
+std::vector<torch::Tensor> quantize_q8k(torch::Tensor x) {
+    TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2, "x: float32 [T, in]");
+    x = x.contiguous();
+    const int64_t T = x.size(0), in = x.size(1);
+    TORCH_CHECK(in % 256 == 0, "input width must be a multiple of 256");
+    const int64_t nb = in / 256;
+    auto qx = torch::empty({T, in}, torch::kInt8);
+    auto xs = torch::empty({T, nb}, torch::kFloat32);
+    auto bsums = torch::empty({T, in / 16}, torch::kInt16);
+    auto xm = torch::empty({T, in / 32}, torch::kFloat32);
+    const float* px = x.data_ptr<float>();
+    int8_t* pq = qx.data_ptr<int8_t>();
+    float *ps = xs.data_ptr<float>(), *pm = xm.data_ptr<float>();
+    int16_t* pb = bsums.data_ptr<int16_t>();
+    for (int64_t blk = 0; blk < T * nb; ++blk) {
+        const float* v = px + blk * 256;
+        float amax = 0.f;
+        for (int i = 0; i < 256; ++i) amax = std::max(amax, std::fabs(v[i]));
+        const float iscale = amax > 0.f ? 127.f / amax : 0.f;
+        ps[blk] = amax > 0.f ? 1.f / iscale : 0.f;
+        int8_t* q = pq + blk * 256;
+        for (int i = 0; i < 256; ++i) q[i] = (int8_t)std::nearbyint(v[i] * iscale);  // |.| <= 127
+        for (int g = 0; g < 16; ++g) {
+            int sum = 0;
+            for (int i = 0; i < 16; ++i) sum += q[16 * g + i];
+            pb[blk * 16 + g] = (int16_t)sum;
+        }
+        for (int g = 0; g < 8; ++g) pm[blk * 8 + g] = ps[blk] * (float)(pb[blk * 16 + 2 * g] + pb[blk * 16 + 2 * g + 1]);
+    }
+    return {qx, xs, bsums, xm};
+}
+
+torch::Tensor q4k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums, torch::Tensor xm, torch::Tensor w) {
+    const int8_t* px = qx.data_ptr<int8_t>();
+    const float *pxs = xs.data_ptr<float>(), *pxm = xm.data_ptr<float>();
+    return matmul<Q4K_REC>(qx, xs, bsums, xm, w, [&](auto nt, const uint8_t* wr, int64_t nb, int64_t in, int64_t t0,
+                                                      float* out, int64_t O) {
+        q4k_rows<decltype(nt)::value>(wr, px, pxs, pxm, nb, in, t0, out, O);
+    });
+}
+
+torch::Tensor q6k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums, torch::Tensor xm, torch::Tensor w) {
+    const int8_t* px = qx.data_ptr<int8_t>();
+    const float* pxs = xs.data_ptr<float>();
+    const int16_t* pbs = bsums.data_ptr<int16_t>();
+    return matmul<Q6K_REC>(qx, xs, bsums, xm, w, [&](auto nt, const uint8_t* wr, int64_t nb, int64_t in, int64_t t0,
+                                                      float* out, int64_t O) {
+        q6k_rows<decltype(nt)::value>(wr, px, pxs, pbs, nb, in, t0, out, O);
+    });
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.def("quantize_q8k", &quantize_q8k, "x [T, in] float32 -> (qx int8, xs f32 [T, in/256], bsums i16 [T, in/16], xm f32 [T, in/32])");
+    m.def("q4k_matmul", &q4k_matmul, "Q8_K activations x Q4_K weight records -> y [T, O] float32");
+    m.def("q6k_matmul", &q6k_matmul, "Q8_K activations x Q6_K weight records -> y [T, O] float32");
+}

@@ -1,0 +1,195 @@
+"""The quantized tensors of a GGUF file, kept as they are, and linear layers that compute with them.
+
+weight format "gguf": the target's projections keep their GGUF quantization (Q4_K and Q6_K, what
+Q4_K_M files use) and run through native kernels (specdraft/kernels/gguf_matmul.cpp) with
+activations quantized to 8 bits per row and per 256 inputs, as llama.cpp computes them: the model
+computed is the GGUF model itself, not a re-quantization of a bf16 copy, and a one-token forward
+reads ~1.1 GB instead of w8a8's ~1.5 GB. Tensors of other types fall back to w8a8 (from the
+converted copy), layer by layer.
+
+Unpacked layouts (see the C++ file): one record per super-block of 256 inputs; Q4_K keeps GGUF's
+nibble bytes and unpacks the 6-bit scales and mins; Q6_K is unpacked to one byte per weight
+(0..63) in natural order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import ModelFileError
+
+QK = 256  # inputs per super-block
+SUPPORTED = ("Q4_K", "Q6_K")
+# Hugging Face projection name -> GGUF tensor name (llama.cpp's naming for Llama-family blocks)
+_LAYER_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+                "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                "mlp.down_proj": "ffn_down"}
+# Architectures whose GGUF rows are in Hugging Face's order (llama's q/k rows are permuted by the
+# converter for its rope layout; not supported here).
+_SAME_ROW_ORDER = ("qwen2",)
+
+
+def gguf_name(hf_name: str) -> str | None:
+    """'model.layers.3.mlp.up_proj.weight' -> 'blk.3.ffn_up.weight'; lm_head -> output."""
+    if hf_name == "lm_head.weight":
+        return "output.weight"
+    parts = hf_name.split(".")
+    if len(parts) == 6 and parts[:2] == ["model", "layers"] and parts[-1] == "weight":
+        mapped = _LAYER_NAMES.get(".".join(parts[3:5]))
+        return None if mapped is None else f"blk.{parts[2]}.{mapped}.weight"
+    return None
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    """[..., 2] uint8 -> [..., 4] uint8: the little-endian fp16 as float32 bytes."""
+    return np.ascontiguousarray(b).view(np.float16).astype(np.float32).view(np.uint8)
+
+
+REC = {"Q4_K": 152, "Q6_K": 276}  # bytes per super-block record in the kernel's layout
+
+
+def unpack_q4k(blocks: np.ndarray) -> torch.Tensor:
+    """[O, nb * 144] uint8 Q4_K rows -> [O, nb * 152] records: qs[128] (GGUF's nibble bytes),
+    sc[8], mn[8] (6-bit scales and mins, unpacked), d, dmin (float32)."""
+    O = blocks.shape[0]
+    b = blocks.reshape(O, -1, 144)
+    s = b[..., 4:16]  # the 12 bytes of 6-bit scales and mins
+    rec = np.empty(b.shape[:2] + (152,), np.uint8)
+    rec[..., :128] = b[..., 16:]
+    rec[..., 128:132] = s[..., 0:4] & 63  # sc 0..3
+    rec[..., 132:136] = (s[..., 8:12] & 0xF) | ((s[..., 0:4] >> 6) << 4)  # sc 4..7
+    rec[..., 136:140] = s[..., 4:8] & 63  # mn 0..3
+    rec[..., 140:144] = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)  # mn 4..7
+    rec[..., 144:148] = _f16(b[..., 0:2])
+    rec[..., 148:152] = _f16(b[..., 2:4])
+    return torch.from_numpy(rec.reshape(O, -1))
+
+
+def unpack_q6k(blocks: np.ndarray) -> torch.Tensor:
+    """[O, nb * 210] uint8 Q6_K rows -> [O, nb * 276] records: q[256] (0..63, natural order),
+    sc[16] (int8), d (float32)."""
+    O = blocks.shape[0]
+    b = blocks.reshape(O, -1, 210)
+    ql = b[..., :128].reshape(O, -1, 2, 64)  # per half of 128 inputs: 64 bytes of low 4 bits
+    qh = b[..., 128:192].reshape(O, -1, 2, 32)  # 32 bytes of high 2 bits
+    rec = np.empty(b.shape[:2] + (276,), np.uint8)
+    q = rec[..., :256].reshape(O, -1, 2, 4, 32)  # [O, nb, half, quarter, l]: input 128*half + 32*quarter + l
+    q[..., 0, :] = (ql[..., :32] & 0xF) | ((qh & 3) << 4)
+    q[..., 1, :] = (ql[..., 32:] & 0xF) | (((qh >> 2) & 3) << 4)
+    q[..., 2, :] = (ql[..., :32] >> 4) | (((qh >> 4) & 3) << 4)
+    q[..., 3, :] = (ql[..., 32:] >> 4) | (((qh >> 6) & 3) << 4)
+    rec[..., :256] = q.reshape(O, -1, 256)
+    rec[..., 256:272] = b[..., 192:208]
+    rec[..., 272:276] = _f16(b[..., 208:210])
+    return torch.from_numpy(rec.reshape(O, -1))
+
+
+@dataclass
+class QuantTensor:
+    """One GGUF matrix [out, in] as kernel records ``w`` [out, in / 256 * REC[kind]] uint8."""
+    kind: str  # "Q4_K" or "Q6_K"
+    out_features: int
+    in_features: int
+    w: torch.Tensor
+
+    def rows(self, n: int) -> "QuantTensor":
+        """The first n output rows."""
+        return QuantTensor(self.kind, n, self.in_features, self.w[:n])
+
+    def dequantize(self) -> torch.Tensor:
+        """[out, in] float32 (for tests, and for drafters that read the output head)."""
+        O, nb = self.out_features, self.in_features // QK
+        rec = self.w.reshape(O, nb, REC[self.kind])
+        if self.kind == "Q4_K":
+            nib = rec[..., :128].reshape(O, nb, 4, 1, 32)
+            q = torch.cat([nib & 0xF, nib >> 4], 3).reshape(O, nb, 8, 32).float()  # sub-blocks 2j, 2j+1
+            d, dmin = rec[..., 144:152].contiguous().view(torch.float32).unbind(-1)  # [O, nb] each
+            w = (d[..., None, None] * rec[..., 128:136, None].float() * q
+                 - dmin[..., None, None] * rec[..., 136:144, None].float())
+        else:
+            q = rec[..., :256].reshape(O, nb, 16, 16).float() - 32
+            sc = rec[..., 256:272].contiguous().view(torch.int8).float()
+            d = rec[..., 272:276].contiguous().view(torch.float32)  # [O, nb, 1]
+            w = d[..., None] * sc[..., None] * q
+        return w.reshape(O, self.in_features)
+
+
+class GGUFTensors:
+    """The supported quantized matrices of one GGUF file, looked up by Hugging Face name."""
+
+    def __init__(self, path: str | Path):
+        import gguf
+
+        self.path = Path(path)
+        try:
+            self._reader = gguf.GGUFReader(str(self.path))
+        except Exception as e:  # noqa: BLE001 - any parse failure is a file problem
+            raise ModelFileError(f"cannot read GGUF {self.path.name} ({type(e).__name__}); re-create the file") from None
+        arch = self._reader.fields.get("general.architecture")
+        self.arch = bytes(arch.parts[arch.data[0]]).decode() if arch is not None else "?"
+        if self.arch not in _SAME_ROW_ORDER:
+            raise ModelFileError(f"weight format gguf supports {', '.join(_SAME_ROW_ORDER)} GGUF files, "
+                                 f"{self.path.name} is {self.arch!r}; use --target-format w8a8")
+        self._tensors = {t.name: t for t in self._reader.tensors}
+
+    def get(self, hf_name: str) -> QuantTensor | None:
+        """The matrix behind a HF weight name in the kernel's layout, or None when its type has no kernel."""
+        name = gguf_name(hf_name)
+        t = self._tensors.get(name) if name else None
+        if t is None and hf_name == "lm_head.weight":
+            t = self._tensors.get("token_embd.weight")  # tied output head
+        if t is None or t.tensor_type.name not in SUPPORTED:
+            return None
+        in_f, out_f = (int(n) for n in t.shape[:2])  # ggml order: inputs first
+        if in_f % QK:
+            return None
+        data = np.asarray(t.data).reshape(out_f, -1)
+        unpack = unpack_q4k if t.tensor_type.name == "Q4_K" else unpack_q6k
+        chunk = 8192  # rows per unpack: bounds the temporaries for the output head
+        parts = [unpack(data[i:i + chunk]) for i in range(0, out_f, chunk)]
+        return QuantTensor(t.tensor_type.name, out_f, in_f, torch.cat(parts) if len(parts) > 1 else parts[0])
+
+
+class GGUFLinear:
+    """A linear layer over one or more GGUF matrices stacked along the outputs (q, k, v may differ
+    in type): x [T, in] -> [T, sum of outs]. The activations are quantized once per call."""
+
+    __slots__ = ("parts", "bias", "ops", "in_features")
+
+    def __init__(self, parts: list[QuantTensor], bias: torch.Tensor | None = None):
+        from ..kernels import gguf_ops
+
+        self.ops = gguf_ops()
+        merged: list[QuantTensor] = []  # neighbours of one type become one matrix: one kernel call
+        for p in parts:
+            if merged and merged[-1].kind == p.kind and merged[-1].in_features == p.in_features:
+                last = merged.pop()
+                p = QuantTensor(p.kind, last.out_features + p.out_features, p.in_features, torch.cat([last.w, p.w]))
+            merged.append(p)
+        self.parts = merged
+        self.in_features = parts[0].in_features
+        self.bias = None if bias is None else bias.float()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        xq = self.ops.quantize_q8k(x.float().contiguous())  # qx, xs, bsums, xm
+        ys = [(self.ops.q4k_matmul if p.kind == "Q4_K" else self.ops.q6k_matmul)(*xq, p.w) for p in self.parts]
+        y = ys[0] if len(ys) == 1 else torch.cat(ys, -1)
+        return (y if self.bias is None else y.add_(self.bias)).to(x.dtype)
+
+    def first_rows(self, n: int) -> "GGUFLinear":
+        """The same layer over its first n outputs (one part only: an output head)."""
+        assert len(self.parts) == 1 and self.bias is None
+        return GGUFLinear([self.parts[0].rows(n)])
+
+    def dequantize_rows(self, n: int) -> torch.Tensor:
+        """[n, in] float32: the first n output rows of the weights."""
+        out, left = [], n
+        for p in self.parts:
+            if left <= 0:
+                break
+            out.append(p.rows(min(left, p.out_features)).dequantize())
+            left -= p.out_features
+        return torch.cat(out)

@@ -1,0 +1,121 @@
+"""The GGUF weight format: unpacking Q4_K / Q6_K blocks and the native kernels over them.
+
+Blocks are random bytes (every byte pattern is a valid block once the fp16 scales are finite);
+the reference dequantization is the gguf package's own, an independent implementation.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from specdraft.kernels import KernelUnavailable, gguf_ops
+from specdraft.models.gguf_weights import (GGUFLinear, QuantTensor, gguf_name, unpack_q4k, unpack_q6k)
+
+gguf = pytest.importorskip("gguf")
+from gguf.quants import dequantize  # noqa: E402
+
+BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210}
+
+
+@pytest.fixture(scope="module")
+def ops():
+    try:
+        return gguf_ops()
+    except KernelUnavailable as e:  # no AVX2 CPU or no compiler: the format falls back to w8a8
+        pytest.skip(str(e))
+
+
+def random_blocks(kind: str, out_f: int, in_f: int, seed: int) -> np.ndarray:
+    """[out, in/256 * block bytes] uint8: random quants, with small finite fp16 scales."""
+    rng = np.random.default_rng(seed)
+    nb = in_f // 256
+    b = rng.integers(0, 256, size=(out_f, nb, BLOCK_BYTES[kind]), dtype=np.uint8)
+    scales = rng.uniform(1e-3, 2e-2, size=(out_f, nb, 2)).astype(np.float16).view(np.uint8).reshape(out_f, nb, 4)
+    if kind == "Q4_K":
+        b[..., 0:4] = scales  # d, dmin
+    else:
+        b[..., 208:210] = scales[..., :2]  # d
+    return b.reshape(out_f, -1)
+
+
+def quant_tensor(kind: str, out_f: int, in_f: int, seed: int) -> tuple[QuantTensor, torch.Tensor]:
+    blocks = random_blocks(kind, out_f, in_f, seed)
+    unpack = unpack_q4k if kind == "Q4_K" else unpack_q6k
+    ref = dequantize(blocks, getattr(gguf.GGMLQuantizationType, kind)).reshape(out_f, in_f)
+    return QuantTensor(kind, out_f, in_f, unpack(blocks)), torch.from_numpy(ref.astype(np.float32))
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+def test_unpacked_blocks_dequantize_as_gguf_does(kind):
+    qt, ref = quant_tensor(kind, 24, 512, seed=1)
+    assert torch.equal(qt.dequantize(), ref)
+    assert torch.equal(qt.rows(5).dequantize(), ref[:5])
+
+
+def test_activation_quantization(ops):
+    x = torch.randn(3, 512) * torch.tensor([1.0, 50.0, 1e-3])[:, None]
+    x[2, :256] = 0  # an all-zero block
+    qx, xs, bsums, xm = ops.quantize_q8k(x)
+    assert qx.abs().max() <= 127 and xs.shape == (3, 2) and xs[2, 0] == 0
+    assert torch.equal(bsums.long(), qx.long().reshape(3, -1, 16).sum(-1))
+    assert torch.allclose(xm.reshape(3, 2, 8), qx.float().reshape(3, 2, 8, 32).sum(-1) * xs[..., None], rtol=1e-6)
+    back = (qx.float().reshape(3, 2, 256) * xs[..., None]).reshape(3, 512)
+    assert ((back - x).abs().reshape(3, 2, 256) <= xs[..., None] / 2 * 1.001).all()  # round to nearest
+    assert qx.reshape(3, 2, 256).abs().amax(-1)[xs > 0].eq(127).all()  # each block uses the full range
+
+
+@pytest.mark.parametrize("kinds", [("Q4_K",), ("Q6_K",), ("Q4_K", "Q6_K", "Q4_K"), ("Q4_K", "Q4_K", "Q6_K")])
+def test_kernel_matches_dequantized_product(ops, kinds):
+    parts, refs = zip(*(quant_tensor(k, 40 + 8 * i, 768, seed=10 + i) for i, k in enumerate(kinds)))
+    bias = torch.randn(sum(p.out_features for p in parts))
+    lin = GGUFLinear(list(parts), bias)
+    w = torch.cat(refs).double()
+    for T in (1, 2, 3, 4, 5, 9):
+        x = torch.randn(T, 768)
+        qx, xs, _, _ = ops.quantize_q8k(x)
+        xq = (qx.double().reshape(T, 3, 256) * xs.double()[..., None]).reshape(T, 768)  # what the kernel multiplies
+        expect = xq @ w.T + bias.double()
+        got = lin(x)
+        assert got.shape == (T, w.shape[0]) and got.dtype == torch.float32
+        assert (got.double() - expect).abs().max() <= 1e-5 * expect.abs().max()
+        assert (got.double() - (x.double() @ w.T + bias.double())).abs().max() <= 0.05 * expect.abs().max()
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+def test_rows_are_independent_of_the_block(ops, kind):
+    """Verification computes a row inside a block of T rows; plain decoding alone: same bits."""
+    qt, _ = quant_tensor(kind, 33, 512, seed=3)
+    lin = GGUFLinear([qt])
+    x = torch.randn(11, 512)
+    full = lin(x)
+    for T in (1, 2, 3, 4, 5, 7):
+        for start in range(0, 11 - T + 1, 3):
+            assert torch.equal(lin(x[start:start + T]), full[start:start + T])
+
+
+def test_first_rows_and_dequantize_rows(ops):
+    qt, ref = quant_tensor("Q6_K", 64, 256, seed=4)
+    lin = GGUFLinear([qt])
+    x = torch.randn(2, 256)
+    assert torch.equal(lin.first_rows(10)(x), lin(x)[:, :10])
+    assert torch.equal(lin.dequantize_rows(10), ref[:10])
+
+
+def test_bad_inputs_are_refused(ops):
+    qt, _ = quant_tensor("Q4_K", 8, 256, seed=5)
+    with pytest.raises(RuntimeError, match="multiple of 256"):
+        ops.quantize_q8k(torch.randn(2, 100))
+    xq = ops.quantize_q8k(torch.randn(2, 512))  # 512 inputs against a 256-input matrix
+    with pytest.raises(RuntimeError, match="records"):
+        ops.q4k_matmul(*xq, qt.w)
+    with pytest.raises(RuntimeError, match="records"):
+        ops.q6k_matmul(*xq, qt.w)
+
+
+def test_gguf_names():
+    assert gguf_name("model.layers.3.mlp.up_proj.weight") == "blk.3.ffn_up.weight"
+    assert gguf_name("model.layers.0.self_attn.o_proj.weight") == "blk.0.attn_output.weight"
+    assert gguf_name("lm_head.weight") == "output.weight"
+    assert gguf_name("model.layers.0.self_attn.q_proj.bias") is None
+    assert gguf_name("model.embed_tokens.weight") is None
