@@ -19,12 +19,13 @@ ap.add_argument("--index", type=int, default=2, help="which prompt of each categ
 ap.add_argument("--configs", default="none:1:0,head:5:0.5,head:5:0.2,head:8:0.2,hybrid-head:5:0.5,hybrid-head:5:0.2")
 ap.add_argument("--head", default=None)
 ap.add_argument("--max-new-tokens", type=int, default=96)
+ap.add_argument("--target-format", default="auto")
 args = ap.parse_args()
 
 rows = [json.loads(line) for line in open(args.prompts)]
 cats = args.categories.split(",")
 sel = [[r for r in rows if r["category"] == c][args.index] for c in cats]
-sd = Speculator(load_draft=False, progress=False)
+sd = Speculator(load_draft=False, progress=False, target_format=args.target_format)
 ids = [sd.encode_prompt(r["turns"][0]) for r in sel]
 gen = GenerationConfig(max_new_tokens=args.max_new_tokens)
 sd.engine(SpecConfig(method="none")).generate(ids[0][:16], gen=GenerationConfig(max_new_tokens=4))  # warm up

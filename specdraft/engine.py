@@ -22,6 +22,7 @@ from typing import Iterator
 import torch
 
 from .config import GenerationConfig, SamplingConfig, SpecConfig
+from .costs import ForwardCosts
 from .drafters.base import Draft, Drafter
 from .errors import ContextLengthError
 from .metrics import SpecStats
@@ -76,8 +77,13 @@ class Engine:
     """Speculative generation with one target, one drafter (or none) and one tokenizer."""
 
     def __init__(self, target, tokenizer, drafter: Drafter | None, spec: SpecConfig,
-                 eos_ids: set[int] | None = None):
+                 eos_ids: set[int] | None = None, costs: ForwardCosts | None = None):
         self.target = target
+        # seconds per target forward by block size, measured as we go; drafters that size their
+        # drafts by cost (``use_costs``) read it
+        self.costs = costs if costs is not None else ForwardCosts()
+        if drafter is not None and hasattr(drafter, "use_costs"):
+            drafter.use_costs(self.costs)
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.spec = spec
@@ -155,6 +161,7 @@ class Engine:
                 # 2. Verify: one target forward over [last token] + draft.
                 ids = torch.tensor([context[-1]] + draft.tokens, dtype=torch.int64)
                 out = self.target.forward(ids, need_hidden=features)  # logits [K+1, V]
+                self.costs.record(len(ids), time.perf_counter() - t1)
                 verdict = verify(out.logits, draft.tokens, draft.probs, sampling, generator)
                 # 3. Roll the target back to the committed context minus its newest token.
                 n = verdict.num_accepted

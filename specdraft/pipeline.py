@@ -13,6 +13,7 @@ from typing import Iterator
 import torch
 
 from .config import GenerationConfig, SamplingConfig, SpecConfig
+from .costs import ForwardCosts
 from .drafters import DrafterContext, build_drafter, needs_draft_model, needs_head
 from .engine import Engine, Piece
 from .errors import ModelFileError, ParameterError, TokenizerMismatchError
@@ -24,7 +25,7 @@ DEFAULT_DTYPE = "auto"  # resolved by resolve_dtype() on the machine at hand
 # A draft model's numerics never change the output, only acceptance; low-bit weights make each
 # draft token several times cheaper on a memory-bound CPU.
 DEFAULT_DRAFT_FORMAT = "auto"  # resolved by models.quant.resolve_format (w8a8-fast or int4)
-DEFAULT_TARGET_FORMAT = "auto"  # w8a8 on CPUs without native bf16, dense bf16 on AMX
+DEFAULT_TARGET_FORMAT = "auto"  # gguf or w8a8 on CPUs without native bf16, dense bf16 on AMX
 
 
 @dataclass
@@ -95,14 +96,15 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
         raise ModelFileError(f"cannot load config/tokenizer from {path} ({type(e).__name__}); "
                              "is it a complete Hugging Face model directory?") from None
     native = runtime == "native" or (runtime == "auto" and config.model_type in SUPPORTED_TYPES)
-    weight_format = resolve_format(weight_format, DTYPES[dtype], draft) if native else \
+    gguf = None
+    if native and (weight_format == "gguf" or (weight_format == "auto" and not draft and DTYPES[dtype] == torch.float32)):
+        from .models.gguf_weights import gguf_source
+
+        # a one-line error when gguf is asked for and cannot be had; None when "auto" must do without
+        gguf = gguf_source(spec, required=weight_format == "gguf", progress=progress)
+    weight_format = resolve_format(weight_format, DTYPES[dtype], draft, gguf is not None) if native else \
         ("dense" if weight_format == "auto" else weight_format)
     if native:
-        gguf = None
-        if weight_format == "gguf":
-            from .models.packaged import gguf_file
-
-            gguf = gguf_file(spec, progress=progress)  # a one-line error for model directories
         model = LlamaModel.from_dir(path, dtype=DTYPES[dtype], max_length=max_length, weight_format=weight_format,
                                     head_vocab=head_vocab, gguf_path=gguf)
     elif weight_format != "dense":
@@ -165,6 +167,7 @@ class Speculator:
             check_tokenizers(self.target.tokenizer, self.draft.tokenizer, self.target.name, self.draft.name)
         self.tokenizer = self.target.tokenizer
         self._heads: dict[str, object] = {}  # drafting heads by directory, loaded on first use
+        self._costs = ForwardCosts()  # the target's forward seconds by block size, shared by its engines
 
     def encode_prompt(self, prompt: str, chat: bool = True) -> list[int]:
         """Token ids of ``prompt``, through the chat template (as one user turn) when there is one."""
@@ -212,7 +215,7 @@ class Speculator:
                                  draft_model=self.draft.model if self.draft else None,
                                  head=self.head(spec.head) if needs_head(spec.method) else None)
             drafter = build_drafter(spec.method, ctx)
-        return Engine(self.target.model, self.tokenizer, drafter, spec, self.target.eos_ids)
+        return Engine(self.target.model, self.tokenizer, drafter, spec, self.target.eos_ids, costs=self._costs)
 
     def stream(self, prompt: str | list[int], *, spec: SpecConfig = SpecConfig(),
                sampling: SamplingConfig = SamplingConfig(), gen: GenerationConfig = GenerationConfig(),

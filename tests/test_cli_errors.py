@@ -178,3 +178,15 @@ def test_head_from_a_bad_directory_gives_one_line(capsys, tiny_dir, tmp_path):
     rc, out, err = call(["generate", "hello", "--target", str(tiny_dir), "--method", "hybrid-head", "--no-chat",
                          "--head", str(tmp_path), "--max-new-tokens", "4"], capsys)
     assert_one_line_error(rc, out, err, contains="head")
+
+
+def test_gguf_format_for_a_model_directory_gives_one_line(capsys, tiny_dir):
+    rc, out, err = call(["generate", "hello", "--target", str(tiny_dir), "--method", "none", "--no-chat",
+                         "--target-format", "gguf", "--dtype", "fp32", "--max-new-tokens", "4"], capsys)
+    assert_one_line_error(rc, out, err, contains="gguf")
+
+
+def test_auto_format_without_a_gguf_file_falls_back(capsys, tiny_dir):
+    rc, out, err = call(["generate", "hello", "--target", str(tiny_dir), "--method", "none", "--no-chat",
+                         "--dtype", "fp32", "--max-new-tokens", "4", "--json"], capsys)
+    assert rc == 0, err

@@ -12,6 +12,8 @@ zero elsewhere), so speculative sampling stays exact.
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ..config import SamplingConfig
@@ -56,6 +58,11 @@ class FeatureHeadDrafter:
         self.out = output_rows(target, self.vocab)  # [H] -> [V']
         self.min_confidence = min_confidence
         self.feature: torch.Tensor | None = None  # [H] f at the newest committed token's row
+        self.costs = None  # costs.ForwardCosts from the engine: drafts cut to the best length
+        self.step_seconds = 0.0  # running mean seconds of one head guess
+
+    def use_costs(self, costs) -> None:
+        self.costs = costs
 
     def begin(self, prompt: list[int]) -> None:
         self.feature = None
@@ -72,17 +79,27 @@ class FeatureHeadDrafter:
         tok = context[-1]
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
-        sure = 1.0
+        sure, cumulative = 1.0, []  # P(all guesses so far pass), after each guess
+        costed = self.costs is not None and self.costs.seconds.get(1)
+        draft_cost = self.step_seconds / self.costs.seconds[1] if costed else 0.0  # in one-token forwards
+        t0 = time.perf_counter()
         for _ in range(k):
             f = self.head(f, self.embed[tok:tok + 1].float())  # [1, H] predicted next feature
             logits = self.out(f)[0]  # [V']
-            tok, q, p = choose(logits, sampling, generator, self.min_confidence > 0.0)
+            tok, q, p = choose(logits, sampling, generator, self.min_confidence > 0.0 or bool(costed))
             sure *= p
+            cumulative.append(sure)
             if q is not None:
                 qs.append(q)  # [V']
             tokens.append(tok)
+            if costed and self.costs.best_length(cumulative, draft_cost) < len(cumulative):
+                break  # this guess does not pay for its share of the verification: stop here
             if sure < self.min_confidence:  # the guess in hand is still proposed
                 break
+        self.step_seconds += 0.2 * ((time.perf_counter() - t0) / len(tokens) - self.step_seconds)
+        if costed:
+            n = self.costs.best_length(cumulative, draft_cost)
+            tokens, qs = tokens[:n], qs[:n]
         return Draft(tokens, torch.stack(qs) if qs else None)
 
     def observe(self, context: list[int], num_accepted: int) -> None:

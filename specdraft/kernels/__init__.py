@@ -40,6 +40,10 @@ def gguf_ops():
     key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + torch.__version__.encode()).hexdigest()[:12]
     build = cache_root() / "ext" / f"gguf_matmul-{key}"
     build.mkdir(parents=True, exist_ok=True)
+    if not any(build.glob("*.so")):
+        import sys
+
+        print("building the GGUF kernels (once, about a minute)...", file=sys.stderr, flush=True)
     try:
         return cpp_extension.load(name=f"specdraft_gguf_{key}", sources=[str(SOURCE)], extra_cflags=FLAGS,
                                   extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)

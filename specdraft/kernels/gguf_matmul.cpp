@@ -39,7 +39,7 @@ inline float hsum128(__m128 s) {
 }
 
 constexpr int Q4K_REC = 152, Q6K_REC = 276;  // bytes per super-block record
-constexpr int PREFETCH = 512;  // bytes ahead in the weight stream
+constexpr int PREFETCH = 1024;  // bytes ahead in the weight stream
 
 inline float load_f32(const uint8_t* p) { float f; std::memcpy(&f, p, 4); return f; }
 

@@ -193,3 +193,26 @@ class GGUFLinear:
             out.append(p.rows(min(left, p.out_features)).dequantize())
             left -= p.out_features
         return torch.cat(out)
+
+
+def gguf_source(spec: str, *, required: bool, progress: bool = True) -> Path | None:
+    """The GGUF file behind ``spec`` when weight format gguf can run it here, else None, or (when
+    ``required``) a one-line error naming what is missing."""
+    from ..kernels import KernelUnavailable, gguf_ops
+    from .packaged import gguf_file
+
+    try:
+        path = gguf_file(spec, progress=progress)
+        tensors = GGUFTensors(path)
+        if tensors.get("model.layers.0.mlp.up_proj.weight") is None:
+            raise ModelFileError(f"{path.name} has no Q4_K / Q6_K projections for the gguf kernels; use w8a8")
+        gguf_ops()
+    except KernelUnavailable as e:
+        if required:
+            raise ModelFileError(f"{e}; use --target-format w8a8") from None
+        return None
+    except ModelFileError:
+        if required:
+            raise
+        return None
+    return path
