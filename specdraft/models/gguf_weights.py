@@ -223,6 +223,9 @@ def gguf_source(spec: str, *, required: bool, progress: bool = True) -> Path | N
     except KernelUnavailable as e:
         if required:
             raise ModelFileError(f"{e}; use --target-format w8a8") from None
+        import sys
+
+        print(f"note: {e}; the target runs w8a8 instead", file=sys.stderr)
         return None
     except ModelFileError:
         if required:
