@@ -31,6 +31,13 @@ def cpu_supports_avx2() -> bool:
 def gguf_ops():
     if not cpu_supports_avx2():
         raise KernelUnavailable("the GGUF kernels need an AVX2 CPU")
+    try:  # the ninja wheel (a dependency) puts its binary beside the package: make it findable
+        import ninja
+
+        if shutil.which("ninja") is None:
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+    except (ImportError, AttributeError):
+        pass
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         raise KernelUnavailable("the GGUF kernels need a C++ compiler (apt install g++)")
     from torch.utils import cpp_extension
