@@ -24,8 +24,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=_DTYPES,
                    help="weights and activations of the models; auto = bf16 on CPUs with native bf16 (AMX), else fp32")
     p.add_argument("--target-format", default=None, choices=_FORMATS,
-                   help="target weights: auto = w8a8 (int8 weights and activations) on CPUs without native bf16, "
-                        "dense bf16 on AMX; dense = exact --dtype weights")
+                   help="target weights: auto = gguf (the GGUF file's own Q4_K/Q6_K weights, native kernels) or else "
+                        "w8a8 (int8 weights and activations) on CPUs without native bf16, dense bf16 on AMX; "
+                        "dense = exact --dtype weights")
     p.add_argument("--draft-format", default=None, choices=_FORMATS,
                    help="draft model weights (auto = w8a8-fast or int4); a draft's numerics never change the output")
     p.add_argument("--runtime", default="auto", choices=["auto", "native", "hf"], help="native Llama-family runtime or the transformers adapter")

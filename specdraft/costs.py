@@ -20,6 +20,11 @@ class ForwardCosts:
     def __init__(self):
         self.seconds: dict[int, float] = {}
 
+    @property
+    def measured(self) -> bool:
+        """A one-token forward has been timed: ratios mean something."""
+        return bool(self.seconds.get(1))
+
     def record(self, tokens: int, seconds: float) -> None:
         old = self.seconds.get(tokens)
         self.seconds[tokens] = seconds if old is None else old + ALPHA * (seconds - old)

@@ -106,7 +106,7 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
         ("dense" if weight_format == "auto" else weight_format)
     if native:
         model = LlamaModel.from_dir(path, dtype=DTYPES[dtype], max_length=max_length, weight_format=weight_format,
-                                    head_vocab=head_vocab, gguf_path=gguf)
+                                    head_vocab=head_vocab, gguf=gguf)
     elif weight_format != "dense":
         raise ParameterError(f"{config.model_type!r} runs through the transformers adapter, which has dense weights only")
     else:

@@ -5,9 +5,9 @@ with llama.cpp's own kernels, the reference for CPU decoding speed. It is an opt
 (``pip install 'specdraft[llama-cpp]'``, built from source: ~7 min on 2 cores); ggml's AMX
 backend crashes on some Sapphire Rapids machines, where it must be built with
 ``CMAKE_ARGS="-DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' -DCMAKE_CXX_FLAGS=..."``.
-Its output is compared with ``none`` like every greedy method; llama.cpp computes the GGUF's
-Q4_K/Q6_K weights directly, our runtime a w8a8 copy of their dequantized values, so the two are
-different models and mismatches are expected.
+Its output is compared with ``none`` like every greedy method; mismatches are expected: with
+weight format gguf both compute the same Q4_K/Q6_K weights but round activations differently,
+and with w8a8 our runtime computes an int8 copy of their dequantized values.
 """
 from __future__ import annotations
 

@@ -80,13 +80,13 @@ class FeatureHeadDrafter:
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
         sure, cumulative = 1.0, []  # P(all guesses so far pass), after each guess
-        costed = self.costs is not None and self.costs.seconds.get(1)
+        costed = self.costs is not None and self.costs.measured
         draft_cost = self.step_seconds / self.costs.seconds[1] if costed else 0.0  # in one-token forwards
         t0 = time.perf_counter()
         for _ in range(k):
             f = self.head(f, self.embed[tok:tok + 1].float())  # [1, H] predicted next feature
             logits = self.out(f)[0]  # [V']
-            tok, q, p = choose(logits, sampling, generator, self.min_confidence > 0.0 or bool(costed))
+            tok, q, p = choose(logits, sampling, generator, self.min_confidence > 0.0 or costed)
             sure *= p
             cumulative.append(sure)
             if q is not None:

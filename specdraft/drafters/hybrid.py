@@ -49,7 +49,7 @@ class Hybrid:
 
     def _copy_length(self, n: int) -> int:
         """How many of n copied tokens pay for their verification, by their past pass rates."""
-        if self.costs is None or not self.costs.seconds.get(1):
+        if self.costs is None or not self.costs.measured:
             return n
         sure, cumulative = 1.0, []
         for i in range(min(n, len(self.copy_tried))):

@@ -135,17 +135,25 @@ class GGUFTensors:
                                  f"{self.path.name} is {self.arch!r}; use --target-format w8a8")
         self._tensors = {t.name: t for t in self._reader.tensors}
 
-    def get(self, hf_name: str) -> QuantTensor | None:
-        """The matrix behind a HF weight name in the kernel's layout, or None when its type has no kernel."""
+    def _tensor(self, hf_name: str):
+        """The GGUF tensor behind a HF weight name when the kernels can multiply it, else None."""
         name = gguf_name(hf_name)
         t = self._tensors.get(name) if name else None
         if t is None and hf_name == "lm_head.weight":
             t = self._tensors.get("token_embd.weight")  # tied output head
-        if t is None or t.tensor_type.name not in SUPPORTED:
+        if t is None or t.tensor_type.name not in SUPPORTED or int(t.shape[0]) % QK:
+            return None
+        return t
+
+    def has_kernel(self, hf_name: str) -> bool:
+        return self._tensor(hf_name) is not None
+
+    def get(self, hf_name: str) -> QuantTensor | None:
+        """The matrix behind a HF weight name in the kernel's layout, or None when its type has no kernel."""
+        t = self._tensor(hf_name)
+        if t is None:
             return None
         in_f, out_f = (int(n) for n in t.shape[:2])  # ggml order: inputs first
-        if in_f % QK:
-            return None
         data = np.asarray(t.data).reshape(out_f, -1)
         unpack = unpack_q4k if t.tensor_type.name == "Q4_K" else unpack_q6k
         chunk = 8192  # rows per unpack: bounds the temporaries for the output head
@@ -208,16 +216,16 @@ class GGUFLinear:
         return torch.cat(out)
 
 
-def gguf_source(spec: str, *, required: bool, progress: bool = True) -> Path | None:
-    """The GGUF file behind ``spec`` when weight format gguf can run it here, else None, or (when
-    ``required``) a one-line error naming what is missing."""
+def gguf_source(spec: str, *, required: bool, progress: bool = True) -> GGUFTensors | None:
+    """The tensors of the GGUF file behind ``spec`` when weight format gguf can run it here, else
+    None, or (when ``required``) a one-line error naming what is missing."""
     from ..kernels import KernelUnavailable, gguf_ops
     from .packaged import gguf_file
 
     try:
         path = gguf_file(spec, progress=progress)
         tensors = GGUFTensors(path)
-        if tensors.get("model.layers.0.mlp.up_proj.weight") is None:
+        if not tensors.has_kernel("model.layers.0.mlp.up_proj.weight"):
             raise ModelFileError(f"{path.name} has no Q4_K / Q6_K projections for the gguf kernels; use w8a8")
         gguf_ops()
     except KernelUnavailable as e:
@@ -231,4 +239,4 @@ def gguf_source(spec: str, *, required: bool, progress: bool = True) -> Path | N
         if required:
             raise
         return None
-    return path
+    return tensors

@@ -326,8 +326,9 @@ class LlamaModel:
     @classmethod
     def from_dir(cls, path: str | Path, *, dtype=torch.bfloat16, max_length: int = 4096,
                  weight_format: str = "dense", head_vocab: int | None = None,
-                 gguf_path: str | Path | None = None) -> "LlamaModel":
-        """weight_format "gguf" needs ``gguf_path``: the GGUF file the directory was converted from."""
+                 gguf=None) -> "LlamaModel":
+        """weight_format "gguf" needs ``gguf``: the gguf_weights.GGUFTensors of the file the
+        directory was converted from."""
         from safetensors import safe_open
         from transformers import AutoConfig
 
@@ -345,16 +346,12 @@ class LlamaModel:
             weights = LazyWeights(files)
         except Exception as e:  # noqa: BLE001
             raise ModelFileError(f"cannot read weights in {path} ({e}); the file is corrupt, re-create it") from None
-        quantized = None
-        if weight_format == "gguf":
-            from .gguf_weights import GGUFTensors
-
-            if gguf_path is None:
-                raise ModelFileError(f"weight format gguf needs the GGUF file behind {path}: "
-                                     "give a packaged model name or a .gguf file, or use another format")
-            quantized = GGUFTensors(gguf_path)
+        if weight_format == "gguf" and gguf is None:
+            raise ModelFileError(f"weight format gguf needs the GGUF file behind {path}: "
+                                 "give a packaged model name or a .gguf file, or use another format")
         return cls(read_spec(config), weights, config, dtype=dtype, max_length=max_length,
-                   weight_format=weight_format, head_vocab=head_vocab, quantized=quantized)
+                   weight_format=weight_format, head_vocab=head_vocab,
+                   quantized=gguf if weight_format == "gguf" else None)
 
     # ----------------------------------------------------------------------------- cache
     def rollback(self, length: int) -> None:
