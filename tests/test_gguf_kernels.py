@@ -83,6 +83,30 @@ def test_kernel_matches_dequantized_product(ops, kinds):
 
 
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("fill", [0xFF, 0x80])
+def test_extreme_blocks_do_not_overflow(ops, kind, fill):
+    """Largest quants and scales against |qx| = 127 everywhere: the kernel's 16-bit partial sums
+    (maddubs pairs) and 32-bit block sums are at their largest and must not wrap or saturate."""
+    blocks = random_blocks(kind, 8, 512, seed=6).reshape(8, 2, BLOCK_BYTES[kind])
+    if kind == "Q4_K":
+        blocks[..., 4:] = fill  # 6-bit scales and mins 63 (0xFF), every nibble 15 (0xFF) or 0/8
+    else:
+        blocks[..., :208] = fill  # q = 63 (0xFF); scales -128 (0x80)
+    blocks = blocks.reshape(8, -1)
+    unpack = unpack_q4k if kind == "Q4_K" else unpack_q6k
+    ref = dequantize(blocks, getattr(gguf.GGMLQuantizationType, kind)).reshape(8, 512)
+    lin = GGUFLinear([QuantTensor(kind, 8, 512, unpack(blocks))])
+    x = torch.ones(7, 512)
+    x[1] = -1
+    x[2, ::2] = -1
+    x[3:] = torch.randn(4, 512).sign()
+    expect = x.double() @ torch.from_numpy(ref.astype(np.float64)).T  # |x| = 1 quantizes exactly
+    for T in (1, 2, 3, 4, 7):
+        got = lin(x[:T]).double()
+        assert (got - expect[:T]).abs().max() <= 1e-5 * expect.abs().max()
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
 def test_rows_are_independent_of_the_block(ops, kind, monkeypatch):
     """Verification computes a row inside a block of T rows; plain decoding alone: same bits."""
     qt, _ = quant_tensor(kind, 33, 512, seed=3)
