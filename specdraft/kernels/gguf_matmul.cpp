@@ -14,7 +14,11 @@
 //   Q4_K  [O, nb, 152] u8: qs[128] in GGUF's own nibble order (byte l of chunk j holds input
 //         64j + l in its low nibble: sub-block 2j, and 64j + 32 + l in its high nibble: sub-block
 //         2j + 1), sc[8] and mn[8] (the 6-bit scales and mins, unpacked), d and dmin (f32)
-//   Q6_K  [O, nb, 276] u8: q[256] (0..63, natural order), sc[16] (i8), d (f32)
+//   Q6_K  [O, nb, 212] u8: GGUF's own ql[128] and qh[64] (for each half n of 128 inputs and
+//         quarter m of it: the low 4 bits of input 128n + 32m + l are in byte 64n + 32(m % 2) + l
+//         of ql, low nibble for m < 2, high for m >= 2; the top 2 bits are bits 2m, 2m + 1 of
+//         byte 32n + l of qh), sc[16] (i8), d (f32). Kept 6-bit: decoding is memory-bound
+//         and 6.6 bits a weight read beat 8.6 (the 276-byte layout of one byte a weight)
 //   x     qx [T, in] i8, xs [T, nb] f32, bsums [T, in / 16] i16 (sums of each 16 of qx),
 //         xm [T, nb, 8] f32: xs * (sums of each 32 of qx), for the Q4_K mins
 #include <torch/extension.h>
@@ -38,7 +42,7 @@ inline float hsum128(__m128 s) {
     return _mm_cvtss_f32(s);
 }
 
-constexpr int Q4K_REC = 152, Q6K_REC = 276;  // bytes per super-block record
+constexpr int Q4K_REC = 152, Q6K_REC = 212;  // bytes per super-block record
 constexpr int PREFETCH = 1024;  // bytes ahead in the weight stream
 
 // vpshufb mask broadcasting i16 word a over the low 128-bit lane and word b over the high one
@@ -92,6 +96,18 @@ inline void q4k_rows(const uint8_t* w, const int8_t* qx, const float* xs, const 
     for (int r = 0; r < NT; ++r) out[(t0 + r) * O] = hsum256(_mm256_sub_ps(acc[r], accm[r]));
 }
 
+// The 32 quants (0..63) of inputs 32j .. 32j + 31 of a Q6_K record, as bytes.
+inline __m256i q6k_quants(const uint8_t* rec, int j) {
+    const int n = j / 4, m = j % 4;
+    const __m256i l = _mm256_loadu_si256((const __m256i*)(rec + 64 * n + 32 * (m % 2)));
+    const __m256i h = _mm256_loadu_si256((const __m256i*)(rec + 128 + 32 * n));
+    const __m256i low = _mm256_and_si256(m < 2 ? l : _mm256_srli_epi16(l, 4), _mm256_set1_epi8(0x0F));
+    // bits 2m, 2m + 1 of each qh byte moved to bits 4, 5 (16-bit shifts: the mask drops what
+    // crossed from the neighbouring byte)
+    const __m256i top = m == 0 ? _mm256_slli_epi16(h, 4) : m == 1 ? _mm256_slli_epi16(h, 2) : m == 2 ? h : _mm256_srli_epi16(h, 2);
+    return _mm256_or_si256(low, _mm256_and_si256(top, _mm256_set1_epi8(0x30)));
+}
+
 // NT rows of x against one output row (w: its nb records) of a Q6_K matrix.
 template <int NT>
 inline void q6k_rows(const uint8_t* w, const int8_t* qx, const float* xs, const int16_t* bsums, int64_t nb,
@@ -102,7 +118,7 @@ inline void q6k_rows(const uint8_t* w, const int8_t* qx, const float* xs, const 
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* rec = w + b * Q6K_REC;
         for (int p = 0; p < Q6K_REC; p += 64) _mm_prefetch((const char*)(rec + PREFETCH + p), _MM_HINT_T0);
-        const int8_t* s = (const int8_t*)(rec + 256);
+        const int8_t* s = (const int8_t*)(rec + 192);
         // the 16 sub-block scales as i16: scales 0-7 in both lanes (S0), 8-15 in both lanes (S1)
         const __m256i S16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)s));
         const __m256i S0 = _mm256_permute2x128_si256(S16, S16, 0x00), S1 = _mm256_permute2x128_si256(S16, S16, 0x11);
@@ -110,7 +126,7 @@ inline void q6k_rows(const uint8_t* w, const int8_t* qx, const float* xs, const 
         for (int r = 0; r < NT; ++r) sumi[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8  // fully: constant masks and offsets
         for (int j = 0; j < 8; ++j) {  // 32 inputs: sub-blocks 2j (lanes 0-7 of the i16 pairs) and 2j + 1
-            const __m256i wv = _mm256_loadu_si256((const __m256i*)(rec + 32 * j));
+            const __m256i wv = q6k_quants(rec, j);
             const __m256i sj = _mm256_shuffle_epi8(j < 4 ? S0 : S1, word_mask((2 * j) % 8, (2 * j + 1) % 8));
             for (int r = 0; r < NT; ++r) {
                 const __m256i xv = _mm256_loadu_si256((const __m256i*)(qx + (t0 + r) * in + b * 256 + 32 * j));
@@ -121,7 +137,7 @@ inline void q6k_rows(const uint8_t* w, const int8_t* qx, const float* xs, const 
         // the -32 offset: 32 * sum over sub-blocks of sc[s] * (sum of its 16 qx)
         const __m128i s_lo = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i*)s));
         const __m128i s_hi = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i*)(s + 8)));
-        const float db = load_f32(rec + 272);
+        const float db = load_f32(rec + 208);
         for (int r = 0; r < NT; ++r) {
             const float dx = db * xs[(t0 + r) * nb + b];
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_set1_ps(dx), acc[r]);

@@ -48,7 +48,7 @@ def _f16(b: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(b).view(np.float16).astype(np.float32).view(np.uint8)
 
 
-REC = {"Q4_K": 152, "Q6_K": 276}  # bytes per super-block record in the kernel's layout
+REC = {"Q4_K": 152, "Q6_K": 212}  # bytes per super-block record in the kernel's layout
 
 
 def unpack_q4k(blocks: np.ndarray) -> torch.Tensor:
@@ -69,21 +69,13 @@ def unpack_q4k(blocks: np.ndarray) -> torch.Tensor:
 
 
 def unpack_q6k(blocks: np.ndarray) -> torch.Tensor:
-    """[O, nb * 210] uint8 Q6_K rows -> [O, nb * 276] records: q[256] (0..63, natural order),
-    sc[16] (int8), d (float32)."""
+    """[O, nb * 210] uint8 Q6_K rows -> [O, nb * 212] records: GGUF's ql[128], qh[64] and
+    sc[16] (int8) as they are, d as float32 (see gguf_matmul.cpp for the bit layout)."""
     O = blocks.shape[0]
     b = blocks.reshape(O, -1, 210)
-    ql = b[..., :128].reshape(O, -1, 2, 64)  # per half of 128 inputs: 64 bytes of low 4 bits
-    qh = b[..., 128:192].reshape(O, -1, 2, 32)  # 32 bytes of high 2 bits
-    rec = np.empty(b.shape[:2] + (276,), np.uint8)
-    q = rec[..., :256].reshape(O, -1, 2, 4, 32)  # [O, nb, half, quarter, l]: input 128*half + 32*quarter + l
-    q[..., 0, :] = (ql[..., :32] & 0xF) | ((qh & 3) << 4)
-    q[..., 1, :] = (ql[..., 32:] & 0xF) | (((qh >> 2) & 3) << 4)
-    q[..., 2, :] = (ql[..., :32] >> 4) | (((qh >> 4) & 3) << 4)
-    q[..., 3, :] = (ql[..., 32:] >> 4) | (((qh >> 6) & 3) << 4)
-    rec[..., :256] = q.reshape(O, -1, 256)
-    rec[..., 256:272] = b[..., 192:208]
-    rec[..., 272:276] = _f16(b[..., 208:210])
+    rec = np.empty(b.shape[:2] + (212,), np.uint8)
+    rec[..., :208] = b[..., :208]
+    rec[..., 208:212] = _f16(b[..., 208:210])
     return torch.from_numpy(rec.reshape(O, -1))
 
 
@@ -110,9 +102,13 @@ class QuantTensor:
             w = (d[..., None, None] * rec[..., 128:136, None].float() * q
                  - dmin[..., None, None] * rec[..., 136:144, None].float())
         else:
-            q = rec[..., :256].reshape(O, nb, 16, 16).float() - 32
-            sc = rec[..., 256:272].contiguous().view(torch.int8).float()
-            d = rec[..., 272:276].contiguous().view(torch.float32)  # [O, nb, 1]
+            ql = rec[..., :128].reshape(O, nb, 2, 2, 32)  # [half, ql chunk, l]
+            qh = rec[..., 128:192].reshape(O, nb, 2, 1, 32)  # [half, -, l]
+            low = torch.cat([ql & 0xF, ql >> 4], 3)  # [half, quarter 0..3, l]
+            top = torch.cat([(qh >> (2 * m)) & 3 for m in range(4)], 3)
+            q = (low | (top << 4)).reshape(O, nb, 16, 16).float() - 32
+            sc = rec[..., 192:208].contiguous().view(torch.int8).float()
+            d = rec[..., 208:212].contiguous().view(torch.float32)  # [O, nb, 1]
             w = d[..., None] * sc[..., None] * q
         return w.reshape(O, self.in_features)
 
