@@ -135,8 +135,7 @@ inline void q6k_rows(const uint8_t* w, const int8_t* qx, const float* xs, const 
             }
         }
         // the -32 offset: 32 * sum over sub-blocks of sc[s] * (sum of its 16 qx)
-        const __m128i s_lo = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i*)s));
-        const __m128i s_hi = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i*)(s + 8)));
+        const __m128i s_lo = _mm256_castsi256_si128(S16), s_hi = _mm256_extracti128_si256(S16, 1);
         const float db = load_f32(rec + 208);
         for (int r = 0; r < NT; ++r) {
             const float dx = db * xs[(t0 + r) * nb + b];
