@@ -1,7 +1,8 @@
 """Native kernels, compiled on first use with torch.utils.cpp_extension and cached.
 
 ``gguf_ops()`` returns the compiled module (quantize_q8k, q4k_matmul, q6k_matmul: see
-gguf_matmul.cpp) or raises KernelUnavailable with a one-line reason (no AVX2 CPU, no C++
+gguf_matmul.cpp; block_attention: see attention.cpp; rms_quantize, swiglu_quantize, rope_cache: see
+layer_ops.cpp; all declared in ops.h) or raises KernelUnavailable with a one-line reason (no AVX2 CPU, no C++
 compiler, build failure). The build takes ~1 minute once per source/torch version; the result lives
 under ``<cache>/ext/``.
 """
@@ -15,7 +16,9 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("gguf_matmul.cpp")
+HERE = Path(__file__).parent
+SOURCES = [HERE / n for n in ("gguf_matmul.cpp", "attention.cpp", "layer_ops.cpp", "bindings.cpp")]
+HEADERS = [HERE / "ops.h", HERE / "simd.h"]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 
 
@@ -44,7 +47,8 @@ def gguf_ops():
 
     from ..models.packaged import cache_root
 
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + torch.__version__.encode()).hexdigest()[:12]
+    code = b"".join(p.read_bytes() for p in SOURCES + HEADERS)
+    key = hashlib.sha256(code + " ".join(FLAGS).encode() + torch.__version__.encode()).hexdigest()[:12]
     build = cache_root() / "ext" / f"gguf_matmul-{key}"
     build.mkdir(parents=True, exist_ok=True)
     if not any(build.glob("*.so")):
@@ -52,7 +56,7 @@ def gguf_ops():
 
         print("building the GGUF kernels (once, about a minute)...", file=sys.stderr, flush=True)
     try:
-        return cpp_extension.load(name=f"specdraft_gguf_{key}", sources=[str(SOURCE)], extra_cflags=FLAGS,
+        return cpp_extension.load(name=f"specdraft_gguf_{key}", sources=[str(p) for p in SOURCES], extra_cflags=FLAGS,
                                   extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
     except Exception as e:  # noqa: BLE001 - a build failure is reported in one line; callers fall back
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -27,14 +27,12 @@
 #include <cmath>
 #include <cstring>
 
+#include "ops.h"
+#include "simd.h"
+
 namespace {
 
-inline float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+using simd::hsum;
 
 inline float hsum128(__m128 s) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -93,7 +91,7 @@ inline void q4k_rows(const uint8_t* w, const int8_t* qx, const float* xs, const 
             accm[r] = _mm256_fmadd_ps(mf, _mm256_loadu_ps(xm + ((t0 + r) * nb + b) * 8), accm[r]);
         }
     }
-    for (int r = 0; r < NT; ++r) out[(t0 + r) * O] = hsum256(_mm256_sub_ps(acc[r], accm[r]));
+    for (int r = 0; r < NT; ++r) out[(t0 + r) * O] = hsum(_mm256_sub_ps(acc[r], accm[r]));
 }
 
 // The 32 quants (0..63) of inputs 32j .. 32j + 31 of a Q6_K record, as bytes.
@@ -146,7 +144,7 @@ inline void q6k_rows(const uint8_t* w, const int8_t* qx, const float* xs, const 
             accm[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(pm), _mm_set1_ps(32.0f * dx), accm[r]);
         }
     }
-    for (int r = 0; r < NT; ++r) out[(t0 + r) * O] = hsum256(acc[r]) - hsum128(accm[r]);
+    for (int r = 0; r < NT; ++r) out[(t0 + r) * O] = hsum(acc[r]) - hsum128(accm[r]);
 }
 
 constexpr int TILE = 4;  // rows of x per pass over a weight row (accumulators live in registers)
@@ -244,10 +242,4 @@ torch::Tensor q6k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums
                                                       float* out, int64_t O) {
         q6k_rows<decltype(nt)::value>(wr, px, pxs, pbs, nb, in, t0, out, O);
     });
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-    m.def("quantize_q8k", &quantize_q8k, "x [T, in] float32 -> (qx int8, xs f32 [T, in/256], bsums i16 [T, in/16], xm f32 [T, in/32])");
-    m.def("q4k_matmul", &q4k_matmul, "Q8_K activations x Q4_K weight records -> y [T, O] float32");
-    m.def("q6k_matmul", &q6k_matmul, "Q8_K activations x Q6_K weight records -> y [T, O] float32");
 }

@@ -184,8 +184,12 @@ class GGUFLinear:
     ROWS = 32
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        xq = self.ops.quantize_q8k(x.float().contiguous())  # qx, xs, bsums, xm
-        T = x.shape[0]
+        return self.on_quantized(self.ops.quantize_q8k(x.float().contiguous())).to(x.dtype)
+
+    def on_quantized(self, xq: list[torch.Tensor]) -> torch.Tensor:
+        """y [T, out] float32 from activations already quantized (quantize_q8k's 4 tensors:
+        the fused ops rms_quantize / swiglu_quantize produce them)."""
+        T = xq[0].shape[0]
         ys = []
         for p in self.parts:
             mm = self.ops.q4k_matmul if p.kind == "Q4_K" else self.ops.q6k_matmul
@@ -194,7 +198,7 @@ class GGUFLinear:
             else:
                 ys.append(torch.cat([mm(*(a[i:i + self.ROWS] for a in xq), p.w) for i in range(0, T, self.ROWS)]))
         y = ys[0] if len(ys) == 1 else torch.cat(ys, -1)
-        return (y if self.bias is None else y.add_(self.bias)).to(x.dtype)
+        return y if self.bias is None else y.add_(self.bias)
 
     def first_rows(self, n: int) -> "GGUFLinear":
         """The same layer over its first n outputs (one part only: an output head)."""

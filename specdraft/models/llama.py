@@ -321,6 +321,15 @@ class LlamaModel:
         self.v_cache = [torch.zeros(shape, dtype=dtype) for _ in range(s.num_layers)]
         self._q_size = s.num_heads * s.head_dim
         self._kv_size = s.num_kv_heads * s.head_dim
+        # The GGUF runtime (fp32) attends with the native kernel (kernels/attention.cpp): rows are
+        # block-independent by construction there, without a matmul call per row and head.
+        # With every projection on GGUF weights the layers run fused native steps between them
+        # (kernels/layer_ops.cpp) instead of ~35 small torch calls each.
+        self._ops = None
+        if (quantized is not None and dtype == torch.float32 and s.head_dim % 16 == 0 and
+                all(isinstance(lin, GGUFLinear) for layer in self.layers
+                    for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))):
+            self._ops = self.layers[0].qkv.ops
 
     # ----------------------------------------------------------------------------- loading
     @classmethod
@@ -382,6 +391,32 @@ class LlamaModel:
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True).add_(self.spec.rms_eps))
         return weight * (xf if self.dtype == torch.float32 else xf.to(self.dtype))
 
+    def _native_layers(self, x: torch.Tensor, L0: int, cos: torch.Tensor, sin: torch.Tensor,
+                       mask: torch.Tensor | None, tree: bool) -> torch.Tensor:
+        """The decoder layers on GGUF weights with fused native steps: x [T, H] float32 -> [T, H].
+
+        Per layer: rms_quantize -> qkv -> rope_cache (q rotated; k, v into the cache) ->
+        attention -> o -> rms_quantize -> gate_up -> swiglu_quantize -> down. Blocks of up to
+        ROW_EXACT_MAX tokens (decode steps, drafts, trees) attend with the native kernel, whose
+        rows are block-independent; a longer prefill uses the batched matmul path.
+        """
+        s, ops = self.spec, self._ops
+        T = x.shape[0]
+        L = L0 + T
+        Lp = -(-L // ATTN_CHUNK) * ATTN_CHUNK
+        for i, layer in enumerate(self.layers):
+            kc, vc = self.k_cache[i], self.v_cache[i]
+            qkv = layer.qkv.on_quantized(ops.rms_quantize(x, layer.ln1, s.rms_eps))  # [T, (nh + 2 nkv) hd]
+            q = ops.rope_cache(qkv, cos, sin, kc, vc, L0, s.num_heads)  # [nh, T, hd]
+            if T <= ROW_EXACT_MAX:
+                o = ops.block_attention(q, kc, vc, L, mask if tree else None)  # [T, nh, hd]; None: causal
+            else:
+                o = _attention(q, kc[:, :Lp], vc[:, :Lp], L, mask).transpose(0, 1)
+            x = x + layer.o(o.reshape(T, self._q_size))
+            gate_up = layer.gate_up.on_quantized(ops.rms_quantize(x, layer.ln2, s.rms_eps))  # [T, 2I]
+            x = x + layer.down.on_quantized(ops.swiglu_quantize(gate_up))
+        return x
+
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, *, positions: torch.Tensor | None = None,
                 tree_mask: torch.Tensor | None = None, last_only: bool = False,
@@ -405,7 +440,9 @@ class LlamaModel:
 
         Lp = -(-L // ATTN_CHUNK) * ATTN_CHUNK  # kv length rounded up to a whole chunk
         x = self.embed[ids].to(self.dtype)  # [T, H]
-        for i, layer in enumerate(self.layers):
+        if self._ops is not None:
+            x = self._native_layers(x, L0, cos.contiguous(), sin.contiguous(), mask, tree_mask is not None)
+        for i, layer in enumerate(self.layers if self._ops is None else ()):
             h = self._rms(x, layer.ln1)
             qkv = layer.qkv(h)  # [T, (nh + 2 nkv) hd]
             qk = qkv[:, :self._q_size + self._kv_size].view(T, s.num_heads + s.num_kv_heads, s.head_dim)

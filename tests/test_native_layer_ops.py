@@ -1,0 +1,129 @@
+"""The fused native steps of the GGUF runtime's layers: attention, norm + quantize, SwiGLU +
+quantize, RoPE + cache write (specdraft/kernels/attention.cpp, layer_ops.cpp).
+
+Two properties each: close to a float64 reference, and every row computed independently of
+the block around it (what keeps speculative verification exact).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specdraft.kernels import KernelUnavailable, gguf_ops
+
+NH, NKV, HD, C = 6, 2, 64, 192  # grouped-query: 3 query heads per kv head
+
+
+@pytest.fixture(scope="module")
+def ops():
+    try:
+        return gguf_ops()
+    except KernelUnavailable as e:
+        pytest.skip(str(e))
+
+
+def reference_attention(q, k, v, allowed):
+    """float64 softmax attention. q [nh, T, hd], k/v [nkv, L, hd], allowed [T, L] -> [T, nh, hd]."""
+    g = q.shape[0] // k.shape[0]
+    kk, vv = k.double().repeat_interleave(g, 0), v.double().repeat_interleave(g, 0)
+    s = q.double() @ kk.transpose(1, 2) / q.shape[-1] ** 0.5
+    p = torch.softmax(s.masked_fill(~allowed, float("-inf")), -1)
+    return (p @ vv).transpose(0, 1)
+
+
+def cache(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(NKV, C, HD, generator=g), torch.randn(NKV, C, HD, generator=g)
+
+
+@pytest.mark.parametrize("T,L", [(1, 1), (1, 77), (5, 77), (16, 130)])
+def test_attention_matches_reference_and_decoding(ops, T, L):
+    k, v = cache(T + L)
+    q = torch.randn(NH, T, HD, generator=torch.Generator().manual_seed(L))
+    got = ops.block_attention(q, k, v, L)
+    causal = torch.ones(T, L, dtype=torch.bool).tril_(L - T)
+    torch.testing.assert_close(got.double(), reference_attention(q, k[:, :L], v[:, :L], causal), atol=1e-5, rtol=1e-5)
+    for t in range(T):  # each row is bit for bit what a one-token decode at its position computes
+        one = ops.block_attention(q[:, t:t + 1].contiguous(), k, v, L - T + t + 1)
+        assert torch.equal(one[0], got[t])
+
+
+def test_tree_rows_equal_decoding_their_path(ops):
+    """A tree node sees the prefix and its ancestors at scattered cache slots; its row must equal
+    decoding its path with those keys next to the prefix (what the cache holds after compaction)."""
+    prefix, parents = 40, [-1, 0, 0, 1, 2, 3]  # 6 nodes: two branches under node 0
+    T = len(parents)
+    k, v = cache(3)
+    q = torch.randn(NH, T, HD, generator=torch.Generator().manual_seed(4))
+    mask = torch.zeros(T, prefix + T, dtype=torch.bool)
+    mask[:, :prefix] = True
+    for i, p in enumerate(parents):
+        mask[i, prefix + i] = True
+        while p >= 0:
+            mask[i, prefix + p] = True
+            p = parents[p]
+    got = ops.block_attention(q, k, v, prefix + T, mask)
+    torch.testing.assert_close(got.double(), reference_attention(q, k[:, :prefix + T], v[:, :prefix + T], mask),
+                               atol=1e-5, rtol=1e-5)
+    for i in range(T):
+        path = mask[i, prefix:].nonzero().flatten() + prefix  # ancestors then the node, ascending
+        kc, vc = k.clone(), v.clone()
+        kc[:, prefix:prefix + len(path)], vc[:, prefix:prefix + len(path)] = k[:, path], v[:, path]
+        one = ops.block_attention(q[:, i:i + 1].contiguous(), kc, vc, prefix + len(path))
+        assert torch.equal(one[0], got[i])
+
+
+def dequantized(xq):
+    qx, xs = xq[0], xq[1]
+    return (qx.float().view(qx.shape[0], -1, 256) * xs[..., None]).view(qx.shape)
+
+
+@pytest.mark.parametrize("T", [1, 3, 40])
+def test_rms_quantize(ops, T):
+    x = torch.randn(T, 512) * 5
+    w = torch.rand(512) + 0.5
+    ref = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+    got = ops.rms_quantize(x, w, 1e-6)
+    step = ops.quantize_q8k(ref)[1].repeat_interleave(256, 1)  # one quantum of each block
+    assert ((dequantized(got) - ref).abs() <= 0.51 * step + 1e-6).all()
+    for t in range(T):
+        assert all(torch.equal(a[t], b[0]) for a, b in zip(got, ops.rms_quantize(x[t:t + 1].contiguous(), w, 1e-6)))
+
+
+@pytest.mark.parametrize("T", [1, 4, 33])
+def test_swiglu_quantize(ops, T):
+    gu = torch.randn(T, 2 * 512) * 6
+    gu[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -30.0])  # exp's clamps, and zero
+    g, u = gu.chunk(2, -1)
+    ref = F.silu(g.double()) * u.double()
+    got = ops.swiglu_quantize(gu)
+    step = ops.quantize_q8k(ref.float().contiguous())[1].double().repeat_interleave(256, 1)
+    assert ((dequantized(got).double() - ref).abs() <= 0.51 * step + 1e-5).all()
+    for t in range(T):
+        assert all(torch.equal(a[t], b[0]) for a, b in zip(got, ops.swiglu_quantize(gu[t:t + 1].contiguous())))
+
+
+def test_rope_cache(ops):
+    T, start = 3, 10
+    qkv = torch.randn(T, (NH + 2 * NKV) * HD)
+    cos, sin = torch.randn(T, HD), torch.randn(T, HD)
+    kc, vc = torch.zeros(NKV, C, HD), torch.zeros(NKV, C, HD)
+    q = ops.rope_cache(qkv, cos, sin, kc, vc, start, NH)
+    heads = qkv.view(T, NH + 2 * NKV, HD).transpose(0, 1)
+    rot = heads[:NH + NKV] * cos + torch.roll(heads[:NH + NKV], HD // 2, -1) * sin
+    torch.testing.assert_close(q, rot[:NH])
+    torch.testing.assert_close(kc[:, start:start + T], rot[NH:])
+    assert torch.equal(vc[:, start:start + T], heads[NH + NKV:])
+    assert kc[:, :start].abs().sum() == 0 and kc[:, start + T:].abs().sum() == 0  # nothing else written
+
+
+def test_bad_shapes_are_refused(ops):
+    k, v = cache(0)
+    q = torch.randn(NH, 2, HD)
+    with pytest.raises(RuntimeError, match="mask"):
+        ops.block_attention(q, k, v, 10, torch.ones(3, 10, dtype=torch.bool))
+    with pytest.raises(RuntimeError, match="cache capacity"):
+        ops.block_attention(q, k, v, C + 1)
+    with pytest.raises(RuntimeError, match="cache overflow"):
+        ops.rope_cache(torch.randn(2, (NH + 2 * NKV) * HD), torch.randn(2, HD), torch.randn(2, HD), k, v, C - 1, NH)
