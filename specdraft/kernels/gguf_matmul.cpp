@@ -25,6 +25,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 
 #include "ops.h"
@@ -149,16 +150,21 @@ inline void q6k_rows(const uint8_t* w, const int8_t* qx, const float* xs, const 
 
 constexpr int TILE = 4;  // rows of x per pass over a weight row (accumulators live in registers)
 
-// Calls f.template operator()<NT>(t0) over tiles of TILE rows, then the remainder.
+// Calls f.template operator()<NT>(t0) over ceil(T / TILE) tiles of balanced sizes (T = 6: 3 + 3,
+// not 4 + 2: a pass over the weights costs its decoding whatever NT is, so even tiles share it best).
 template <typename F>
 inline void over_tiles(int64_t T, F&& f) {
+    const int64_t passes = (T + TILE - 1) / TILE, base = T / std::max<int64_t>(passes, 1), extra = T % std::max<int64_t>(passes, 1);
     int64_t t0 = 0;
-    for (; t0 + TILE <= T; t0 += TILE) f(std::integral_constant<int, TILE>{}, t0);
-    switch (T - t0) {
-        case 3: f(std::integral_constant<int, 3>{}, t0); break;
-        case 2: f(std::integral_constant<int, 2>{}, t0); break;
-        case 1: f(std::integral_constant<int, 1>{}, t0); break;
-        default: break;
+    for (int64_t p = 0; p < passes; ++p) {
+        const int64_t n = base + (p < extra);
+        switch (n) {
+            case 4: f(std::integral_constant<int, 4>{}, t0); break;
+            case 3: f(std::integral_constant<int, 3>{}, t0); break;
+            case 2: f(std::integral_constant<int, 2>{}, t0); break;
+            default: f(std::integral_constant<int, 1>{}, t0); break;
+        }
+        t0 += n;
     }
 }
 
