@@ -34,12 +34,7 @@
 namespace {
 
 using simd::hsum;
-
-inline float hsum128(__m128 s) {
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+using simd::hsum128;
 
 constexpr int Q4K_REC = 152, Q6K_REC = 212;  // bytes per super-block record
 constexpr int PREFETCH = 1024;  // bytes ahead in the weight stream

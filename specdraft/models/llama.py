@@ -14,7 +14,6 @@ L cache positions in use after the forward.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -321,10 +320,9 @@ class LlamaModel:
         self.v_cache = [torch.zeros(shape, dtype=dtype) for _ in range(s.num_layers)]
         self._q_size = s.num_heads * s.head_dim
         self._kv_size = s.num_kv_heads * s.head_dim
-        # The GGUF runtime (fp32) attends with the native kernel (kernels/attention.cpp): rows are
-        # block-independent by construction there, without a matmul call per row and head.
-        # With every projection on GGUF weights the layers run fused native steps between them
-        # (kernels/layer_ops.cpp) instead of ~35 small torch calls each.
+        # With every projection on GGUF weights (fp32) the layers run natively: attention
+        # (kernels/attention.cpp, rows block-independent by construction) and fused steps between
+        # the products (kernels/layer_ops.cpp) instead of ~35 small torch calls each.
         self._ops = None
         if (quantized is not None and dtype == torch.float32 and s.head_dim % 16 == 0 and
                 all(isinstance(lin, GGUFLinear) for layer in self.layers
@@ -338,7 +336,6 @@ class LlamaModel:
                  gguf=None) -> "LlamaModel":
         """weight_format "gguf" needs ``gguf``: the gguf_weights.GGUFTensors of the file the
         directory was converted from."""
-        from safetensors import safe_open
         from transformers import AutoConfig
 
         path = Path(path)
@@ -391,58 +388,24 @@ class LlamaModel:
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True).add_(self.spec.rms_eps))
         return weight * (xf if self.dtype == torch.float32 else xf.to(self.dtype))
 
-    def _native_layers(self, x: torch.Tensor, L0: int, cos: torch.Tensor, sin: torch.Tensor,
-                       mask: torch.Tensor | None, tree: bool) -> torch.Tensor:
-        """The decoder layers on GGUF weights with fused native steps: x [T, H] float32 -> [T, H].
+    @staticmethod
+    def _mask(T: int, L0: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """Attention mask over [prefix | new block]: None when T == 1 and no tree (the one row sees
+        everything before it); otherwise [T, L0 + T] bool, True = may attend."""
+        if T == 1 and tree_mask is None:
+            return None
+        block = tree_mask if tree_mask is not None else torch.ones(T, T, dtype=torch.bool).tril_()
+        return torch.cat([torch.ones(T, L0, dtype=torch.bool), block], dim=1)
 
-        Per layer: rms_quantize -> qkv -> rope_cache (q rotated; k, v into the cache) ->
-        attention -> o -> rms_quantize -> gate_up -> swiglu_quantize -> down. Blocks of up to
-        ROW_EXACT_MAX tokens (decode steps, drafts, trees) attend with the native kernel, whose
-        rows are block-independent; a longer prefill uses the batched matmul path.
-        """
-        s, ops = self.spec, self._ops
+    def _torch_layers(self, x: torch.Tensor, L0: int, cos: torch.Tensor, sin: torch.Tensor,
+                      tree_mask: torch.Tensor | None) -> torch.Tensor:
+        """The decoder layers with torch ops (any dtype and weight format): x [T, H] -> [T, H]."""
+        s = self.spec
         T = x.shape[0]
         L = L0 + T
-        Lp = -(-L // ATTN_CHUNK) * ATTN_CHUNK
-        for i, layer in enumerate(self.layers):
-            kc, vc = self.k_cache[i], self.v_cache[i]
-            qkv = layer.qkv.on_quantized(ops.rms_quantize(x, layer.ln1, s.rms_eps))  # [T, (nh + 2 nkv) hd]
-            q = ops.rope_cache(qkv, cos, sin, kc, vc, L0, s.num_heads)  # [nh, T, hd]
-            if T <= ROW_EXACT_MAX:
-                o = ops.block_attention(q, kc, vc, L, mask if tree else None)  # [T, nh, hd]; None: causal
-            else:
-                o = _attention(q, kc[:, :Lp], vc[:, :Lp], L, mask).transpose(0, 1)
-            x = x + layer.o(o.reshape(T, self._q_size))
-            gate_up = layer.gate_up.on_quantized(ops.rms_quantize(x, layer.ln2, s.rms_eps))  # [T, 2I]
-            x = x + layer.down.on_quantized(ops.swiglu_quantize(gate_up))
-        return x
-
-    @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, *, positions: torch.Tensor | None = None,
-                tree_mask: torch.Tensor | None = None, last_only: bool = False,
-                need_hidden: bool = False) -> ModelOutput:
-        s = self.spec
-        T = int(ids.shape[0])
-        L0 = self.length
-        L = L0 + T
-        if L > self.max_length:
-            raise ValueError(f"cache overflow: {L} > {self.max_length}")
-        if positions is None:
-            cos, sin = self.cos[L0:L], self.sin[L0:L]  # [T, hd]
-        else:
-            cos, sin = self.cos[positions], self.sin[positions]
-        # Attention mask over [prefix | new block]: None when every new token sees everything
-        # before it and T == 1; otherwise [T, L] bool, True = may attend.
-        mask = None
-        if T > 1 or tree_mask is not None:
-            block = tree_mask if tree_mask is not None else torch.ones(T, T, dtype=torch.bool).tril_()
-            mask = torch.cat([torch.ones(T, L0, dtype=torch.bool), block], dim=1)
-
         Lp = -(-L // ATTN_CHUNK) * ATTN_CHUNK  # kv length rounded up to a whole chunk
-        x = self.embed[ids].to(self.dtype)  # [T, H]
-        if self._ops is not None:
-            x = self._native_layers(x, L0, cos.contiguous(), sin.contiguous(), mask, tree_mask is not None)
-        for i, layer in enumerate(self.layers if self._ops is None else ()):
+        mask = self._mask(T, L0, tree_mask)
+        for i, layer in enumerate(self.layers):
             h = self._rms(x, layer.ln1)
             qkv = layer.qkv(h)  # [T, (nh + 2 nkv) hd]
             qk = qkv[:, :self._q_size + self._kv_size].view(T, s.num_heads + s.num_kv_heads, s.head_dim)
@@ -456,6 +419,53 @@ class LlamaModel:
             h = self._rms(x, layer.ln2)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)  # [T, I] each
             x = x + layer.down(F.silu(gate) * up)
+        return x
+
+    def _native_layers(self, x: torch.Tensor, L0: int, cos: torch.Tensor, sin: torch.Tensor,
+                       tree_mask: torch.Tensor | None) -> torch.Tensor:
+        """The decoder layers on GGUF weights with fused native steps: x [T, H] float32 -> [T, H].
+
+        Per layer: rms_quantize -> qkv -> rope_cache (q rotated; k, v into the cache) ->
+        attention -> o -> rms_quantize -> gate_up -> swiglu_quantize -> down. Blocks of up to
+        ROW_EXACT_MAX tokens (decode steps, drafts, trees) attend with the native kernel, whose
+        rows are block-independent; a longer prefill uses the batched matmul path.
+        """
+        s, ops = self.spec, self._ops
+        T = x.shape[0]
+        L = L0 + T
+        Lp = -(-L // ATTN_CHUNK) * ATTN_CHUNK
+        cos, sin = cos.contiguous(), sin.contiguous()
+        # the kernel attends causally without a mask; only trees and the prefill path need one
+        mask = self._mask(T, L0, tree_mask) if tree_mask is not None or T > ROW_EXACT_MAX else None
+        for i, layer in enumerate(self.layers):
+            kc, vc = self.k_cache[i], self.v_cache[i]
+            qkv = layer.qkv.on_quantized(ops.rms_quantize(x, layer.ln1, s.rms_eps))  # [T, (nh + 2 nkv) hd]
+            q = ops.rope_cache(qkv, cos, sin, kc, vc, L0, s.num_heads)  # [nh, T, hd]
+            if T <= ROW_EXACT_MAX:
+                o = ops.block_attention(q, kc, vc, L, mask)  # [T, nh, hd]
+            else:
+                o = _attention(q, kc[:, :Lp], vc[:, :Lp], L, mask).transpose(0, 1)
+            x = x + layer.o(o.reshape(T, self._q_size))
+            gate_up = layer.gate_up.on_quantized(ops.rms_quantize(x, layer.ln2, s.rms_eps))  # [T, 2I]
+            x = x + layer.down.on_quantized(ops.swiglu_quantize(gate_up))
+        return x
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, *, positions: torch.Tensor | None = None,
+                tree_mask: torch.Tensor | None = None, last_only: bool = False,
+                need_hidden: bool = False) -> ModelOutput:
+        T = int(ids.shape[0])
+        L0 = self.length
+        L = L0 + T
+        if L > self.max_length:
+            raise ValueError(f"cache overflow: {L} > {self.max_length}")
+        if positions is None:
+            cos, sin = self.cos[L0:L], self.sin[L0:L]  # [T, hd]
+        else:
+            cos, sin = self.cos[positions], self.sin[positions]
+        x = self.embed[ids].to(self.dtype)  # [T, H]
+        layers = self._native_layers if self._ops is not None else self._torch_layers
+        x = layers(x, L0, cos, sin, tree_mask)
         self.length = L
         if last_only:
             x = x[-1:]
