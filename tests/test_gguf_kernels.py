@@ -121,12 +121,27 @@ def test_rows_are_independent_of_the_block(ops, kind, monkeypatch):
             assert torch.equal(lin(x[start:start + T]), full[start:start + T])
 
 
-def test_first_rows_and_dequantize_rows(ops):
-    qt, ref = quant_tensor("Q6_K", 64, 256, seed=4)
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+def test_first_rows_and_dequantize_rows(ops, kind):
+    """Any number of first rows, also one that ends inside a Q4_K record of 8 interleaved rows."""
+    qt, ref = quant_tensor(kind, 64, 256, seed=4)
     lin = GGUFLinear([qt])
     x = torch.randn(2, 256)
-    assert torch.equal(lin.first_rows(10)(x), lin(x)[:, :10])
-    assert torch.equal(lin.dequantize_rows(10), ref[:10])
+    for n in (10, 16, 63):
+        assert torch.equal(lin.first_rows(n)(x), lin(x)[:, :n])
+        assert torch.equal(lin.dequantize_rows(n), ref[:n])
+
+
+def test_parts_with_a_partial_q4k_record_are_not_merged(ops):
+    """Stacked parts whose first ends inside a record of 8 rows stay two kernel calls, same result."""
+    (a, ra), (b, rb) = quant_tensor("Q4_K", 13, 512, seed=7), quant_tensor("Q4_K", 16, 512, seed=8)
+    lin = GGUFLinear([a, b])
+    assert len(lin.parts) == 2 and a.w.shape[0] == 2
+    x = torch.randn(3, 512)
+    qx, xs, _, _ = ops.quantize_q8k(x)
+    xq = (qx.double().reshape(3, 2, 256) * xs.double()[..., None]).reshape(3, 512)
+    expect = xq @ torch.cat([ra, rb]).double().T
+    assert (lin(x).double() - expect).abs().max() <= 1e-5 * expect.abs().max()
 
 
 def test_bad_inputs_are_refused(ops):
@@ -135,7 +150,7 @@ def test_bad_inputs_are_refused(ops):
         ops.quantize_q8k(torch.randn(2, 100))
     xq = ops.quantize_q8k(torch.randn(2, 512))  # 512 inputs against a 256-input matrix
     with pytest.raises(RuntimeError, match="records"):
-        ops.q4k_matmul(*xq, qt.w)
+        ops.q4k_matmul(*xq, qt.w, qt.out_features)
     with pytest.raises(RuntimeError, match="records"):
         ops.q6k_matmul(*xq, qt.w)
 

@@ -7,9 +7,9 @@ computed is the GGUF model itself, not a re-quantization of a bf16 copy, and a o
 reads ~1.1 GB instead of w8a8's ~1.5 GB. Tensors of other types fall back to w8a8 (from the
 converted copy), layer by layer.
 
-Unpacked layouts (see the C++ file): one record per super-block of 256 inputs; Q4_K keeps GGUF's
-nibble bytes and unpacks the 6-bit scales and mins; Q6_K is unpacked to one byte per weight
-(0..63) in natural order.
+Kernel layouts (see the C++ file): one record per super-block of 256 inputs; Q4_K interleaves 8
+output rows per record (4 inputs of each of the 8 rows per 4 bytes, so that one 8-bit product
+instruction serves 8 rows) with the 6-bit scales and mins unpacked; Q6_K keeps GGUF's bytes.
 """
 from __future__ import annotations
 
@@ -48,24 +48,42 @@ def _f16(b: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(b).view(np.float16).astype(np.float32).view(np.uint8)
 
 
-REC = {"Q4_K": 152, "Q6_K": 212}  # bytes per super-block record in the kernel's layout
+REC = {"Q4_K": 1216, "Q6_K": 212}  # bytes per super-block record in the kernel's layout
+GROUP = {"Q4_K": 8, "Q6_K": 1}  # output rows per record
 
 
-def unpack_q4k(blocks: np.ndarray) -> torch.Tensor:
-    """[O, nb * 144] uint8 Q4_K rows -> [O, nb * 152] records: qs[128] (GGUF's nibble bytes),
-    sc[8], mn[8] (6-bit scales and mins, unpacked), d, dmin (float32)."""
+def _q4k_fields(blocks: np.ndarray):
+    """[O, nb * 144] uint8 Q4_K rows -> q [O, nb, 256] (0..15, inputs in order), sc, mn [O, nb, 8]
+    (6-bit scales and mins per sub-block of 32), d, dmin [O, nb] float32."""
     O = blocks.shape[0]
     b = blocks.reshape(O, -1, 144)
     s = b[..., 4:16]  # the 12 bytes of 6-bit scales and mins
-    rec = np.empty(b.shape[:2] + (152,), np.uint8)
-    rec[..., :128] = b[..., 16:]
-    rec[..., 128:132] = s[..., 0:4] & 63  # sc 0..3
-    rec[..., 132:136] = (s[..., 8:12] & 0xF) | ((s[..., 0:4] >> 6) << 4)  # sc 4..7
-    rec[..., 136:140] = s[..., 4:8] & 63  # mn 0..3
-    rec[..., 140:144] = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)  # mn 4..7
-    rec[..., 144:148] = _f16(b[..., 0:2])
-    rec[..., 148:152] = _f16(b[..., 2:4])
-    return torch.from_numpy(rec.reshape(O, -1))
+    sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 0xF) | ((s[..., 0:4] >> 6) << 4)], -1)
+    mn = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], -1)
+    qs = b[..., 16:].reshape(O, -1, 4, 1, 32)  # byte l of chunk j: inputs 64j + l (low), 64j + 32 + l (high)
+    q = np.concatenate([qs & 0xF, qs >> 4], 3).reshape(O, -1, 256)
+    f16 = lambda x: np.ascontiguousarray(x).view(np.float16)[..., 0].astype(np.float32)  # noqa: E731
+    return q, sc, mn, f16(b[..., 0:2]), f16(b[..., 2:4])
+
+
+def unpack_q4k(blocks: np.ndarray) -> torch.Tensor:
+    """[O, nb * 144] uint8 Q4_K rows -> [ceil(O / 8), nb * 1216] records, each one super-block of
+    8 output rows interleaved as gguf_matmul.cpp reads them (missing rows of the last group are
+    zeros, d = 0)."""
+    q, sc, mn, d, dmin = _q4k_fields(blocks)
+    O, nb = q.shape[:2]
+    G = -(-O // 8)
+    pad = lambda a: np.concatenate([a, np.zeros((8 * G - O,) + a.shape[1:], a.dtype)]) if 8 * G > O else a  # noqa: E731
+    q, sc, mn, d, dmin = (pad(a).reshape((G, 8) + a.shape[1:]) for a in (q, sc, mn, d, dmin))
+    q = q.reshape(G, 8, nb, 8, 4, 2, 4)  # [g, o, b, s, c, nibble, i]: input 32s + 8c + 4 nibble + i
+    qs = q[..., 0, :] | (q[..., 1, :] << 4)  # [g, o, b, s, c, i]
+    rec = np.empty((G, nb, 1216), np.uint8)
+    rec[..., :1024] = qs.transpose(0, 2, 3, 4, 1, 5).reshape(G, nb, 1024)  # [g, b, s, c, o, i]
+    rec[..., 1024:1088] = sc.transpose(0, 2, 3, 1).reshape(G, nb, 64)  # [g, b, s, o]
+    rec[..., 1088:1152] = mn.reshape(G, 8, nb, 4, 2).transpose(0, 2, 3, 1, 4).reshape(G, nb, 64)  # [g, b, s/2, o, s%2]
+    rec[..., 1152:1184] = d.transpose(0, 2, 1).copy().view(np.uint8).reshape(G, nb, 32)
+    rec[..., 1184:1216] = dmin.transpose(0, 2, 1).copy().view(np.uint8).reshape(G, nb, 32)
+    return torch.from_numpy(rec.reshape(G, -1))
 
 
 def unpack_q6k(blocks: np.ndarray) -> torch.Tensor:
@@ -81,7 +99,7 @@ def unpack_q6k(blocks: np.ndarray) -> torch.Tensor:
 
 @dataclass
 class QuantTensor:
-    """One GGUF matrix [out, in] as kernel records ``w`` [out, in / 256 * REC[kind]] uint8."""
+    """One GGUF matrix [out, in] as kernel records ``w`` [ceil(out / GROUP[kind]), in / 256 * REC[kind]] uint8."""
     kind: str  # "Q4_K" or "Q6_K"
     out_features: int
     in_features: int
@@ -89,28 +107,32 @@ class QuantTensor:
 
     def rows(self, n: int) -> "QuantTensor":
         """The first n output rows."""
-        return QuantTensor(self.kind, n, self.in_features, self.w[:n])
+        return QuantTensor(self.kind, n, self.in_features, self.w[:-(-n // GROUP[self.kind])])
 
     def dequantize(self) -> torch.Tensor:
         """[out, in] float32 (for tests, and for drafters that read the output head)."""
         O, nb = self.out_features, self.in_features // QK
-        rec = self.w.reshape(O, nb, REC[self.kind])
         if self.kind == "Q4_K":
-            nib = rec[..., :128].reshape(O, nb, 4, 1, 32)
-            q = torch.cat([nib & 0xF, nib >> 4], 3).reshape(O, nb, 8, 32).float()  # sub-blocks 2j, 2j+1
-            d, dmin = rec[..., 144:152].contiguous().view(torch.float32).unbind(-1)  # [O, nb] each
-            w = (d[..., None, None] * rec[..., 128:136, None].float() * q
-                 - dmin[..., None, None] * rec[..., 136:144, None].float())
-        else:
-            ql = rec[..., :128].reshape(O, nb, 2, 2, 32)  # [half, ql chunk, l]
-            qh = rec[..., 128:192].reshape(O, nb, 2, 1, 32)  # [half, -, l]
-            low = torch.cat([ql & 0xF, ql >> 4], 3)  # [half, quarter 0..3, l]
-            top = torch.cat([(qh >> (2 * m)) & 3 for m in range(4)], 3)
-            q = (low | (top << 4)).reshape(O, nb, 16, 16).float() - 32
-            sc = rec[..., 192:208].contiguous().view(torch.int8).float()
-            d = rec[..., 208:212].contiguous().view(torch.float32)  # [O, nb, 1]
-            w = d[..., None] * sc[..., None] * q
-        return w.reshape(O, self.in_features)
+            rec = self.w.reshape(-1, nb, 1216)
+            G = rec.shape[0]
+            qs = rec[..., :1024].reshape(G, nb, 8, 4, 8, 1, 4)  # [g, b, s, c, o, -, i]
+            q = torch.cat([qs & 0xF, qs >> 4], 5)  # [g, b, s, c, o, nibble, i]
+            q = q.permute(0, 4, 1, 2, 3, 5, 6).reshape(G * 8, nb, 8, 32).float()
+            sc = rec[..., 1024:1088].reshape(G, nb, 8, 8).permute(0, 3, 1, 2).reshape(G * 8, nb, 8).float()
+            mn = rec[..., 1088:1152].reshape(G, nb, 4, 8, 2).permute(0, 3, 1, 2, 4).reshape(G * 8, nb, 8).float()
+            d, dmin = (rec[..., a:a + 32].contiguous().view(torch.float32).permute(0, 2, 1).reshape(G * 8, nb)
+                       for a in (1152, 1184))
+            w = d[..., None, None] * sc[..., None] * q - dmin[..., None, None] * mn[..., None]
+            return w.reshape(G * 8, self.in_features)[:O]
+        rec = self.w.reshape(O, nb, REC[self.kind])  # Q6_K
+        ql = rec[..., :128].reshape(O, nb, 2, 2, 32)  # [half, ql chunk, l]
+        qh = rec[..., 128:192].reshape(O, nb, 2, 1, 32)  # [half, -, l]
+        low = torch.cat([ql & 0xF, ql >> 4], 3)  # [half, quarter 0..3, l]
+        top = torch.cat([(qh >> (2 * m)) & 3 for m in range(4)], 3)
+        q = (low | (top << 4)).reshape(O, nb, 16, 16).float() - 32
+        sc = rec[..., 192:208].contiguous().view(torch.int8).float()
+        d = rec[..., 208:212].contiguous().view(torch.float32)  # [O, nb, 1]
+        return (d[..., None] * sc[..., None] * q).reshape(O, self.in_features)
 
 
 class GGUFTensors:
@@ -169,7 +191,8 @@ class GGUFLinear:
         self.ops = gguf_ops()
         merged: list[QuantTensor] = []  # neighbours of one type become one matrix: one kernel call
         for p in parts:
-            if merged and merged[-1].kind == p.kind and merged[-1].in_features == p.in_features:
+            if (merged and merged[-1].kind == p.kind and merged[-1].in_features == p.in_features
+                    and merged[-1].out_features % GROUP[p.kind] == 0):  # no padding rows inside
                 last = merged.pop()
                 p = QuantTensor(p.kind, last.out_features + p.out_features, p.in_features, torch.cat([last.w, p.w]))
             merged.append(p)
@@ -192,7 +215,10 @@ class GGUFLinear:
         T = xq[0].shape[0]
         ys = []
         for p in self.parts:
-            mm = self.ops.q4k_matmul if p.kind == "Q4_K" else self.ops.q6k_matmul
+            if p.kind == "Q4_K":
+                mm = lambda *a, O=p.out_features: self.ops.q4k_matmul(*a, O)  # noqa: E731
+            else:
+                mm = self.ops.q6k_matmul
             if T <= self.ROWS:
                 ys.append(mm(*xq, p.w))
             else:
