@@ -152,7 +152,7 @@ def test_bad_inputs_are_refused(ops):
     with pytest.raises(RuntimeError, match="records"):
         ops.q4k_matmul(*xq, qt.w, qt.out_features)
     with pytest.raises(RuntimeError, match="records"):
-        ops.q6k_matmul(*xq, qt.w)
+        ops.q6k_matmul(*xq, qt.w, qt.out_features)
 
 
 def test_gguf_names():

@@ -278,11 +278,12 @@ torch::Tensor q4k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums
     });
 }
 
-torch::Tensor q6k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums, torch::Tensor xm, torch::Tensor w) {
+torch::Tensor q6k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums, torch::Tensor xm, torch::Tensor w,
+                         int64_t out_features) {
     const int8_t* px = qx.data_ptr<int8_t>();
     const float* pxs = xs.data_ptr<float>();
     const int16_t* pbs = bsums.data_ptr<int16_t>();
-    return matmul<Q6K_REC, 1>(qx, xs, bsums, xm, w, w.size(0),
+    return matmul<Q6K_REC, 1>(qx, xs, bsums, xm, w, out_features,
                               [&](auto nt, const uint8_t* wr, int64_t nb, int64_t in, int64_t t0, float* out, int64_t O, int64_t) {
         q6k_rows<decltype(nt)::value>(wr, px, pxs, pbs, nb, in, t0, out, O);
     });

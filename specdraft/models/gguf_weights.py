@@ -62,8 +62,7 @@ def _q4k_fields(blocks: np.ndarray):
     mn = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], -1)
     qs = b[..., 16:].reshape(O, -1, 4, 1, 32)  # byte l of chunk j: inputs 64j + l (low), 64j + 32 + l (high)
     q = np.concatenate([qs & 0xF, qs >> 4], 3).reshape(O, -1, 256)
-    f16 = lambda x: np.ascontiguousarray(x).view(np.float16)[..., 0].astype(np.float32)  # noqa: E731
-    return q, sc, mn, f16(b[..., 0:2]), f16(b[..., 2:4])
+    return q, sc, mn, _f16(b[..., 0:2]).view(np.float32)[..., 0], _f16(b[..., 2:4]).view(np.float32)[..., 0]
 
 
 def unpack_q4k(blocks: np.ndarray) -> torch.Tensor:
@@ -215,14 +214,12 @@ class GGUFLinear:
         T = xq[0].shape[0]
         ys = []
         for p in self.parts:
-            if p.kind == "Q4_K":
-                mm = lambda *a, O=p.out_features: self.ops.q4k_matmul(*a, O)  # noqa: E731
-            else:
-                mm = self.ops.q6k_matmul
+            mm = self.ops.q4k_matmul if p.kind == "Q4_K" else self.ops.q6k_matmul
             if T <= self.ROWS:
-                ys.append(mm(*xq, p.w))
+                ys.append(mm(*xq, p.w, p.out_features))
             else:
-                ys.append(torch.cat([mm(*(a[i:i + self.ROWS] for a in xq), p.w) for i in range(0, T, self.ROWS)]))
+                ys.append(torch.cat([mm(*(a[i:i + self.ROWS] for a in xq), p.w, p.out_features)
+                                     for i in range(0, T, self.ROWS)]))
         y = ys[0] if len(ys) == 1 else torch.cat(ys, -1)
         return y if self.bias is None else y.add_(self.bias)
 
