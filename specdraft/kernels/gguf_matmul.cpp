@@ -2,7 +2,7 @@
 //
 // y[t, o] = sum_i W[o, i] * x[t, i] where W stays in its GGUF quantization:
 //   Q4_K: super-blocks of 256 inputs, 8 sub-blocks of 32:  W = d * sc[s] * q - dmin * m[s],  q in 0..15
-//   Q6_K: super-blocks of 256 inputs, 16 sub-blocks of 16: W = d * sc[s] * (q - 32),          q in 0..63
+//   Q6_K: super-blocks of 256 inputs, 16 sub-blocks of 16: W = d * sc[s] * (q - 32),         q in 0..63
 // and x is quantized per row and per super-block to int8 (Q8_K: x ~= xs * qx, |qx| <= 127), as
 // llama.cpp does. Within a super-block everything is integer arithmetic (exact); each
 // super-block adds one float product per (t, o). Every (t, o) is computed by the same sequence of
@@ -10,16 +10,17 @@
 // result is bitwise independent of the block it is verified in: speculative decoding stays exact.
 //
 // Layouts (prepared once in Python, see specdraft/models/gguf_weights.py), nb = in / 256. Each
-// super-block is one record, so a weight row (Q4_K: a group of 8 rows) is one sequential stream:
-//   Q4_K  [ceil(O / 8), nb, 1216] u8, one record per super-block of 8 output rows o = 0..7:
-//         qs[8 sub-blocks s][4 chunks c][8 rows o][4 bytes i]: the low nibble of byte i holds the
-//         quant of input 32s + 8c + i, the high nibble that of input 32s + 8c + 4 + i (row o);
-//         sc[s][o] (6-bit scales), mn[s / 2][o][s % 2] (6-bit mins), d[o], dmin[o] (f32)
-//   Q6_K  [O, nb, 212] u8: GGUF's own ql[128] and qh[64] (for each half n of 128 inputs and
-//         quarter m of it: the low 4 bits of input 128n + 32m + l are in byte 64n + 32(m % 2) + l
-//         of ql, low nibble for m < 2, high for m >= 2; the top 2 bits are bits 2m, 2m + 1 of
-//         byte 32n + l of qh), sc[16] (i8), d (f32). Kept 6-bit: decoding is memory-bound
-//         and 6.6 bits a weight read beat 8.6 (the 276-byte layout of one byte a weight)
+// record is one super-block of 8 interleaved output rows o = 0..7 (the last group of a matrix may
+// be partly padding, d = 0), so a group of 8 rows is one sequential stream and one 8-bit product
+// instruction serves all 8 rows:
+//   Q4_K  [ceil(O / 8), nb, 1216] u8: qs[8 sub-blocks s][4 chunks c][8 rows o][4 bytes i]: the low
+//         nibble of byte i holds the quant of input 32s + 8c + i, the high nibble that of input
+//         32s + 8c + 4 + i; sc[s][o] (6-bit scales), mn[s / 2][o][s % 2] (6-bit mins), d[o],
+//         dmin[o] (f32)
+//   Q6_K  [ceil(O / 8), nb, 1696] u8: ql[32 chunks c][8 rows o][4 bytes i]: the low 4 bits of
+//         input 8c + i (low nibble) and 8c + 4 + i (high nibble); qh[16 sub-blocks s][o][i]: bits
+//         2k, 2k + 1 of byte i are the top 2 bits of input 16s + 4k + i; sc[s][o] (i8), d[o] (f32).
+//         6.6 bits a weight: decoding is memory-bound and reads fewer bytes than one byte a weight
 //   x     qx [T, in] i8, xs [T, nb] f32, bsums [T, in / 16] i16 (sums of each 16 of qx),
 //         xm [T, nb, 8] f32: xs * (sums of each 32 of qx) (for callers; the kernels use bsums)
 #include <torch/extension.h>
@@ -34,18 +35,33 @@
 
 namespace {
 
-using simd::hsum;
-using simd::hsum128;
+constexpr int Q4K_REC = 1216, Q6K_REC = 1696;  // bytes per super-block record of 8 output rows
+constexpr int PREFETCH = 2;  // records ahead in the weight stream
 
-constexpr int Q4K_REC = 1216, Q6K_REC = 212;  // bytes per super-block record (Q4_K: of 8 output rows)
-constexpr int PREFETCH = 1024;  // bytes ahead in the weight stream
-
-// vpshufb mask broadcasting i16 word a over the low 128-bit lane and word b over the high one
-inline __m256i word_mask(int a, int b) {
-    return _mm256_set_m128i(_mm_set1_epi16((int16_t)(2 * b | (2 * b + 1) << 8)), _mm_set1_epi16((int16_t)(2 * a | (2 * a + 1) << 8)));
+// Step s of a record's STEPS (its sub-blocks) prefetches the matching 1 / STEPS of the record
+// PREFETCH records ahead: spread over the record, not one burst at its start (measured, Q6_K
+// 1536 x 8960, one row: 1.3 -> 0.7 ms; hardware prefetching alone: 1.8 ms).
+template <int REC, int STEPS>
+inline void prefetch_ahead(const uint8_t* rec, int s) {
+    constexpr int span = (REC + STEPS - 1) / STEPS;
+    const uint8_t* p = rec + PREFETCH * REC + span * s;
+    for (int o = 0; o < span + 63; o += 64) _mm_prefetch((const char*)(p + o), _MM_HINT_T0);
 }
+constexpr int GROUP = 8;  // output rows per record
 
-inline float load_f32(const uint8_t* p) { float f; std::memcpy(&f, p, 4); return f; }
+// y[t0 + r, 8g + o] = acc[r][o] for the group's valid (<= 8) output rows
+template <int NT>
+inline void store_rows(const __m256* acc, float* out, int64_t t0, int64_t O, int64_t valid) {
+    for (int r = 0; r < NT; ++r) {
+        if (valid == 8) {
+            _mm256_storeu_ps(out + (t0 + r) * O, acc[r]);
+        } else {
+            alignas(32) float tmp[8];
+            _mm256_store_ps(tmp, acc[r]);
+            std::memcpy(out + (t0 + r) * O, tmp, valid * sizeof(float));
+        }
+    }
+}
 
 // NT rows of x (t0 .. t0 + NT - 1) against one group of 8 output rows of a Q4_K matrix (w: the
 // group's nb records, out: y[t0, 8g]). One vpmaddubsw multiplies 4 inputs of all 8 rows (the
@@ -61,12 +77,12 @@ inline void q4k_rows(const uint8_t* w, const int8_t* qx, const float* xs, const 
     for (int r = 0; r < NT; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* rec = w + b * Q4K_REC;
-        for (int p = 0; p < Q4K_REC; p += 64) _mm_prefetch((const char*)(rec + PREFETCH + p), _MM_HINT_T0);
         const int8_t* xb = qx + t0 * in + b * 256;
         __m256i sum[NT];
         for (int r = 0; r < NT; ++r) sum[r] = _mm256_setzero_si256();
         for (int s = 0; s < 8; ++s) {  // sub-block s: inputs 32s .. 32s + 31
             // its scales, one i16 pair per row: [sc(o0), sc(o0), sc(o1), sc(o1), ...]
+            prefetch_ahead<Q4K_REC, 8>(rec, s);
             const __m128i sc8 = _mm_loadl_epi64((const __m128i*)(rec + 1024 + 8 * s));
             const __m256i sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8));
             __m256i p16[NT];
@@ -103,68 +119,63 @@ inline void q4k_rows(const uint8_t* w, const int8_t* qx, const float* xs, const 
             acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dmin, x), acc[r]);
         }
     }
-    for (int r = 0; r < NT; ++r) {
-        if (valid == 8) {
-            _mm256_storeu_ps(out + (t0 + r) * O, acc[r]);
-        } else {
-            alignas(32) float tmp[8];
-            _mm256_store_ps(tmp, acc[r]);
-            std::memcpy(out + (t0 + r) * O, tmp, valid * sizeof(float));
-        }
-    }
+    store_rows<NT>(acc, out, t0, O, valid);
 }
 
-// The 32 quants (0..63) of inputs 32j .. 32j + 31 of a Q6_K record, as bytes.
-inline __m256i q6k_quants(const uint8_t* rec, int j) {
-    const int n = j / 4, m = j % 4;
-    const __m256i l = _mm256_loadu_si256((const __m256i*)(rec + 64 * n + 32 * (m % 2)));
-    const __m256i h = _mm256_loadu_si256((const __m256i*)(rec + 128 + 32 * n));
-    const __m256i low = _mm256_and_si256(m < 2 ? l : _mm256_srli_epi16(l, 4), _mm256_set1_epi8(0x0F));
-    // bits 2m, 2m + 1 of each qh byte moved to bits 4, 5 (16-bit shifts: the mask drops what
-    // crossed from the neighbouring byte)
-    const __m256i top = m == 0 ? _mm256_slli_epi16(h, 4) : m == 1 ? _mm256_slli_epi16(h, 2) : m == 2 ? h : _mm256_srli_epi16(h, 2);
-    return _mm256_or_si256(low, _mm256_and_si256(top, _mm256_set1_epi8(0x30)));
-}
-
-// NT rows of x against one output row (w: its nb records) of a Q6_K matrix.
+// NT rows of x against one group of 8 output rows of a Q6_K matrix (w: the group's nb records,
+// out: y[t0, 8g]), as q4k_rows: one vpmaddubsw multiplies 4 inputs of the 8 rows by 4 inputs of x
+// broadcast. The quants q are 0..63 (W ~ q - 32) and 2 * 63 * 127 products only fit twice in 16
+// bits, but the 16-bit sums wrap modulo 2^16 and what a sub-block's 4 products add up to, after
+// the -32 offset, is sum (q - 32) x over 8 inputs a lane, |.| <= 8 * 32 * 127 < 2^15: so each lane
+// starts at -32 * (its inputs' sum of x) (corr, the same for every output row) and one vpmaddwd
+// per sub-block of 16 inputs applies the scales. 10 multiplies per 256 products instead of 16.
 template <int NT>
-inline void q6k_rows(const uint8_t* w, const int8_t* qx, const float* xs, const int16_t* bsums, int64_t nb,
-                     int64_t in, int64_t t0, float* out, int64_t O) {
+inline void q6k_rows(const uint8_t* w, const int8_t* qx, const float* xs, const int32_t* corr, int64_t nb,
+                     int64_t in, int64_t t0, float* out, int64_t O, int64_t valid) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
     __m256 acc[NT];
-    __m128 accm[NT];
-    for (int r = 0; r < NT; ++r) { acc[r] = _mm256_setzero_ps(); accm[r] = _mm_setzero_ps(); }
+    for (int r = 0; r < NT; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* rec = w + b * Q6K_REC;
-        for (int p = 0; p < Q6K_REC; p += 64) _mm_prefetch((const char*)(rec + PREFETCH + p), _MM_HINT_T0);
-        const int8_t* s = (const int8_t*)(rec + 192);
-        // the 16 sub-block scales as i16: scales 0-7 in both lanes (S0), 8-15 in both lanes (S1)
-        const __m256i S16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)s));
-        const __m256i S0 = _mm256_permute2x128_si256(S16, S16, 0x00), S1 = _mm256_permute2x128_si256(S16, S16, 0x11);
-        __m256i sumi[NT];
-        for (int r = 0; r < NT; ++r) sumi[r] = _mm256_setzero_si256();
-#pragma GCC unroll 8  // fully: constant masks and offsets
-        for (int j = 0; j < 8; ++j) {  // 32 inputs: sub-blocks 2j (lanes 0-7 of the i16 pairs) and 2j + 1
-            const __m256i wv = q6k_quants(rec, j);
-            const __m256i sj = _mm256_shuffle_epi8(j < 4 ? S0 : S1, word_mask((2 * j) % 8, (2 * j + 1) % 8));
+        const int8_t* xb = qx + t0 * in + b * 256;
+        const int32_t* cb = corr + (t0 * nb + b) * 16;
+        __m256i sum[NT];
+        for (int r = 0; r < NT; ++r) sum[r] = _mm256_setzero_si256();
+        for (int s = 0; s < 16; ++s) {  // sub-block s: inputs 16s .. 16s + 15, quads k of 4 inputs
+            prefetch_ahead<Q6K_REC, 16>(rec, s);
+            const __m128i sc8 = _mm_loadl_epi64((const __m128i*)(rec + 1536 + 8 * s));
+            const __m256i sc = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(sc8, sc8));  // [sc(o0), sc(o0), sc(o1), ...]
+            const __m256i v0 = _mm256_loadu_si256((const __m256i*)(rec + 64 * s));
+            const __m256i v1 = _mm256_loadu_si256((const __m256i*)(rec + 64 * s + 32));
+            const __m256i h = _mm256_loadu_si256((const __m256i*)(rec + 1024 + 32 * s));
+            // quad k's top 2 bits are bits 2k, 2k + 1 of h's bytes, moved to bits 4, 5 (16-bit
+            // shifts: the mask drops what crossed from the neighbouring byte)
+            const __m256i q0 = _mm256_or_si256(_mm256_and_si256(v0, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), top2));
+            const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v0, 4), low4),
+                                               _mm256_and_si256(_mm256_slli_epi16(h, 2), top2));
+            const __m256i q2 = _mm256_or_si256(_mm256_and_si256(v1, low4), _mm256_and_si256(h, top2));
+            const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), low4),
+                                               _mm256_and_si256(_mm256_srli_epi16(h, 2), top2));
             for (int r = 0; r < NT; ++r) {
-                const __m256i xv = _mm256_loadu_si256((const __m256i*)(qx + (t0 + r) * in + b * 256 + 32 * j));
-                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), sj));
-                __asm__("" : "+x"(sumi[r]));
+                const int8_t* x = xb + r * in + 16 * s;
+                int32_t x0, x1, x2, x3;
+                std::memcpy(&x0, x, 4);
+                std::memcpy(&x1, x + 4, 4);
+                std::memcpy(&x2, x + 8, 4);
+                std::memcpy(&x3, x + 12, 4);
+                __m256i p = _mm256_set1_epi32(cb[r * nb * 16 + s]);
+                p = _mm256_add_epi16(p, _mm256_maddubs_epi16(q0, _mm256_set1_epi32(x0)));
+                p = _mm256_add_epi16(p, _mm256_maddubs_epi16(q1, _mm256_set1_epi32(x1)));
+                p = _mm256_add_epi16(p, _mm256_maddubs_epi16(q2, _mm256_set1_epi32(x2)));
+                p = _mm256_add_epi16(p, _mm256_maddubs_epi16(q3, _mm256_set1_epi32(x3)));
+                sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(p, sc));
             }
         }
-        // the -32 offset: 32 * sum over sub-blocks of sc[s] * (sum of its 16 qx)
-        const __m128i s_lo = _mm256_castsi256_si128(S16), s_hi = _mm256_extracti128_si256(S16, 1);
-        const float db = load_f32(rec + 208);
-        for (int r = 0; r < NT; ++r) {
-            const float dx = db * xs[(t0 + r) * nb + b];
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_set1_ps(dx), acc[r]);
-            const int16_t* bs = bsums + (t0 + r) * (in / 16) + b * 16;
-            const __m128i pm = _mm_add_epi32(_mm_madd_epi16(s_lo, _mm_loadu_si128((const __m128i*)bs)),
-                                             _mm_madd_epi16(s_hi, _mm_loadu_si128((const __m128i*)(bs + 8))));
-            accm[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(pm), _mm_set1_ps(32.0f * dx), accm[r]);
-        }
+        const __m256 d = _mm256_loadu_ps((const float*)(rec + 1664));
+        for (int r = 0; r < NT; ++r)
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_mul_ps(d, _mm256_set1_ps(xs[(t0 + r) * nb + b])), acc[r]);
     }
-    for (int r = 0; r < NT; ++r) out[(t0 + r) * O] = hsum(acc[r]) - hsum128(accm[r]);
+    store_rows<NT>(acc, out, t0, O, valid);
 }
 
 constexpr int TILE = 4;  // rows of x per pass over a weight row (accumulators live in registers)
@@ -196,9 +207,9 @@ void check_x(const torch::Tensor& qx, const torch::Tensor& xs, const torch::Tens
     TORCH_CHECK(xm.dtype() == torch::kFloat32 && xm.is_contiguous() && xm.numel() == T * nb * 8, "xm: float [T, in/32]");
 }
 
-// y [T, O] = x (quantized: qx, xs, bsums, xm) times the weight records w [ceil(O / GROUP), nb * REC]
-// (a record holds GROUP output rows; the last group may be partly padding)
-template <int REC, int GROUP, typename Rows>
+// y [T, O] = x (quantized: qx, xs, bsums, xm) times the weight records w [ceil(O / 8), nb * REC]
+// (a record holds 8 output rows; the last group may be partly padding)
+template <int REC, typename Rows>
 torch::Tensor matmul(const torch::Tensor& qx, const torch::Tensor& xs, const torch::Tensor& bsums,
                      const torch::Tensor& xm, const torch::Tensor& w, int64_t O, Rows rows) {
     check_x(qx, xs, bsums, xm);
@@ -210,7 +221,7 @@ torch::Tensor matmul(const torch::Tensor& qx, const torch::Tensor& xs, const tor
     auto y = torch::empty({T, O}, torch::kFloat32);
     const uint8_t* pw = w.data_ptr<uint8_t>();
     float* py = y.data_ptr<float>();
-    at::parallel_for(0, w.size(0), 16 / GROUP, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, w.size(0), 2, [&](int64_t begin, int64_t end) {
         for (int64_t g = begin; g < end; ++g)
             over_tiles(T, [&](auto nt, int64_t t0) {
                 rows(nt, pw + g * nb * REC, nb, in, t0, py + g * GROUP, O, std::min<int64_t>(GROUP, O - g * GROUP));
@@ -272,7 +283,7 @@ torch::Tensor q4k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums
     const int8_t* px = qx.data_ptr<int8_t>();
     const float* pxs = xs.data_ptr<float>();
     const int16_t* pbs = bsums.data_ptr<int16_t>();
-    return matmul<Q4K_REC, 8>(qx, xs, bsums, xm, w, out_features,
+    return matmul<Q4K_REC>(qx, xs, bsums, xm, w, out_features,
                               [&](auto nt, const uint8_t* wr, int64_t nb, int64_t in, int64_t t0, float* out, int64_t O, int64_t valid) {
         q4k_rows<decltype(nt)::value>(wr, px, pxs, pbs, nb, in, t0, out, O, valid);
     });
@@ -280,11 +291,22 @@ torch::Tensor q4k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums
 
 torch::Tensor q6k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums, torch::Tensor xm, torch::Tensor w,
                          int64_t out_features) {
+    check_x(qx, xs, bsums, xm);
     const int8_t* px = qx.data_ptr<int8_t>();
     const float* pxs = xs.data_ptr<float>();
-    const int16_t* pbs = bsums.data_ptr<int16_t>();
-    return matmul<Q6K_REC, 1>(qx, xs, bsums, xm, w, out_features,
-                              [&](auto nt, const uint8_t* wr, int64_t nb, int64_t in, int64_t t0, float* out, int64_t O, int64_t) {
-        q6k_rows<decltype(nt)::value>(wr, px, pxs, pbs, nb, in, t0, out, O);
+    // each sub-block's -32 offset as q6k_rows starts its 16-bit lanes: word j of corr[t, s] is
+    // -32 * the sum of x over inputs 4k + 2j, 4k + 2j + 1 (k = 0..3) of sub-block s
+    const int64_t T = qx.size(0), in = qx.size(1);
+    std::vector<int32_t> corr(T * in / 16);
+    for (int64_t u = 0; u < T * in / 16; ++u) {
+        const int8_t* x = px + 16 * u;
+        int32_t c[2] = {0, 0};
+        for (int i = 0; i < 16; ++i) c[(i / 2) % 2] += x[i];
+        corr[u] = (int32_t)((uint32_t)(uint16_t)(int16_t)(-32 * c[0]) | (uint32_t)(uint16_t)(int16_t)(-32 * c[1]) << 16);
+    }
+    const int32_t* pc = corr.data();
+    return matmul<Q6K_REC>(qx, xs, bsums, xm, w, out_features,
+                              [&](auto nt, const uint8_t* wr, int64_t nb, int64_t in, int64_t t0, float* out, int64_t O, int64_t valid) {
+        q6k_rows<decltype(nt)::value>(wr, px, pxs, pc, nb, in, t0, out, O, valid);
     });
 }

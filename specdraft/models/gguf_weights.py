@@ -7,9 +7,9 @@ computed is the GGUF model itself, not a re-quantization of a bf16 copy, and a o
 reads ~1.1 GB instead of w8a8's ~1.5 GB. Tensors of other types fall back to w8a8 (from the
 converted copy), layer by layer.
 
-Kernel layouts (see the C++ file): one record per super-block of 256 inputs; Q4_K interleaves 8
+Kernel layouts (see the C++ file): one record per super-block of 256 inputs, interleaving 8
 output rows per record (4 inputs of each of the 8 rows per 4 bytes, so that one 8-bit product
-instruction serves 8 rows) with the 6-bit scales and mins unpacked; Q6_K keeps GGUF's bytes.
+instruction serves 8 rows); Q4_K's 6-bit scales and mins are unpacked, Q6_K's quants keep 6 bits.
 """
 from __future__ import annotations
 
@@ -48,8 +48,27 @@ def _f16(b: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(b).view(np.float16).astype(np.float32).view(np.uint8)
 
 
-REC = {"Q4_K": 1216, "Q6_K": 212}  # bytes per super-block record in the kernel's layout
-GROUP = {"Q4_K": 8, "Q6_K": 1}  # output rows per record
+REC = {"Q4_K": 1216, "Q6_K": 1696}  # bytes per super-block record of 8 output rows in the kernel's layout
+GROUP = 8  # output rows per record
+
+
+def _groups(*arrays: np.ndarray) -> list[np.ndarray]:
+    """[O, ...] arrays -> [ceil(O / 8), 8, ...]: groups of 8 output rows, the last one padded with
+    zero rows (whose d = 0 makes them compute 0)."""
+    O = arrays[0].shape[0]
+    G = -(-O // GROUP)
+    out = []
+    for a in arrays:
+        if G * GROUP > O:
+            a = np.concatenate([a, np.zeros((G * GROUP - O,) + a.shape[1:], a.dtype)])
+        out.append(a.reshape((G, GROUP) + a.shape[1:]))
+    return out
+
+
+def _f32_bytes(d: np.ndarray) -> np.ndarray:
+    """[G, 8, nb] float32 -> [G, nb, 32] uint8: each super-block's 8 rows' scales."""
+    G, _, nb = d.shape
+    return d.transpose(0, 2, 1).copy().view(np.uint8).reshape(G, nb, 32)
 
 
 def _q4k_fields(blocks: np.ndarray):
@@ -65,40 +84,57 @@ def _q4k_fields(blocks: np.ndarray):
     return q, sc, mn, _f16(b[..., 0:2]).view(np.float32)[..., 0], _f16(b[..., 2:4]).view(np.float32)[..., 0]
 
 
+def _q6k_fields(blocks: np.ndarray):
+    """[O, nb * 210] uint8 Q6_K rows -> q [O, nb, 256] (0..63, inputs in order; W = d * sc * (q - 32)),
+    sc [O, nb, 16] int8 (per sub-block of 16), d [O, nb] float32."""
+    O = blocks.shape[0]
+    b = blocks.reshape(O, -1, 210)
+    # ql byte 64n + 32h + l: low nibble input 128n + 32h + l, high nibble input 128n + 64 + 32h + l;
+    # qh byte 32n + l: bits 2m, 2m + 1 are the top bits of input 128n + 32m + l
+    ql = b[..., :128].reshape(O, -1, 2, 1, 2, 32)  # [n, -, h, l]
+    low = np.concatenate([ql & 0xF, ql >> 4], 3).reshape(O, -1, 2, 4, 32)  # [n, m, l]
+    qh = b[..., 128:192].reshape(O, -1, 2, 1, 32)
+    top = np.concatenate([(qh >> (2 * m)) & 3 for m in range(4)], 3)  # [n, m, l]
+    q = (low | (top << 4)).reshape(O, -1, 256)
+    return q, b[..., 192:208].view(np.int8), _f16(b[..., 208:210]).view(np.float32)[..., 0]
+
+
 def unpack_q4k(blocks: np.ndarray) -> torch.Tensor:
     """[O, nb * 144] uint8 Q4_K rows -> [ceil(O / 8), nb * 1216] records, each one super-block of
-    8 output rows interleaved as gguf_matmul.cpp reads them (missing rows of the last group are
-    zeros, d = 0)."""
-    q, sc, mn, d, dmin = _q4k_fields(blocks)
-    O, nb = q.shape[:2]
-    G = -(-O // 8)
-    pad = lambda a: np.concatenate([a, np.zeros((8 * G - O,) + a.shape[1:], a.dtype)]) if 8 * G > O else a  # noqa: E731
-    q, sc, mn, d, dmin = (pad(a).reshape((G, 8) + a.shape[1:]) for a in (q, sc, mn, d, dmin))
+    8 output rows interleaved as gguf_matmul.cpp reads them."""
+    q, sc, mn, d, dmin = _groups(*_q4k_fields(blocks))
+    G, _, nb = d.shape
     q = q.reshape(G, 8, nb, 8, 4, 2, 4)  # [g, o, b, s, c, nibble, i]: input 32s + 8c + 4 nibble + i
     qs = q[..., 0, :] | (q[..., 1, :] << 4)  # [g, o, b, s, c, i]
     rec = np.empty((G, nb, 1216), np.uint8)
     rec[..., :1024] = qs.transpose(0, 2, 3, 4, 1, 5).reshape(G, nb, 1024)  # [g, b, s, c, o, i]
     rec[..., 1024:1088] = sc.transpose(0, 2, 3, 1).reshape(G, nb, 64)  # [g, b, s, o]
     rec[..., 1088:1152] = mn.reshape(G, 8, nb, 4, 2).transpose(0, 2, 3, 1, 4).reshape(G, nb, 64)  # [g, b, s/2, o, s%2]
-    rec[..., 1152:1184] = d.transpose(0, 2, 1).copy().view(np.uint8).reshape(G, nb, 32)
-    rec[..., 1184:1216] = dmin.transpose(0, 2, 1).copy().view(np.uint8).reshape(G, nb, 32)
+    rec[..., 1152:1184] = _f32_bytes(d)
+    rec[..., 1184:1216] = _f32_bytes(dmin)
     return torch.from_numpy(rec.reshape(G, -1))
 
 
 def unpack_q6k(blocks: np.ndarray) -> torch.Tensor:
-    """[O, nb * 210] uint8 Q6_K rows -> [O, nb * 212] records: GGUF's ql[128], qh[64] and
-    sc[16] (int8) as they are, d as float32 (see gguf_matmul.cpp for the bit layout)."""
-    O = blocks.shape[0]
-    b = blocks.reshape(O, -1, 210)
-    rec = np.empty(b.shape[:2] + (212,), np.uint8)
-    rec[..., :208] = b[..., :208]
-    rec[..., 208:212] = _f16(b[..., 208:210])
-    return torch.from_numpy(rec.reshape(O, -1))
+    """[O, nb * 210] uint8 Q6_K rows -> [ceil(O / 8), nb * 1696] records, each one super-block of
+    8 output rows interleaved as gguf_matmul.cpp reads them."""
+    q, sc, d = _groups(*_q6k_fields(blocks))
+    G, _, nb = d.shape
+    lo = (q & 0xF).reshape(G, 8, nb, 32, 2, 4)  # [g, o, b, c, nibble, i]: input 8c + 4 nibble + i
+    ql = lo[..., 0, :] | (lo[..., 1, :] << 4)  # [g, o, b, c, i]
+    top = (q >> 4).reshape(G, 8, nb, 16, 4, 4)  # [g, o, b, s, k, i]: input 16s + 4k + i
+    qh = top[..., 0, :] | (top[..., 1, :] << 2) | (top[..., 2, :] << 4) | (top[..., 3, :] << 6)  # [g, o, b, s, i]
+    rec = np.empty((G, nb, 1696), np.uint8)
+    rec[..., :1024] = ql.transpose(0, 2, 3, 1, 4).reshape(G, nb, 1024)  # [g, b, c, o, i]
+    rec[..., 1024:1536] = qh.transpose(0, 2, 3, 1, 4).reshape(G, nb, 512)  # [g, b, s, o, i]
+    rec[..., 1536:1664] = sc.transpose(0, 2, 3, 1).view(np.uint8).reshape(G, nb, 128)  # [g, b, s, o]
+    rec[..., 1664:1696] = _f32_bytes(d)
+    return torch.from_numpy(rec.reshape(G, -1))
 
 
 @dataclass
 class QuantTensor:
-    """One GGUF matrix [out, in] as kernel records ``w`` [ceil(out / GROUP[kind]), in / 256 * REC[kind]] uint8."""
+    """One GGUF matrix [out, in] as kernel records ``w`` [ceil(out / 8), in / 256 * REC[kind]] uint8."""
     kind: str  # "Q4_K" or "Q6_K"
     out_features: int
     in_features: int
@@ -106,32 +142,33 @@ class QuantTensor:
 
     def rows(self, n: int) -> "QuantTensor":
         """The first n output rows."""
-        return QuantTensor(self.kind, n, self.in_features, self.w[:-(-n // GROUP[self.kind])])
+        return QuantTensor(self.kind, n, self.in_features, self.w[:-(-n // GROUP)])
 
     def dequantize(self) -> torch.Tensor:
         """[out, in] float32 (for tests, and for drafters that read the output head)."""
         O, nb = self.out_features, self.in_features // QK
+        rec = self.w.reshape(-1, nb, REC[self.kind])
+        G = rec.shape[0]
+        rows = lambda a, k: a.reshape(G, nb, k, 8).permute(0, 3, 1, 2).reshape(G * 8, nb, k)  # noqa: E731 [g, b, k, o] -> [row, b, k]
         if self.kind == "Q4_K":
-            rec = self.w.reshape(-1, nb, 1216)
-            G = rec.shape[0]
             qs = rec[..., :1024].reshape(G, nb, 8, 4, 8, 1, 4)  # [g, b, s, c, o, -, i]
             q = torch.cat([qs & 0xF, qs >> 4], 5)  # [g, b, s, c, o, nibble, i]
             q = q.permute(0, 4, 1, 2, 3, 5, 6).reshape(G * 8, nb, 8, 32).float()
-            sc = rec[..., 1024:1088].reshape(G, nb, 8, 8).permute(0, 3, 1, 2).reshape(G * 8, nb, 8).float()
+            sc = rows(rec[..., 1024:1088], 8).float()
             mn = rec[..., 1088:1152].reshape(G, nb, 4, 8, 2).permute(0, 3, 1, 2, 4).reshape(G * 8, nb, 8).float()
-            d, dmin = (rec[..., a:a + 32].contiguous().view(torch.float32).permute(0, 2, 1).reshape(G * 8, nb)
-                       for a in (1152, 1184))
+            d = rows(rec[..., 1152:1184].contiguous().view(torch.float32), 1)[..., 0]
+            dmin = rows(rec[..., 1184:1216].contiguous().view(torch.float32), 1)[..., 0]
             w = d[..., None, None] * sc[..., None] * q - dmin[..., None, None] * mn[..., None]
-            return w.reshape(G * 8, self.in_features)[:O]
-        rec = self.w.reshape(O, nb, REC[self.kind])  # Q6_K
-        ql = rec[..., :128].reshape(O, nb, 2, 2, 32)  # [half, ql chunk, l]
-        qh = rec[..., 128:192].reshape(O, nb, 2, 1, 32)  # [half, -, l]
-        low = torch.cat([ql & 0xF, ql >> 4], 3)  # [half, quarter 0..3, l]
-        top = torch.cat([(qh >> (2 * m)) & 3 for m in range(4)], 3)
-        q = (low | (top << 4)).reshape(O, nb, 16, 16).float() - 32
-        sc = rec[..., 192:208].contiguous().view(torch.int8).float()
-        d = rec[..., 208:212].contiguous().view(torch.float32)  # [O, nb, 1]
-        return (d[..., None] * sc[..., None] * q).reshape(O, self.in_features)
+        else:  # Q6_K
+            ql = rec[..., :1024].reshape(G, nb, 32, 8, 1, 4)  # [g, b, c, o, -, i]
+            lo = torch.cat([ql & 0xF, ql >> 4], 4).permute(0, 3, 1, 2, 4, 5).reshape(G * 8, nb, 256)
+            qh = rec[..., 1024:1536].reshape(G, nb, 16, 1, 8, 4)  # [g, b, s, -, o, i]
+            top = torch.cat([(qh >> (2 * k)) & 3 for k in range(4)], 3).permute(0, 4, 1, 2, 3, 5).reshape(G * 8, nb, 256)
+            q = (lo | (top << 4)).float().reshape(G * 8, nb, 16, 16) - 32
+            sc = rows(rec[..., 1536:1664].contiguous().view(torch.int8), 16).float()
+            d = rows(rec[..., 1664:1696].contiguous().view(torch.float32), 1)[..., 0]
+            w = d[..., None, None] * sc[..., None] * q
+        return w.reshape(G * 8, self.in_features)[:O]
 
 
 class GGUFTensors:
@@ -191,7 +228,7 @@ class GGUFLinear:
         merged: list[QuantTensor] = []  # neighbours of one type become one matrix: one kernel call
         for p in parts:
             if (merged and merged[-1].kind == p.kind and merged[-1].in_features == p.in_features
-                    and merged[-1].out_features % GROUP[p.kind] == 0):  # no padding rows inside
+                    and merged[-1].out_features % GROUP == 0):  # no padding rows inside
                 last = merged.pop()
                 p = QuantTensor(p.kind, last.out_features + p.out_features, p.in_features, torch.cat([last.w, p.w]))
             merged.append(p)
