@@ -21,8 +21,7 @@
 //         input 8c + i (low nibble) and 8c + 4 + i (high nibble); qh[16 sub-blocks s][o][i]: bits
 //         2k, 2k + 1 of byte i are the top 2 bits of input 16s + 4k + i; sc[s][o] (i8), d[o] (f32).
 //         6.6 bits a weight: decoding is memory-bound and reads fewer bytes than one byte a weight
-//   x     qx [T, in] i8, xs [T, nb] f32, bsums [T, in / 16] i16 (sums of each 16 of qx),
-//         xm [T, nb, 8] f32: xs * (sums of each 32 of qx) (for callers; the kernels use bsums)
+//   x     qx [T, in] i8, xs [T, nb] f32, bsums [T, in / 16] i16 (sums of each 16 of qx)
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -198,21 +197,20 @@ inline void over_tiles(int64_t T, F&& f) {
     }
 }
 
-void check_x(const torch::Tensor& qx, const torch::Tensor& xs, const torch::Tensor& bsums, const torch::Tensor& xm) {
+void check_x(const torch::Tensor& qx, const torch::Tensor& xs, const torch::Tensor& bsums) {
     TORCH_CHECK(qx.dtype() == torch::kInt8 && qx.dim() == 2 && qx.is_contiguous(), "qx: contiguous int8 [T, in]");
     TORCH_CHECK(qx.size(1) % 256 == 0, "input width must be a multiple of 256");
     const int64_t T = qx.size(0), nb = qx.size(1) / 256;
     TORCH_CHECK(xs.dtype() == torch::kFloat32 && xs.is_contiguous() && xs.numel() == T * nb, "xs: float [T, in/256]");
     TORCH_CHECK(bsums.dtype() == torch::kInt16 && bsums.is_contiguous() && bsums.numel() == T * nb * 16, "bsums: int16 [T, in/16]");
-    TORCH_CHECK(xm.dtype() == torch::kFloat32 && xm.is_contiguous() && xm.numel() == T * nb * 8, "xm: float [T, in/32]");
 }
 
-// y [T, O] = x (quantized: qx, xs, bsums, xm) times the weight records w [ceil(O / 8), nb * REC]
+// y [T, O] = x (quantized: qx, xs, bsums) times the weight records w [ceil(O / 8), nb * REC]
 // (a record holds 8 output rows; the last group may be partly padding)
 template <int REC, typename Rows>
 torch::Tensor matmul(const torch::Tensor& qx, const torch::Tensor& xs, const torch::Tensor& bsums,
-                     const torch::Tensor& xm, const torch::Tensor& w, int64_t O, Rows rows) {
-    check_x(qx, xs, bsums, xm);
+                     const torch::Tensor& w, int64_t O, Rows rows) {
+    check_x(qx, xs, bsums);
     const int64_t T = qx.size(0), in = qx.size(1), nb = in / 256;
     TORCH_CHECK(w.dtype() == torch::kUInt8 && w.dim() == 2 && w.is_contiguous() && w.size(1) == nb * REC,
                 "weights: uint8 [O / ", GROUP, ", in/256 * ", REC, "] records for this input width");
@@ -232,7 +230,7 @@ torch::Tensor matmul(const torch::Tensor& qx, const torch::Tensor& xs, const tor
 
 }  // namespace
 
-// x [T, in] float32 -> (qx int8 [T, in], xs float32 [T, in/256], bsums int16 [T, in/16], xm float32 [T, in/32])
+// x [T, in] float32 -> (qx int8 [T, in], xs float32 [T, in/256], bsums int16 [T, in/16])
 std::vector<torch::Tensor> quantize_q8k(torch::Tensor x) {
     TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2, "x: float32 [T, in]");
     x = x.contiguous();
@@ -242,10 +240,9 @@ std::vector<torch::Tensor> quantize_q8k(torch::Tensor x) {
     auto qx = torch::empty({T, in}, torch::kInt8);
     auto xs = torch::empty({T, nb}, torch::kFloat32);
     auto bsums = torch::empty({T, in / 16}, torch::kInt16);
-    auto xm = torch::empty({T, in / 32}, torch::kFloat32);
     const float* px = x.data_ptr<float>();
     int8_t* pq = qx.data_ptr<int8_t>();
-    float *ps = xs.data_ptr<float>(), *pm = xm.data_ptr<float>();
+    float* ps = xs.data_ptr<float>();
     int16_t* pb = bsums.data_ptr<int16_t>();
     // 8 floats a step; the same values as the scalar definition (|x| max, 127 / amax, round to
     // nearest even, sums of 16 in int), only faster
@@ -273,25 +270,22 @@ std::vector<torch::Tensor> quantize_q8k(torch::Tensor x) {
             s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
             pb[blk * 16 + g] = (int16_t)_mm_cvtsi128_si32(s4);
         }
-        for (int g = 0; g < 8; ++g) pm[blk * 8 + g] = ps[blk] * (float)(pb[blk * 16 + 2 * g] + pb[blk * 16 + 2 * g + 1]);
     }
-    return {qx, xs, bsums, xm};
+    return {qx, xs, bsums};
 }
 
-torch::Tensor q4k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums, torch::Tensor xm, torch::Tensor w,
-                         int64_t out_features) {
+torch::Tensor q4k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums, torch::Tensor w, int64_t out_features) {
     const int8_t* px = qx.data_ptr<int8_t>();
     const float* pxs = xs.data_ptr<float>();
     const int16_t* pbs = bsums.data_ptr<int16_t>();
-    return matmul<Q4K_REC>(qx, xs, bsums, xm, w, out_features,
+    return matmul<Q4K_REC>(qx, xs, bsums, w, out_features,
                               [&](auto nt, const uint8_t* wr, int64_t nb, int64_t in, int64_t t0, float* out, int64_t O, int64_t valid) {
         q4k_rows<decltype(nt)::value>(wr, px, pxs, pbs, nb, in, t0, out, O, valid);
     });
 }
 
-torch::Tensor q6k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums, torch::Tensor xm, torch::Tensor w,
-                         int64_t out_features) {
-    check_x(qx, xs, bsums, xm);
+torch::Tensor q6k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums, torch::Tensor w, int64_t out_features) {
+    check_x(qx, xs, bsums);
     const int8_t* px = qx.data_ptr<int8_t>();
     const float* pxs = xs.data_ptr<float>();
     // each sub-block's -32 offset as q6k_rows starts its 16-bit lanes: word j of corr[t, s] is
@@ -305,7 +299,7 @@ torch::Tensor q6k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums
         corr[u] = (int32_t)((uint32_t)(uint16_t)(int16_t)(-32 * c[0]) | (uint32_t)(uint16_t)(int16_t)(-32 * c[1]) << 16);
     }
     const int32_t* pc = corr.data();
-    return matmul<Q6K_REC>(qx, xs, bsums, xm, w, out_features,
+    return matmul<Q6K_REC>(qx, xs, bsums, w, out_features,
                               [&](auto nt, const uint8_t* wr, int64_t nb, int64_t in, int64_t t0, float* out, int64_t O, int64_t valid) {
         q6k_rows<decltype(nt)::value>(wr, px, pxs, pc, nb, in, t0, out, O, valid);
     });

@@ -6,10 +6,8 @@
 
 // gguf_matmul.cpp: 8-bit activations against GGUF Q4_K / Q6_K weight records
 std::vector<torch::Tensor> quantize_q8k(torch::Tensor x);
-torch::Tensor q4k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums, torch::Tensor xm, torch::Tensor w,
-                         int64_t out_features);
-torch::Tensor q6k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums, torch::Tensor xm, torch::Tensor w,
-                         int64_t out_features);
+torch::Tensor q4k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums, torch::Tensor w, int64_t out_features);
+torch::Tensor q6k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums, torch::Tensor w, int64_t out_features);
 
 // attention.cpp: a block of new rows over the KV cache, every row independent of the block -> [T, nh, hd]
 torch::Tensor block_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t L,

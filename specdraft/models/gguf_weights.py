@@ -246,7 +246,7 @@ class GGUFLinear:
         return self.on_quantized(self.ops.quantize_q8k(x.float().contiguous())).to(x.dtype)
 
     def on_quantized(self, xq: list[torch.Tensor]) -> torch.Tensor:
-        """y [T, out] float32 from activations already quantized (quantize_q8k's 4 tensors:
+        """y [T, out] float32 from activations already quantized (quantize_q8k's 3 tensors:
         the fused ops rms_quantize / swiglu_quantize produce them)."""
         T = xq[0].shape[0]
         ys = []
