@@ -333,3 +333,48 @@ def test_chart_is_a_png(tmp_path):
     (tmp_path / "r.json").write_text(json.dumps({"results": results}))
     assert main([str(tmp_path / "r.json"), str(tmp_path / "d.png")]) == 0
     assert (tmp_path / "d.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("order", ["interleaved", "by-method"])
+def test_run_order_interleaves_prompts_and_rotates_methods(monkeypatch, order):
+    """interleaved: every method on a prompt before the next prompt, the first method rotating;
+    by-method: one method's prompts, then the next. Records and saves are the same either way."""
+    import argparse
+    import io
+
+    from rich.console import Console
+
+    from specdraft.bench.peers import Outcome
+
+    calls = []
+
+    def fake_runner(method, args, speculator, peers):
+        def run(ids, max_new_tokens):
+            calls.append((method, tuple(ids)))
+            return Outcome([7] * max_new_tokens, max_new_tokens, max_new_tokens, None, None)
+        return run
+
+    class Speculator:
+        def encode_prompt(self, text):
+            return [0]
+
+    monkeypatch.setattr(harness, "make_runner", fake_runner)
+    prompts = [harness.BenchPrompt(i, "c", f"p{i}") for i in (1, 2, 3, 4)]
+    ids = {p.question_id: [p.question_id] for p in prompts}
+    saves = []
+    args = argparse.Namespace(warmup=True, max_new_tokens=3, order=order)
+    records, rss = harness.run_all(["none", "a", "b"], prompts, ids, args, Speculator(), None,
+                                   Console(file=io.StringIO()), lambda recs, rss: saves.append(len(recs)))
+    timed = [c for c in calls if c[1] != (0,)]  # (0,) is the warm-up prompt
+    assert sorted(c[0] for c in calls if c[1] == (0,)) == ["a", "b", "none"]  # each warmed up once
+    if order == "interleaved":
+        assert timed == [("none", (1,)), ("a", (1,)), ("b", (1,)), ("a", (2,)), ("b", (2,)), ("none", (2,)),
+                         ("b", (3,)), ("none", (3,)), ("a", (3,)), ("none", (4,)), ("a", (4,)), ("b", (4,))]
+        assert saves == [3, 6, 9, 12]
+    else:
+        assert [c[0] for c in timed] == ["none"] * 4 + ["a"] * 4 + ["b"] * 4
+        assert saves == [4, 8, 12]
+    assert sorted((r.method, r.question_id) for r in records) == sorted((m, q) for m in ("none", "a", "b") for q in ids)
+    assert set(rss) == {"none", "a", "b"}
+    mark_exactness(records)
+    assert all(r.exact for r in records)

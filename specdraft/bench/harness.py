@@ -70,6 +70,10 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--markdown", type=Path, default=None, help="also write Markdown tables here")
     p.add_argument("--chart", type=Path, default=None,
                    help="also draw a PNG: speedup per category per method, tokens per target forward")
+    p.add_argument("--order", choices=["interleaved", "by-method"], default="interleaved",
+                   help="interleaved: each prompt runs every method in turn (the order rotating from prompt to "
+                        "prompt), so a machine that slows down for minutes slows every method alike; by-method: "
+                        "all prompts of one method, then the next (loads one peer's models at a time)")
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
                    help="run each method once on a short prompt before timing (first calls set up kernels)")
     dtypes = ["auto", "bf16", "fp32"]
@@ -631,38 +635,77 @@ def method_line(method: str, recs: list[PromptRecord], baseline_tps: float | Non
 
 def run_all(methods, prompts, prompt_ids, args, speculator, peers, console,
             after_method: Callable[[list[PromptRecord], dict], None]) -> tuple[list[PromptRecord], dict]:
-    """Every (method, prompt) pair under one progress bar; peer models freed as soon as unused.
+    """Every (method, prompt) pair under one progress bar, in ``args.order``.
 
-    ``after_method(records so far, peak RSS per method)`` runs after each method (partial saves).
+    ``after_method(records so far, peak RSS per method)`` runs after each method (by-method) or each
+    prompt (interleaved): partial saves.
     """
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
 
     warm_ids = speculator.encode_prompt(WARMUP_PROMPT) if args.warmup else None
-    records: list[PromptRecord] = []
-    rss: dict[str, float] = {}
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("left"), TimeRemainingColumn())
     with Progress(*columns, console=console) as progress:
         task = progress.add_task("starting", total=len(methods) * len(prompts))
-        baseline_tps = None
-        for i, method in enumerate(methods):
-            if peers is not None:
-                peers.models.keep_only(peers.keys_for(method))
-            progress.update(task, description=f"{method}: loading" if is_peer(method) else method)
-            runner = make_runner(method, args, speculator, peers)
-            recs = run_method(method, runner, prompts, prompt_ids, args, progress, task, warm_ids)
-            del runner
-            if peers is not None:  # free this method's models unless the next one uses them too
-                peers.models.keep_only(peers.keys_for(methods[i + 1] if i + 1 < len(methods) else None))
-            gc.collect()
-            rss[method] = peak_rss_mb()
-            if method == BASELINE:
-                baseline_tps = summarise(method, "overall", recs)["tokens_per_s"]
-            progress.console.print(method_line(method, recs, baseline_tps))
-            records += recs
-            after_method(records, rss)
+        interleaved = getattr(args, "order", "interleaved") == "interleaved"
+        run = _run_interleaved if interleaved else _run_by_method
+        records, rss = run(methods, prompts, prompt_ids, args, speculator, peers, progress, task, warm_ids,
+                           after_method)
+        baseline_tps = summarise(BASELINE, "overall", [r for r in records if r.method == BASELINE])["tokens_per_s"]
+        if interleaved:
+            for method in methods:
+                progress.console.print(method_line(method, [r for r in records if r.method == method], baseline_tps))
     return records, rss
+
+
+def _run_by_method(methods, prompts, prompt_ids, args, speculator, peers, progress, task, warm_ids, after_method):
+    """All prompts of one method, then the next; a peer's models are freed as soon as unused."""
+    records: list[PromptRecord] = []
+    rss: dict[str, float] = {}
+    baseline_tps = None
+    for i, method in enumerate(methods):
+        if peers is not None:
+            peers.models.keep_only(peers.keys_for(method))
+        progress.update(task, description=f"{method}: loading" if is_peer(method) else method)
+        runner = make_runner(method, args, speculator, peers)
+        recs = run_method(method, runner, prompts, prompt_ids, args, progress, task, warm_ids)
+        del runner
+        if peers is not None:  # free this method's models unless the next one uses them too
+            peers.models.keep_only(peers.keys_for(methods[i + 1] if i + 1 < len(methods) else None))
+        gc.collect()
+        rss[method] = peak_rss_mb()
+        if method == BASELINE:
+            baseline_tps = summarise(method, "overall", recs)["tokens_per_s"]
+        progress.console.print(method_line(method, recs, baseline_tps))
+        records += recs
+        after_method(records, rss)
+    return records, rss
+
+
+def _run_interleaved(methods, prompts, prompt_ids, args, speculator, peers, progress, task, warm_ids, after_method):
+    """Each prompt under every method before the next prompt; prompt j starts with method j mod n, so
+    no method always runs first (or right after another). Every method's runner (and peer models)
+    stay loaded for the whole run."""
+    if peers is not None:
+        peers.models.keep_only(set().union(*(peers.keys_for(m) for m in methods)))
+    runners = {}
+    for method in methods:
+        progress.update(task, description=f"{method}: loading" if is_peer(method) else method)
+        runners[method] = make_runner(method, args, speculator, peers)
+        if warm_ids is not None:
+            progress.update(task, description=f"{method}: warming up")
+            runners[method](warm_ids, min(WARMUP_TOKENS, args.max_new_tokens))
+    records: list[PromptRecord] = []
+    for j, prompt in enumerate(prompts):
+        ids = prompt_ids[prompt.question_id]
+        for method in methods[j % len(methods):] + methods[:j % len(methods)]:
+            progress.update(task, description=f"{method}: question {prompt.question_id} ({prompt.category})")
+            outcome, seconds = timed(runners[method], ids, args.max_new_tokens)
+            records.append(make_record(method, prompt, ids, outcome, seconds))
+            progress.advance(task)
+        after_method(records, {m: peak_rss_mb() for m in methods})  # one process: the peak of all methods
+    return records, {m: peak_rss_mb() for m in methods}
 
 
 def run_bench(args) -> int:
