@@ -56,3 +56,36 @@ class ForwardCosts:
             if value > best:
                 best_n, best = n, value
         return best_n
+
+
+class PassRates:
+    """How often a prophet's guesses of a given confidence actually passed: its confidences,
+    calibrated online.
+
+    A trained head's softmax probability is not the chance that the target agrees (a head can be
+    sure and wrong), and the cost rule above sends a guess only when that chance pays for the
+    longer verification. Guesses are counted in confidence bins; each bin starts from a prior of
+    its own confidence (weight PRIOR), so an unseen bin trusts the prophet and a seen one learns.
+    Only guesses the verifier judged count: those up to and including the first rejection.
+    """
+
+    BINS = 10
+    PRIOR = 2.0
+
+    def __init__(self):
+        self.tried = [self.PRIOR] * self.BINS
+        self.passed = [self.PRIOR * (b + 0.5) / self.BINS for b in range(self.BINS)]
+
+    def _bin(self, confidence: float) -> int:
+        return min(max(int(confidence * self.BINS), 0), self.BINS - 1)
+
+    def rate(self, confidence: float) -> float:
+        b = self._bin(confidence)
+        return self.passed[b] / self.tried[b]
+
+    def record(self, confidences: list[float], accepted: int) -> None:
+        """confidences of the guesses sent, in order; accepted: how many of the first passed."""
+        for i, c in enumerate(confidences[:accepted + 1]):
+            b = self._bin(c)
+            self.tried[b] += 1
+            self.passed[b] += i < accepted

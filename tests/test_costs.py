@@ -53,3 +53,22 @@ def test_hybrid_learns_how_far_copies_pass():
         h.last_copy = 5
         h.observe([], 1)
     assert h._copy_length(5) == 1
+
+
+def test_pass_rates_calibrate_confidences():
+    """A prophet sure of itself (0.95) but right one time in four: its bin learns ~25%, and the
+    cost rule then stops sending such guesses; other bins keep trusting their confidence."""
+    from specdraft.costs import PassRates
+
+    r = PassRates()
+    assert r.rate(0.95) == pytest.approx(0.95) and r.rate(0.12) == pytest.approx(0.15)
+    for i in range(200):
+        r.record([0.95, 0.95], 1 if i % 4 == 0 else 0)  # second guess judged only after a pass
+    assert r.rate(0.95) == pytest.approx(50 / 250, abs=0.03)  # 50 passes in 250 judged guesses
+    assert r.rate(0.55) == pytest.approx(0.55)
+    steep = table(t1=60, t2=90, t3=120)
+    assert steep.best_length([0.95]) == 1 and steep.best_length([r.rate(0.95)]) == 0
+    r.record([0.3, 0.3, 0.3], 3)  # all three passed: three tries, three passes, nothing more judged
+    assert r.tried[3] == PassRates.PRIOR + 3 and r.passed[3] == pytest.approx(PassRates.PRIOR * 0.35 + 3)
+    r.record([], 0)  # nothing was sent (the step's draft came from elsewhere): nothing learned
+    assert r.tried[3] == PassRates.PRIOR + 3

@@ -168,7 +168,7 @@ def test_chat_requests_are_varied_and_reproducible():
 def test_cost_aware_head_stays_exact_and_cuts_drafts(target, trained):
     """With forward costs where a block costs a whole forward per token, no guess pays: the head
     sends nothing and the output is plain decoding's; with flat costs it sends its guesses."""
-    from specdraft.costs import ForwardCosts
+    from specdraft.costs import ForwardCosts, PassRates
 
     _, head, _ = trained
     prompt = [3, 1, 4, 1, 5]
@@ -184,3 +184,7 @@ def test_cost_aware_head_stays_exact_and_cuts_drafts(target, trained):
         e.generate(prompt, SamplingConfig(), GenerationConfig(max_new_tokens=40))
         assert list(e.token_ids) == plain
         assert (e.stats.draft_tokens > 0) == expect_drafts, e.stats.summary()
+        # the head's confidence bins counted exactly the guesses that passed
+        rates, prior = e.drafter.rates, PassRates()
+        assert sum(rates.passed) - sum(prior.passed) == pytest.approx(e.stats.accepted_tokens)
+        assert sum(rates.tried) - sum(prior.tried) <= e.stats.draft_tokens

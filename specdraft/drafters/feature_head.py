@@ -17,6 +17,7 @@ import time
 import torch
 
 from ..config import SamplingConfig
+from ..costs import PassRates
 from ..errors import ParameterError
 from .base import Draft, DrafterContext, choose, register
 
@@ -60,6 +61,8 @@ class FeatureHeadDrafter:
         self.feature: torch.Tensor | None = None  # [H] f at the newest committed token's row
         self.costs = None  # costs.ForwardCosts from the engine: drafts cut to the best length
         self.step_seconds = 0.0  # running mean seconds of one head guess
+        self.rates = PassRates()  # the head's confidences -> how often such guesses passed
+        self.sent: list[float] = []  # confidences of the guesses proposed last, until observed
 
     def use_costs(self, costs) -> None:
         self.costs = costs
@@ -79,7 +82,7 @@ class FeatureHeadDrafter:
         tok = context[-1]
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
-        sure, cumulative = 1.0, []  # P(all guesses so far pass), after each guess
+        sure, cumulative, confidences = 1.0, [], []  # P(all guesses so far pass), after each guess
         costed = self.costs is not None and self.costs.measured
         draft_cost = self.step_seconds / self.costs.seconds[1] if costed else 0.0  # in one-token forwards
         t0 = time.perf_counter()
@@ -87,7 +90,8 @@ class FeatureHeadDrafter:
             f = self.head(f, self.embed[tok:tok + 1].float())  # [1, H] predicted next feature
             logits = self.out(f)[0]  # [V']
             tok, q, p = choose(logits, sampling, generator, self.min_confidence > 0.0 or costed)
-            sure *= p
+            confidences.append(p)
+            sure *= self.rates.rate(p) if costed else p
             cumulative.append(sure)
             if q is not None:
                 qs.append(q)  # [V']
@@ -100,10 +104,14 @@ class FeatureHeadDrafter:
         if costed:
             n = self.costs.best_length(cumulative, draft_cost)
             tokens, qs = tokens[:n], qs[:n]
+        self.sent = confidences[:len(tokens)]
         return Draft(tokens, torch.stack(qs) if qs else None)
 
     def observe(self, context: list[int], num_accepted: int) -> None:
-        pass  # state is the feature, which take_features refreshes
+        # the feature itself is refreshed by take_features; here the confidences learn how often
+        # they were right (nothing to learn when this step's draft came from elsewhere: sent = [])
+        self.rates.record(self.sent, num_accepted)
+        self.sent = []
 
 
 @register("head", needs_head=True)
