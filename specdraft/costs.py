@@ -89,3 +89,37 @@ class PassRates:
             b = self._bin(c)
             self.tried[b] += 1
             self.passed[b] += i < accepted
+
+
+class Payoff:
+    """Whether running a prophet at all pays: running means of what its steps committed (1 + the
+    guesses accepted) and what they cost (the verification's ratio plus the drafting, in
+    one-token forwards), against plain decoding's 1 token for 1 forward.
+
+    The cost rule cuts drafts that do not pay, but computing even one guess costs something (a
+    head step with its output rows is ~8% of a forward here): when the prophet's steps commit less
+    per unit of cost than plain steps, it is skipped, run again every EXPLORE-th step to notice
+    when the text turns predictable.
+    """
+
+    ALPHA = 0.05  # weight of a new step once WARMUP steps were seen (plain mean before)
+    WARMUP = 16
+    EXPLORE = 8
+
+    def __init__(self):
+        self.tokens = self.cost = 0.0
+        self.steps = 0  # steps recorded
+        self.skipped = 0  # steps skipped
+
+    def record(self, tokens: float, cost: float) -> None:
+        self.steps += 1
+        a = max(self.ALPHA, 1.0 / self.steps)
+        self.tokens += a * (tokens - self.tokens)
+        self.cost += a * (cost - self.cost)
+
+    def worth_running(self) -> bool:
+        """Run the prophet this step? (A no counts as a skipped step.)"""
+        if self.steps < self.WARMUP or self.tokens >= self.cost:
+            return True
+        self.skipped += 1
+        return self.skipped % self.EXPLORE == 0

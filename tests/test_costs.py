@@ -72,3 +72,17 @@ def test_pass_rates_calibrate_confidences():
     assert r.tried[3] == PassRates.PRIOR + 3 and r.passed[3] == pytest.approx(PassRates.PRIOR * 0.35 + 3)
     r.record([], 0)  # nothing was sent (the step's draft came from elsewhere): nothing learned
     assert r.tried[3] == PassRates.PRIOR + 3
+
+
+def test_payoff_skips_a_prophet_that_does_not_pay_and_explores():
+    from specdraft.costs import Payoff
+
+    p = Payoff()
+    for _ in range(Payoff.WARMUP):
+        assert p.worth_running()
+        p.record(1.2, 1.3)  # 1.2 tokens for 1.3 forwards: worse than plain's 1 for 1
+    runs = [p.worth_running() for _ in range(4 * Payoff.EXPLORE)]
+    assert sum(runs) == 4 and runs[Payoff.EXPLORE - 1]  # every EXPLORE-th step still runs
+    for _ in range(60):
+        p.record(2.0, 1.3)  # the text turned predictable
+    assert p.worth_running() and p.tokens > p.cost

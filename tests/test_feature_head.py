@@ -188,3 +188,5 @@ def test_cost_aware_head_stays_exact_and_cuts_drafts(target, trained):
         rates, prior = e.drafter.rates, PassRates()
         assert sum(rates.passed) - sum(prior.passed) == pytest.approx(e.stats.accepted_tokens)
         assert sum(rates.tried) - sum(prior.tried) <= e.stats.draft_tokens
+        if not expect_drafts:  # a head that never pays is skipped after its warm-up, explored now and then
+            assert e.drafter.payoff.skipped > 0 and e.drafter.payoff.steps < e.stats.target_forwards

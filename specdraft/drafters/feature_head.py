@@ -17,7 +17,7 @@ import time
 import torch
 
 from ..config import SamplingConfig
-from ..costs import PassRates
+from ..costs import PassRates, Payoff
 from ..errors import ParameterError
 from .base import Draft, DrafterContext, choose, register
 
@@ -63,6 +63,8 @@ class FeatureHeadDrafter:
         self.step_seconds = 0.0  # running mean seconds of one head guess
         self.rates = PassRates()  # the head's confidences -> how often such guesses passed
         self.sent: list[float] = []  # confidences of the guesses proposed last, until observed
+        self.payoff = Payoff()  # do the head's steps commit more per unit of cost than plain ones?
+        self.ran: float | None = None  # the last step's cost in one-token forwards, until observed
 
     def use_costs(self, costs) -> None:
         self.costs = costs
@@ -84,6 +86,8 @@ class FeatureHeadDrafter:
         qs: list[torch.Tensor] = []
         sure, cumulative, confidences = 1.0, [], []  # P(all guesses so far pass), after each guess
         costed = self.costs is not None and self.costs.measured
+        if costed and not self.payoff.worth_running():
+            return Draft()
         draft_cost = self.step_seconds / self.costs.seconds[1] if costed else 0.0  # in one-token forwards
         t0 = time.perf_counter()
         for _ in range(k):
@@ -105,13 +109,17 @@ class FeatureHeadDrafter:
             n = self.costs.best_length(cumulative, draft_cost)
             tokens, qs = tokens[:n], qs[:n]
         self.sent = confidences[:len(tokens)]
+        if costed:
+            self.ran = self.costs.ratio(len(tokens) + 1) + draft_cost * len(confidences)
         return Draft(tokens, torch.stack(qs) if qs else None)
 
     def observe(self, context: list[int], num_accepted: int) -> None:
         # the feature itself is refreshed by take_features; here the confidences learn how often
         # they were right (nothing to learn when this step's draft came from elsewhere: sent = [])
         self.rates.record(self.sent, num_accepted)
-        self.sent = []
+        if self.ran is not None:
+            self.payoff.record(1 + num_accepted, self.ran)
+        self.sent, self.ran = [], None
 
 
 @register("head", needs_head=True)
