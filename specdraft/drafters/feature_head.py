@@ -6,7 +6,10 @@ forward computes it anyway). A draft is then ``k`` head steps: (f, E[x]) -> f' -
 the target's output head cut to the head's vocabulary -> (f', E[guess]) -> ... No cache, no
 prefill, no catching up: a step costs a few ms, against ~38 ms for a 0.5B draft model's forward.
 
-Greedy drafts stop early on the same cumulative-confidence rule as the draft model. When the
+Greedy drafts stop early on the same cumulative-confidence rule as the draft model, with the
+head's confidences calibrated by how often guesses of that confidence passed (costs.PassRates),
+and the head is not run at all while its steps commit less per unit of cost than plain steps
+(costs.Payoff). When the
 target samples, each guess is sampled from the head's own distribution q (over its vocabulary,
 zero elsewhere), so speculative sampling stays exact.
 """
