@@ -51,12 +51,32 @@ def output_rows(target, n: int):
     return DenseLinear(output_weight(target, n).to(target.dtype).contiguous())
 
 
+class Int8Head:
+    """The head's step (heads.model.FeatureHead.forward) with its two matrices in int8 (per output
+    channel) and ~14-bit activations (W8A8Linear, 2 passes): 9.4 MB read per step instead of
+    37.6 MB in fp32 (measured on the AVX2 machine: 3.2 ms per step in fp32). Guesses only: the
+    target checks every one, so the head's rounding cannot change the output."""
+
+    def __init__(self, head):
+        from ..models.quant import W8A8Linear
+
+        self.head = head
+        self.w1 = W8A8Linear(head.w1.weight.detach().float(), head.w1.bias.detach(), passes=2)
+        self.w2 = W8A8Linear(head.w2.weight.detach().float(), head.w2.bias.detach(), passes=2)
+
+    def __call__(self, f: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        h = self.head
+        z = torch.cat([h._rms(f) * h.g_f, h._rms(e) * h.g_e], -1)  # [B, 2H]
+        return f + self.w2(torch.nn.functional.silu(self.w1(z)))
+
+
 class FeatureHeadDrafter:
     name = "head"
     uses_features = True  # the engine calls take_features(hidden) after every target forward
 
     def __init__(self, target, head, *, min_confidence: float = 0.0):
         self.head = head  # heads.model.FeatureHead (fp32, eval)
+        self.step = Int8Head(head)  # its step as the drafter runs it
         self.embed = target.embed  # [V, H] the target's token embedding
         self.vocab = head.cfg.vocab
         self.out = output_rows(target, self.vocab)  # [H] -> [V']
@@ -94,7 +114,7 @@ class FeatureHeadDrafter:
         draft_cost = self.step_seconds / self.costs.seconds[1] if costed else 0.0  # in one-token forwards
         t0 = time.perf_counter()
         for _ in range(k):
-            f = self.head(f, self.embed[tok:tok + 1].float())  # [1, H] predicted next feature
+            f = self.step(f, self.embed[tok:tok + 1].float())  # [1, H] predicted next feature
             logits = self.out(f)[0]  # [V']
             tok, q, p = choose(logits, sampling, generator, self.min_confidence > 0.0 or costed)
             confidences.append(p)
