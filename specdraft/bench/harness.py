@@ -648,14 +648,14 @@ def run_all(methods, prompts, prompt_ids, args, speculator, peers, console,
                TextColumn("left"), TimeRemainingColumn())
     with Progress(*columns, console=console) as progress:
         task = progress.add_task("starting", total=len(methods) * len(prompts))
-        interleaved = getattr(args, "order", "interleaved") == "interleaved"
-        run = _run_interleaved if interleaved else _run_by_method
-        records, rss = run(methods, prompts, prompt_ids, args, speculator, peers, progress, task, warm_ids,
-                           after_method)
+        if args.order == "by-method":  # prints each method's line as it ends
+            return _run_by_method(methods, prompts, prompt_ids, args, speculator, peers, progress, task, warm_ids,
+                                  after_method)
+        records, rss = _run_interleaved(methods, prompts, prompt_ids, args, speculator, peers, progress, task,
+                                        warm_ids, after_method)
         baseline_tps = summarise(BASELINE, "overall", [r for r in records if r.method == BASELINE])["tokens_per_s"]
-        if interleaved:
-            for method in methods:
-                progress.console.print(method_line(method, [r for r in records if r.method == method], baseline_tps))
+        for method in methods:
+            progress.console.print(method_line(method, [r for r in records if r.method == method], baseline_tps))
     return records, rss
 
 
@@ -697,6 +697,7 @@ def _run_interleaved(methods, prompts, prompt_ids, args, speculator, peers, prog
             progress.update(task, description=f"{method}: warming up")
             runners[method](warm_ids, min(WARMUP_TOKENS, args.max_new_tokens))
     records: list[PromptRecord] = []
+    rss = dict.fromkeys(methods, peak_rss_mb())
     for j, prompt in enumerate(prompts):
         ids = prompt_ids[prompt.question_id]
         for method in methods[j % len(methods):] + methods[:j % len(methods)]:
@@ -704,8 +705,9 @@ def _run_interleaved(methods, prompts, prompt_ids, args, speculator, peers, prog
             outcome, seconds = timed(runners[method], ids, args.max_new_tokens)
             records.append(make_record(method, prompt, ids, outcome, seconds))
             progress.advance(task)
-        after_method(records, {m: peak_rss_mb() for m in methods})  # one process: the peak of all methods
-    return records, {m: peak_rss_mb() for m in methods}
+        rss = dict.fromkeys(methods, peak_rss_mb())  # one process: the peak of all methods so far
+        after_method(records, rss)
+    return records, rss
 
 
 def run_bench(args) -> int:

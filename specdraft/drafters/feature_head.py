@@ -65,9 +65,7 @@ class Int8Head:
         self.w2 = W8A8Linear(head.w2.weight.detach().float(), head.w2.bias.detach(), passes=2)
 
     def __call__(self, f: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-        h = self.head
-        z = torch.cat([h._rms(f) * h.g_f, h._rms(e) * h.g_e], -1)  # [B, 2H]
-        return f + self.w2(torch.nn.functional.silu(self.w1(z)))
+        return self.head.step(f, e, self.w1, self.w2)
 
 
 class FeatureHeadDrafter:
@@ -131,9 +129,8 @@ class FeatureHeadDrafter:
         if costed:
             n = self.costs.best_length(cumulative, draft_cost)
             tokens, qs = tokens[:n], qs[:n]
+            self.ran = self.costs.ratio(n + 1) + draft_cost * len(confidences)
         self.sent = confidences[:len(tokens)]
-        if costed:
-            self.ran = self.costs.ratio(len(tokens) + 1) + draft_cost * len(confidences)
         return Draft(tokens, torch.stack(qs) if qs else None)
 
     def observe(self, context: list[int], num_accepted: int) -> None:

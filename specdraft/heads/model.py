@@ -49,8 +49,12 @@ class FeatureHead(torch.nn.Module):
 
     def forward(self, f: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         """f [B, H] features, e [B, H] embeddings of the tokens chosen from them -> [B, H]."""
+        return self.step(f, e, self.w1, self.w2)
+
+    def step(self, f: torch.Tensor, e: torch.Tensor, w1, w2) -> torch.Tensor:
+        """forward with the two matrices given (a drafter may run quantized copies of w1, w2)."""
         z = torch.cat([self._rms(f) * self.g_f, self._rms(e) * self.g_e], -1)  # [B, 2H]
-        return f + self.w2(F.silu(self.w1(z)))
+        return f + w2(F.silu(w1(z)))
 
     def save(self, directory: str | Path) -> None:
         from safetensors.torch import save_file

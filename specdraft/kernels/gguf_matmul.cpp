@@ -35,6 +35,7 @@
 namespace {
 
 constexpr int Q4K_REC = 1216, Q6K_REC = 1696;  // bytes per super-block record of 8 output rows
+constexpr int GROUP = 8;  // output rows per record
 constexpr int PREFETCH = 2;  // records ahead in the weight stream
 
 // Step s of a record's STEPS (its sub-blocks) prefetches the matching 1 / STEPS of the record
@@ -46,7 +47,6 @@ inline void prefetch_ahead(const uint8_t* rec, int s) {
     const uint8_t* p = rec + PREFETCH * REC + span * s;
     for (int o = 0; o < span + 63; o += 64) _mm_prefetch((const char*)(p + o), _MM_HINT_T0);
 }
-constexpr int GROUP = 8;  // output rows per record
 
 // y[t0 + r, 8g + o] = acc[r][o] for the group's valid (<= 8) output rows
 template <int NT>
@@ -80,8 +80,8 @@ inline void q4k_rows(const uint8_t* w, const int8_t* qx, const float* xs, const 
         __m256i sum[NT];
         for (int r = 0; r < NT; ++r) sum[r] = _mm256_setzero_si256();
         for (int s = 0; s < 8; ++s) {  // sub-block s: inputs 32s .. 32s + 31
-            // its scales, one i16 pair per row: [sc(o0), sc(o0), sc(o1), sc(o1), ...]
             prefetch_ahead<Q4K_REC, 8>(rec, s);
+            // its scales, one i16 pair per row: [sc(o0), sc(o0), sc(o1), sc(o1), ...]
             const __m128i sc8 = _mm_loadl_epi64((const __m128i*)(rec + 1024 + 8 * s));
             const __m256i sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(sc8, sc8));
             __m256i p16[NT];

@@ -150,14 +150,14 @@ class QuantTensor:
         rec = self.w.reshape(-1, nb, REC[self.kind])
         G = rec.shape[0]
         rows = lambda a, k: a.reshape(G, nb, k, 8).permute(0, 3, 1, 2).reshape(G * 8, nb, k)  # noqa: E731 [g, b, k, o] -> [row, b, k]
+        floats = lambda at: rows(rec[..., at:at + 32].contiguous().view(torch.float32), 1)[..., 0]  # noqa: E731 [row, b]
         if self.kind == "Q4_K":
             qs = rec[..., :1024].reshape(G, nb, 8, 4, 8, 1, 4)  # [g, b, s, c, o, -, i]
             q = torch.cat([qs & 0xF, qs >> 4], 5)  # [g, b, s, c, o, nibble, i]
             q = q.permute(0, 4, 1, 2, 3, 5, 6).reshape(G * 8, nb, 8, 32).float()
             sc = rows(rec[..., 1024:1088], 8).float()
             mn = rec[..., 1088:1152].reshape(G, nb, 4, 8, 2).permute(0, 3, 1, 2, 4).reshape(G * 8, nb, 8).float()
-            d = rows(rec[..., 1152:1184].contiguous().view(torch.float32), 1)[..., 0]
-            dmin = rows(rec[..., 1184:1216].contiguous().view(torch.float32), 1)[..., 0]
+            d, dmin = floats(1152), floats(1184)
             w = d[..., None, None] * sc[..., None] * q - dmin[..., None, None] * mn[..., None]
         else:  # Q6_K
             ql = rec[..., :1024].reshape(G, nb, 32, 8, 1, 4)  # [g, b, c, o, -, i]
@@ -166,7 +166,7 @@ class QuantTensor:
             top = torch.cat([(qh >> (2 * k)) & 3 for k in range(4)], 3).permute(0, 4, 1, 2, 3, 5).reshape(G * 8, nb, 256)
             q = (lo | (top << 4)).float().reshape(G * 8, nb, 16, 16) - 32
             sc = rows(rec[..., 1536:1664].contiguous().view(torch.int8), 16).float()
-            d = rows(rec[..., 1664:1696].contiguous().view(torch.float32), 1)[..., 0]
+            d = floats(1664)
             w = d[..., None, None] * sc[..., None] * q
         return w.reshape(G * 8, self.in_features)[:O]
 
