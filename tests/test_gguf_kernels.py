@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from specdraft.kernels import KernelUnavailable, gguf_ops
-from specdraft.models.gguf_weights import (GGUFLinear, QuantTensor, gguf_name, unpack_q4k, unpack_q6k)
+from specdraft.models.gguf_weights import (GGUFLinear, QuantTensor, gguf_name, quantize_q4k, unpack_q4k,
+                                           unpack_q6k)
 
 gguf = pytest.importorskip("gguf")
 from gguf.quants import dequantize  # noqa: E402
@@ -143,10 +144,52 @@ def test_parts_with_a_partial_q4k_record_are_not_merged(ops):
     assert (lin(x).double() - expect).abs().max() <= 1e-5 * expect.abs().max()
 
 
+def test_activations_are_padded_to_whole_super_blocks(ops):
+    """A width that is not a multiple of 256 (SmolLM2: 576, Qwen2.5-0.5B: 896) is quantized as if
+    zeros followed it: the padded weights of weight format q4k meet zeros."""
+    x = torch.randn(3, 576)
+    qx, xs, bsums = ops.quantize_q8k(x)
+    ref = ops.quantize_q8k(torch.cat([x, torch.zeros(3, 192)], 1))
+    assert qx.shape == (3, 768) and xs.shape == (3, 3) and bsums.shape == (3, 48)
+    assert torch.equal(qx, ref[0]) and torch.equal(xs, ref[1]) and torch.equal(bsums, ref[2])
+    assert not qx[:, 576:].any()
+
+
+@pytest.mark.parametrize("in_f", [576, 512])
+def test_quantize_q4k_round_trip_and_kernel(ops, in_f):
+    """Weight format q4k: float weights -> Q4_K records. Each weight is within half a stored quant
+    step of its value (nothing clipped), rows that are all zero stay zero, and the kernel
+    multiplies the padded records as their dequantized copy."""
+    torch.manual_seed(0)
+    w = torch.randn(21, in_f) * torch.logspace(-3, 0, 21)[:, None]  # rows of very different scales
+    w[4] = 0.0
+    w[7, :64] += 3.0  # a sub-block far from zero: its minimum is clamped at 0 and the scale grows
+    qt = quantize_q4k(w)
+    assert qt.kind == "Q4_K" and (qt.out_features, qt.in_features) == (21, in_f)
+    assert qt.w.shape == (3, -(-in_f // 256) * 1216)
+    back = qt.dequantize()
+    assert back.shape == w.shape and not back[4].any()
+    width = -(-in_f // 256) * 256
+    sub = torch.nn.functional.pad(w, (0, width - in_f)).reshape(21, -1, 8, 32)  # [o, super-block, sub-block, 32]
+    lo = sub.amin(-1).clamp(max=0)
+    step = (sub.amax(-1) - lo) / 15
+    # the 6-bit factors round outwards by at most one unit of their super-block each
+    step_stored = step + step.amax(-1, keepdim=True) / 63 * 1.1 + (-lo).amax(-1, keepdim=True) / 63 / 15 * 1.1
+    err = torch.nn.functional.pad(back - w, (0, width - in_f)).abs().reshape(21, -1, 8, 32)
+    assert (err <= step_stored[..., None] / 2 * 1.01 + 1e-7).all()
+    assert (back - w).norm() <= 0.1 * w.norm()
+    lin = GGUFLinear([qt])
+    for T in (1, 3):
+        x = torch.randn(T, in_f)
+        qx, xs, _ = ops.quantize_q8k(x)
+        nb = qx.shape[1] // 256
+        xq = (qx.double().reshape(T, nb, 256) * xs.double()[..., None]).reshape(T, -1)[:, :in_f]
+        expect = xq @ back.double().T
+        assert (lin(x).double() - expect).abs().max() <= 1e-5 * expect.abs().max()
+
+
 def test_bad_inputs_are_refused(ops):
     qt, _ = quant_tensor("Q4_K", 8, 256, seed=5)
-    with pytest.raises(RuntimeError, match="multiple of 256"):
-        ops.quantize_q8k(torch.randn(2, 100))
     xq = ops.quantize_q8k(torch.randn(2, 512))  # 512 inputs against a 256-input matrix
     with pytest.raises(RuntimeError, match="records"):
         ops.q4k_matmul(*xq, qt.w, qt.out_features)
@@ -160,3 +203,16 @@ def test_gguf_names():
     assert gguf_name("lm_head.weight") == "output.weight"
     assert gguf_name("model.layers.0.self_attn.q_proj.bias") is None
     assert gguf_name("model.embed_tokens.weight") is None
+
+
+def test_auto_formats():
+    """fp32 drafts take q4k where the kernels build, targets their GGUF file's own weights; bf16
+    (AMX) machines keep dense targets and int4 drafts."""
+    from specdraft.models.quant import fbgemm_available, resolve_format
+
+    assert resolve_format("auto", torch.float32, draft=True, kernels=True) == "q4k"
+    assert resolve_format("auto", torch.float32, draft=True, kernels=False) == ("w8a8-fast" if fbgemm_available() else "int4")
+    assert resolve_format("auto", torch.float32, draft=False, gguf=True, kernels=True) == "gguf"
+    assert resolve_format("auto", torch.bfloat16, draft=True, kernels=True) == "int4"
+    assert resolve_format("auto", torch.bfloat16, draft=False) == "dense"
+    assert resolve_format("w8a8", torch.float32, draft=True, kernels=True) == "w8a8"

@@ -1,7 +1,7 @@
 #include "ops.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-    m.def("quantize_q8k", &quantize_q8k, "x [T, in] float32 -> (qx int8, xs f32 [T, in/256], bsums i16 [T, in/16])");
+    m.def("quantize_q8k", &quantize_q8k, "x [T, in] float32 -> (qx int8 [T, in'], xs f32 [T, in'/256], bsums i16 [T, in'/16]), in' = in rounded up to 256 (zeros)");
     m.def("q4k_matmul", &q4k_matmul, "Q8_K activations x Q4_K records of 8 rows, out_features -> y [T, O] float32");
     m.def("q6k_matmul", &q6k_matmul, "Q8_K activations x Q6_K weight records, out_features -> y [T, O] float32");
     m.def("block_attention", &block_attention, "q [nh, T, hd], k/v cache [nkv, C, hd], length L, mask [T, L] or None -> [T, nh, hd]",

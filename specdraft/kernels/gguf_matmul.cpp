@@ -230,12 +230,14 @@ torch::Tensor matmul(const torch::Tensor& qx, const torch::Tensor& xs, const tor
 
 }  // namespace
 
-// x [T, in] float32 -> (qx int8 [T, in], xs float32 [T, in/256], bsums int16 [T, in/16])
+// x [T, in] float32 -> (qx int8 [T, in'], xs float32 [T, in'/256], bsums int16 [T, in'/16]) where
+// in' is in rounded up to whole super-blocks of 256: the padding is zeros (weights re-quantized for
+// these kernels pad their inputs the same way, e.g. a hidden size of 896)
 std::vector<torch::Tensor> quantize_q8k(torch::Tensor x) {
     TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2, "x: float32 [T, in]");
     x = x.contiguous();
+    if (x.size(1) % 256) x = torch::constant_pad_nd(x, {0, 256 - x.size(1) % 256});
     const int64_t T = x.size(0), in = x.size(1);
-    TORCH_CHECK(in % 256 == 0, "input width must be a multiple of 256");
     const int64_t nb = in / 256;
     auto qx = torch::empty({T, in}, torch::kInt8);
     auto xs = torch::empty({T, nb}, torch::kFloat32);

@@ -102,7 +102,12 @@ def _q6k_fields(blocks: np.ndarray):
 def unpack_q4k(blocks: np.ndarray) -> torch.Tensor:
     """[O, nb * 144] uint8 Q4_K rows -> [ceil(O / 8), nb * 1216] records, each one super-block of
     8 output rows interleaved as gguf_matmul.cpp reads them."""
-    q, sc, mn, d, dmin = _groups(*_q4k_fields(blocks))
+    return _q4k_records(*_q4k_fields(blocks))
+
+
+def _q4k_records(q: np.ndarray, sc: np.ndarray, mn: np.ndarray, d: np.ndarray, dmin: np.ndarray) -> torch.Tensor:
+    """Q4_K fields (as _q4k_fields returns them) -> the kernel's records [ceil(O / 8), nb * 1216]."""
+    q, sc, mn, d, dmin = _groups(q, sc, mn, d, dmin)
     G, _, nb = d.shape
     q = q.reshape(G, 8, nb, 8, 4, 2, 4)  # [g, o, b, s, c, nibble, i]: input 32s + 8c + 4 nibble + i
     qs = q[..., 0, :] | (q[..., 1, :] << 4)  # [g, o, b, s, c, i]
@@ -113,6 +118,38 @@ def unpack_q4k(blocks: np.ndarray) -> torch.Tensor:
     rec[..., 1152:1184] = _f32_bytes(d)
     rec[..., 1184:1216] = _f32_bytes(dmin)
     return torch.from_numpy(rec.reshape(G, -1))
+
+
+def quantize_q4k(weight: torch.Tensor, chunk: int = 4096) -> "QuantTensor":
+    """A float matrix [O, in] quantized to Q4_K in the kernel's records, for models without a GGUF
+    file of their own (weight format "q4k"): per sub-block of 32 inputs a step and a minimum, both
+    6-bit multiples of per-super-block floats, as Q4_K stores them (W ~= d sc q - dmin mn, q in
+    0..15). Inputs are padded with zeros to whole super-blocks of 256 (quantize_q8k pads the
+    activations alike), so any width that is a multiple of 32 works (Qwen2.5-0.5B: 896)."""
+    O, n_in = weight.shape
+    width = -(-n_in // QK) * QK
+    parts = []
+    for i in range(0, O, chunk):  # rows per step: bounds the float temporaries
+        w = weight[i:i + chunk].float()
+        if width > n_in:
+            w = torch.nn.functional.pad(w, (0, width - n_in))
+        w = w.reshape(w.shape[0], width // QK, 8, 32)  # [o, b, s, 32]
+        # Both 6-bit factors round outwards (the stored minimum at or below the true one, the
+        # stored step at or above what the rest of the range needs), so no weight is clipped:
+        # each is within half a stored step of its value.
+        lo = w.amin(-1).clamp(max=0.0)  # [o, b, s] each sub-block's minimum, <= 0 (Q4_K subtracts it)
+        dmin = (-lo).amax(-1) / 63  # [o, b] the 6-bit minimums' unit
+        mn = torch.where(dmin[..., None] > 0, -lo / dmin[..., None].clamp(min=1e-30), 0.0).ceil().clamp(0, 63)
+        base = (dmin[..., None] * mn)[..., None]  # [o, b, s, 1] minus the stored minimum
+        step = (w.amax(-1) + base[..., 0]) / 15  # what one quant step of the sub-block must cover
+        d = step.amax(-1) / 63  # [o, b] the 6-bit scales' unit
+        sc = torch.where(d[..., None] > 0, step / d[..., None].clamp(min=1e-30), 0.0).ceil().clamp(0, 63)
+        unit = (d[..., None] * sc)[..., None]  # [o, b, s, 1] the quant step as stored
+        q = torch.where(unit > 0, (w + base) / unit.clamp(min=1e-30), 0.0)
+        q = q.round().clamp(0, 15).to(torch.uint8).reshape(w.shape[0], width // QK, QK)
+        parts.append(_q4k_records(q.numpy(), sc.to(torch.uint8).numpy(), mn.to(torch.uint8).numpy(),
+                                  d.numpy(), dmin.numpy()))
+    return QuantTensor("Q4_K", O, n_in, torch.cat(parts) if len(parts) > 1 else parts[0])
 
 
 def unpack_q6k(blocks: np.ndarray) -> torch.Tensor:
@@ -134,7 +171,8 @@ def unpack_q6k(blocks: np.ndarray) -> torch.Tensor:
 
 @dataclass
 class QuantTensor:
-    """One GGUF matrix [out, in] as kernel records ``w`` [ceil(out / 8), in / 256 * REC[kind]] uint8."""
+    """One GGUF matrix [out, in] as kernel records ``w`` [ceil(out / 8), ceil(in / 256) * REC[kind]] uint8
+    (inputs past ``in_features`` are zero padding)."""
     kind: str  # "Q4_K" or "Q6_K"
     out_features: int
     in_features: int
@@ -146,7 +184,7 @@ class QuantTensor:
 
     def dequantize(self) -> torch.Tensor:
         """[out, in] float32 (for tests, and for drafters that read the output head)."""
-        O, nb = self.out_features, self.in_features // QK
+        O, nb = self.out_features, -(-self.in_features // QK)
         rec = self.w.reshape(-1, nb, REC[self.kind])
         G = rec.shape[0]
         rows = lambda a, k: a.reshape(G, nb, k, 8).permute(0, 3, 1, 2).reshape(G * 8, nb, k)  # noqa: E731 [g, b, k, o] -> [row, b, k]
@@ -168,7 +206,7 @@ class QuantTensor:
             sc = rows(rec[..., 1536:1664].contiguous().view(torch.int8), 16).float()
             d = floats(1664)
             w = d[..., None, None] * sc[..., None] * q
-        return w.reshape(G * 8, self.in_features)[:O]
+        return w.reshape(G * 8, nb * QK)[:O, :self.in_features]
 
 
 class GGUFTensors:
@@ -202,13 +240,16 @@ class GGUFTensors:
     def has_kernel(self, hf_name: str) -> bool:
         return self._tensor(hf_name) is not None
 
-    def get(self, hf_name: str) -> QuantTensor | None:
-        """The matrix behind a HF weight name in the kernel's layout, or None when its type has no kernel."""
+    def get(self, hf_name: str, rows: int | None = None) -> QuantTensor | None:
+        """The matrix behind a HF weight name (its first ``rows`` outputs when given) in the kernel's
+        layout, or None when its type has no kernel."""
         t = self._tensor(hf_name)
         if t is None:
             return None
         in_f, out_f = (int(n) for n in t.shape[:2])  # ggml order: inputs first
         data = np.asarray(t.data).reshape(out_f, -1)
+        if rows is not None and rows < out_f:
+            data, out_f = data[:rows], rows
         unpack = unpack_q4k if t.tensor_type.name == "Q4_K" else unpack_q6k
         chunk = 8192  # rows per unpack: bounds the temporaries for the output head
         parts = [unpack(data[i:i + chunk]) for i in range(0, out_f, chunk)]
@@ -274,6 +315,26 @@ class GGUFLinear:
             out.append(p.rows(min(left, p.out_features)).dequantize())
             left -= p.out_features
         return torch.cat(out)
+
+
+class RequantizedWeights:
+    """Weight format "q4k": a Llama-family model's own float weights quantized to Q4_K as they are
+    looked up (quantize_q4k), so a model without a GGUF file, or one whose GGUF types have no
+    kernel here (the default 0.5B draft is mostly Q5_0), runs on the same native kernels and
+    fused layers as a gguf target. Lossy like any 4-bit format: meant for drafts, whose numerics
+    only move the acceptance rate. Same lookup as GGUFTensors."""
+
+    def __init__(self, weights):
+        self.weights = weights  # HF name -> tensor (llama.LazyWeights)
+
+    def get(self, hf_name: str, rows: int | None = None) -> QuantTensor | None:
+        name = hf_name
+        if name == "lm_head.weight" and name not in self.weights:
+            name = "model.embed_tokens.weight"  # tied output head
+        w = self.weights.get(name)
+        if w is None or w.dim() != 2 or w.shape[1] % 32:
+            return None
+        return quantize_q4k(w if rows is None else w[:rows])
 
 
 def gguf_source(spec: str, *, required: bool, progress: bool = True) -> GGUFTensors | None:

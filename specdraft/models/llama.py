@@ -267,15 +267,15 @@ class LlamaModel:
 
         # weight format "gguf": projections keep the GGUF file's own quantization (``quantized``:
         # a gguf_weights.GGUFTensors); a layer with a tensor type the kernels lack uses w8a8.
-        fallback = ("w8a8" if fbgemm_available() else "dense") if weight_format == "gguf" else weight_format
+        # "q4k": the same kernels over the float weights quantized on load (RequantizedWeights).
+        fallback = ("w8a8" if fbgemm_available() else "dense") if weight_format in ("gguf", "q4k") else weight_format
 
         def linear(names: list[str], bias: torch.Tensor | None, role: str, rows: int | None = None):
             """One projection over the weights ``names`` stacked along the outputs."""
             if quantized is not None:
-                parts = [quantized.get(n) for n in names]
+                parts = [quantized.get(n, rows) for n in names]  # rows: an output head's first rows only
                 if all(p is not None for p in parts):
-                    lin = GGUFLinear(parts, bias)
-                    return lin.first_rows(rows) if rows is not None else lin
+                    return GGUFLinear(parts, bias)
             m = raw(names[0]) if len(names) == 1 else torch.cat([raw(n) for n in names])
             if rows is not None:
                 m = m[:rows].contiguous()
@@ -355,9 +355,13 @@ class LlamaModel:
         if weight_format == "gguf" and gguf is None:
             raise ModelFileError(f"weight format gguf needs the GGUF file behind {path}: "
                                  "give a packaged model name or a .gguf file, or use another format")
+        if weight_format == "q4k":
+            from .gguf_weights import RequantizedWeights
+
+            gguf = RequantizedWeights(weights)
         return cls(read_spec(config), weights, config, dtype=dtype, max_length=max_length,
                    weight_format=weight_format, head_vocab=head_vocab,
-                   quantized=gguf if weight_format == "gguf" else None)
+                   quantized=gguf if weight_format in ("gguf", "q4k") else None)
 
     # ----------------------------------------------------------------------------- cache
     def rollback(self, length: int) -> None:

@@ -24,7 +24,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-WEIGHT_FORMATS = ("dense", "int8", "int4", "w8a8", "w8a8-fast", "gguf")  # gguf: see models/gguf_weights.py
+WEIGHT_FORMATS = ("dense", "int8", "int4", "w8a8", "w8a8-fast", "gguf", "q4k")  # gguf, q4k: see models/gguf_weights.py
 
 
 class DenseLinear:
@@ -217,18 +217,22 @@ def fbgemm_available() -> bool:
     return "fbgemm" in torch.backends.quantized.supported_engines
 
 
-def resolve_format(fmt: str, dtype: torch.dtype, draft: bool, gguf: bool = False) -> str:
+def resolve_format(fmt: str, dtype: torch.dtype, draft: bool, gguf: bool = False, kernels: bool = False) -> str:
     """"auto" -> the measured fastest weight format for this CPU and compute dtype.
 
     bf16 (AMX CPUs): dense for a target (a bf16 block forward costs about one token), int4 for a
     draft. fp32 (CPUs without native bf16): for a target, gguf where its GGUF file's tensors have
     kernels here (``gguf``: measured 60 ms a token against w8a8's 84 on an AVX2 EPYC), else w8a8;
-    w8a8-fast for a draft; dense / int4 without FBGEMM.
+    for a draft, q4k where the GGUF kernels build here (``kernels``: the default 0.5B draft, one
+    token at context 300 on the AVX2 EPYC: w8a8-fast 85 ms, q4k see BENCHMARKS.md), else
+    w8a8-fast; dense / int4 without FBGEMM.
     """
     if fmt != "auto":
         return fmt
     if dtype == torch.float32 and not draft and gguf:
         return "gguf"
+    if dtype == torch.float32 and draft and kernels:
+        return "q4k"
     if dtype == torch.float32 and fbgemm_available():
         return "w8a8-fast" if draft else "w8a8"
     return "int4" if draft else "dense"
