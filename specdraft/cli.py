@@ -15,7 +15,7 @@ _DEFAULTS_SPEC = SpecConfig()
 _DEFAULTS_GEN = GenerationConfig()
 _DEFAULTS_SAMPLING = SamplingConfig()
 _DTYPES = ["auto", "bf16", "fp32"]
-_FORMATS = ["auto", "dense", "int8", "int4", "w8a8", "w8a8-fast", "gguf"]  # "auto" + models.quant.WEIGHT_FORMATS
+_FORMATS = ["auto", "dense", "int8", "int4", "w8a8", "w8a8-fast", "gguf", "q4k"]  # "auto" + models.quant.WEIGHT_FORMATS
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -28,7 +28,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                         "w8a8 (int8 weights and activations) on CPUs without native bf16, dense bf16 on AMX; "
                         "dense = exact --dtype weights")
     p.add_argument("--draft-format", default=None, choices=_FORMATS,
-                   help="draft model weights (auto = w8a8-fast or int4); a draft's numerics never change the output")
+                   help="draft model weights (auto = q4k: its weights quantized to Q4_K on load for the native kernels, "
+                        "where they build; else w8a8-fast, or int4 on AMX); a draft's numerics never change the output")
     p.add_argument("--runtime", default="auto", choices=["auto", "native", "hf"], help="native Llama-family runtime or the transformers adapter")
     p.add_argument("--max-context", type=int, default=4096, help="KV cache capacity in tokens")
 

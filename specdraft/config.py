@@ -82,7 +82,8 @@ class SpecConfig:
     # prompt-lookup: shortest n-gram that may propose. Short matches are mostly wrong, and where a
     # block forward costs ~2 one-token forwards (fp32 on AVX2) a wrong 8-token guess loses time.
     ngram_min: int = 3
-    # draft-model, greedy: run another draft forward only while the draft's probability that all
+    # draft-model, greedy, before the target's forward costs are measured (or with cost_rule
+    # False; with costs the cost rule decides, see drafters.draft_model): run another draft forward only while the draft's probability that all
     # its guesses so far are right (the product of their probabilities) is at least this: the
     # next guess pays only if they all pass, and each costs a draft forward (~0.45 of a target
     # forward for the 0.5B draft of the 1.5B target on an AVX2 CPU).
@@ -91,6 +92,10 @@ class SpecConfig:
     # drafter's default (DEFAULT_DRAFT_WINDOW). Bounds the draft's prefill on long prompts;
     # lossless (only the guesses change).
     draft_window: int | None = None
+    # Cut greedy drafts by the target's measured forward costs (costs.ForwardCosts; drafters that
+    # size their drafts by cost: head, draft-model, and the copies of hybrid / hybrid-head).
+    # False: only min_confidence and k bound a draft.
+    cost_rule: bool = True
     # head / hybrid-head: the directory of a trained drafting head (head.json + head.safetensors);
     # None = the one shipped for the target, when there is one.
     head: str | None = None

@@ -14,6 +14,11 @@ PRIOR_SLOPE = 0.05  # assumed extra cost per token of a block size not yet measu
 ALPHA = 0.2  # weight of a new measurement in the running mean
 
 
+def running_mean(mean: float, x: float) -> float:
+    """The running mean (weight ALPHA) after x; the first measurement (mean 0) is taken whole."""
+    return x if mean == 0.0 else mean + ALPHA * (x - mean)
+
+
 class ForwardCosts:
     """Running mean seconds of target forwards over T new tokens."""
 
@@ -45,14 +50,15 @@ class ForwardCosts:
             return s / one
         return self.seconds[lo] / one + PRIOR_SLOPE * (tokens - lo)
 
-    def best_length(self, sure: list[float], draft_cost: float = 0.0) -> int:
+    def best_length(self, sure: list[float], draft_cost: float = 0.0, free: int = 0) -> int:
         """How many of the guesses to send: the n (0..len(sure)) that maximises expected committed
         tokens per unit of cost, where sure[i] = P(the first i + 1 guesses all pass) and
-        draft_cost is what one guess costs in one-token forwards."""
+        draft_cost is what one guess costs in one-token forwards (the first ``free`` guesses cost
+        nothing more: a draft model's first guess comes from the forward that catches it up)."""
         best_n, best, expected = 0, 1.0, 1.0
         for n, p in enumerate(sure, start=1):
             expected += p
-            value = expected / (self.ratio(n + 1) + draft_cost * n)
+            value = expected / (self.ratio(n + 1) + draft_cost * max(n - free, 0))
             if value > best:
                 best_n, best = n, value
         return best_n

@@ -82,7 +82,7 @@ class Engine:
         # seconds per target forward by block size, measured as we go; drafters that size their
         # drafts by cost (``use_costs``) read it
         self.costs = costs if costs is not None else ForwardCosts()
-        if drafter is not None and hasattr(drafter, "use_costs"):
+        if drafter is not None and hasattr(drafter, "use_costs") and spec.cost_rule:
             drafter.use_costs(self.costs)
         self.tokenizer = tokenizer
         self.drafter = drafter

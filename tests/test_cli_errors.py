@@ -190,3 +190,10 @@ def test_auto_format_without_a_gguf_file_falls_back(capsys, tiny_dir):
     rc, out, err = call(["generate", "hello", "--target", str(tiny_dir), "--method", "none", "--no-chat",
                          "--dtype", "fp32", "--max-new-tokens", "4", "--json"], capsys)
     assert rc == 0, err
+
+
+def test_cli_offers_every_weight_format():
+    from specdraft import cli
+    from specdraft.models.quant import WEIGHT_FORMATS
+
+    assert cli._FORMATS == ["auto", *WEIGHT_FORMATS]

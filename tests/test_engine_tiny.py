@@ -54,6 +54,7 @@ def make_engine(target_model, method="none", draft_model=None, eos=(), **spec_kw
     # speculative path runs on every step (the library's defaults are tuned for real models).
     spec_kw.setdefault("ngram_min", 1)
     spec_kw.setdefault("min_confidence", 0.0)
+    spec_kw.setdefault("cost_rule", False)  # a tiny model's forward times would cut every draft
     spec = SpecConfig(method=method, **spec_kw)
     drafter = None
     if method != "none":
@@ -272,6 +273,52 @@ def test_draft_stops_forwarding_once_it_doubts_its_guesses():
     drafter = DraftModel(lm, min_confidence=0.0)  # off: always k guesses
     drafter.begin([1, 2, 3, 4])
     assert len(drafter.propose([1, 2, 3, 4], 6, GREEDY, torch.Generator())) == 6 and lm.forwards == 6
+
+
+def fixed_costs(per_token: float):
+    """Forward costs where each extra token of a block costs ``per_token`` one-token forwards,
+    kept fixed while generating."""
+    from specdraft.costs import ForwardCosts
+
+    costs = ForwardCosts()
+    for t in range(1, 12):
+        costs.seconds[t] = 0.005 * (1 + per_token * (t - 1))
+    costs.record = lambda tokens, seconds: None
+    return costs
+
+
+@pytest.mark.parametrize("per_token, draft_seconds, expect_drafts", [
+    (1.0, 0.0, False),  # a block costs a forward per token: no guess pays
+    (0.0, 0.0, True),  # verification and drafting free: every guess is sent
+    (0.0, 0.01, True),  # a draft forward costs 2 target forwards: the first guess (free) still goes
+])
+def test_cost_aware_draft_model_stays_exact(target, drafts, plain, per_token, draft_seconds, expect_drafts,
+                                           monkeypatch):
+    """Greedy drafts of the draft model cut by cost (as the head's): exact whatever the costs,
+    no guesses where none pays (and then, after its warm-up, the draft model is skipped), one
+    guess a step where only the first one is free."""
+    from specdraft.costs import PassRates
+
+    e = make_engine(target, "draft-model", drafts["near"], k=4, cost_rule=True)
+    costs = fixed_costs(per_token)
+    e.drafter.use_costs(costs)
+    e.costs = costs
+    if draft_seconds:  # a slow draft model: its forwards are timed by the drafter itself
+        import time
+
+        forward = e.drafter.model.forward  # (the fixture's model: patched for this test only)
+        monkeypatch.setattr(e.drafter.model, "forward",
+                            lambda *a, **kw: (time.sleep(draft_seconds), forward(*a, **kw))[1])
+    text, _, tokens, stats = run(e)
+    assert tokens == plain[1] and text == plain[0]
+    assert (stats.draft_tokens > 0) == expect_drafts, stats.summary()
+    rates, prior = e.drafter.rates, PassRates()
+    assert sum(rates.passed) - sum(prior.passed) == pytest.approx(stats.accepted_tokens)
+    if not expect_drafts:
+        assert e.drafter.payoff.skipped > 0 and e.drafter.payoff.steps < stats.target_forwards
+    elif draft_seconds:
+        # one guess a step, but for the first step: no draft forward was timed before it
+        assert stats.drafts > 10 and stats.draft_tokens <= stats.drafts + 3
 
 
 def test_draft_model_with_a_smaller_context_than_the_target(models, target, plain):

@@ -13,12 +13,22 @@ next ``propose`` feeds it together with the bonus token).
 ``window`` tokens (and everything generated after them). Its prefill of a long prompt (a RAG
 document, an article to summarise) then costs a bounded time; lossless, since only the guesses
 change. ``seq`` and the cache then hold ``context[offset:]``.
+
+Greedy drafts, once the engine has timed its target forwards (``use_costs``), are cut by cost as
+the head's are (drafters.feature_head): the draft's confidences calibrated by how often such
+guesses passed (costs.PassRates), another draft forward only while the longer draft is expected
+to commit more per unit of cost (a draft forward counted in one-token target forwards), and no
+drafting at all while the draft model's steps commit less per unit of cost than plain steps
+(costs.Payoff); its cache then catches up in one block when it next drafts.
 """
 from __future__ import annotations
+
+import time
 
 import torch
 
 from ..config import SamplingConfig
+from ..costs import PassRates, Payoff, running_mean
 from .base import Draft, DrafterContext, choose, register
 
 
@@ -33,6 +43,15 @@ class DraftModel:
         # the guesses so far is at least this (see propose).
         self.min_confidence = min_confidence
         self.seq: list[int] = []
+        self.costs = None  # costs.ForwardCosts from the engine: drafts cut to the best length
+        self.forward_seconds = 0.0  # running mean seconds of one draft forward (sync or guess)
+        self.rates = PassRates()  # the draft's confidences -> how often such guesses passed
+        self.payoff = Payoff()  # do the draft model's steps commit more per unit of cost than plain ones?
+        self.sent: list[float] = []  # confidences of the guesses proposed last, until observed
+        self.ran: float | None = None  # the last step's cost in one-token target forwards, until observed
+
+    def use_costs(self, costs) -> None:
+        self.costs = costs
 
     def begin(self, prompt: list[int]) -> None:
         self.model.reset()
@@ -54,32 +73,54 @@ class DraftModel:
         k = min(k, self.model.max_length - (len(context) - self.offset))
         if k <= 0:
             return Draft()
-        logits = self._sync(context)  # paid on every step anyway: the first guess costs no forward
+        # greedy with timed target forwards: cut by cost (sampling keeps the confidence rule)
+        costed = self.costs is not None and self.costs.measured and sampling.greedy
+        if costed and not self.payoff.worth_running():
+            return Draft()
+        draft_cost = self.forward_seconds / self.costs.seconds[1] if costed else 0.0  # in one-token forwards
+        t0 = time.perf_counter()
+        logits = self._sync(context)  # the first guess comes from the forward that catches up
+        forwards = 1
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
-        sure = 1.0  # greedy: the draft's own probability that every guess so far is right
+        confidences, cumulative = [], []
+        sure = 1.0  # greedy: the chance that every guess so far is right
         for i in range(k):
-            tok, q, p = choose(logits, sampling, generator, self.min_confidence > 0.0)
-            sure *= p
+            tok, q, p = choose(logits, sampling, generator, costed or self.min_confidence > 0.0)
+            confidences.append(p)
+            sure *= self.rates.rate(p) if costed else p
+            cumulative.append(sure)
             if q is not None:
                 qs.append(q)
             tokens.append(tok)
-            # Another guess costs a draft forward, and pays only if every guess before it is
-            # accepted: stop once the draft itself doubts that (the guess in hand is still
-            # proposed; checking it costs the target almost nothing).
-            if i + 1 < k and sure >= self.min_confidence:
+            # Another guess costs a draft forward and pays only if every guess before it passes.
+            # With costs: go on while the longer draft is worth its forward and its verification;
+            # without: while the draft itself is sure enough (the guess in hand is still proposed).
+            more = (self.costs.best_length(cumulative + [sure * self.rates.rate(p)], draft_cost, free=1) > i + 1
+                    if costed else sure >= self.min_confidence)
+            if i + 1 < k and more:
                 logits = self.model.forward(torch.tensor([tok], dtype=torch.int64)).logits[-1]
                 self.seq.append(tok)
+                forwards += 1
             else:
                 break
-        probs = torch.stack(qs) if qs else None
+        self.forward_seconds = running_mean(self.forward_seconds, (time.perf_counter() - t0) / forwards)
+        if costed:
+            n = self.costs.best_length(cumulative, draft_cost, free=1)
+            tokens = tokens[:n]
+            self.ran = self.costs.ratio(n + 1) + draft_cost * forwards
+        self.sent = confidences[:len(tokens)]
+        probs = torch.stack(qs[:len(tokens)]) if qs else None
         return Draft(tokens, probs)
 
     def observe(self, context: list[int], num_accepted: int) -> None:
-        # Nothing to do eagerly: the next propose rolls back to the common prefix, which covers
-        # both a rejection (drop the rejected tail) and full acceptance (feed the last draft
-        # token and the bonus token).
-        pass
+        # The cache needs nothing eagerly: the next propose rolls back to the common prefix,
+        # which covers both a rejection (drop the rejected tail) and full acceptance (feed the
+        # last draft token and the bonus token). The confidences learn how often they were right.
+        self.rates.record(self.sent, num_accepted)
+        if self.ran is not None:
+            self.payoff.record(1 + num_accepted, self.ran)
+        self.sent, self.ran = [], None
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -20,7 +20,7 @@ import time
 import torch
 
 from ..config import SamplingConfig
-from ..costs import PassRates, Payoff
+from ..costs import PassRates, Payoff, running_mean
 from ..errors import ParameterError
 from .base import Draft, DrafterContext, choose, register
 
@@ -125,7 +125,7 @@ class FeatureHeadDrafter:
                 break  # this guess does not pay for its share of the verification: stop here
             if sure < self.min_confidence:  # the guess in hand is still proposed
                 break
-        self.step_seconds += 0.2 * ((time.perf_counter() - t0) / len(tokens) - self.step_seconds)
+        self.step_seconds = running_mean(self.step_seconds, (time.perf_counter() - t0) / len(tokens))
         if costed:
             n = self.costs.best_length(cumulative, draft_cost)
             tokens, qs = tokens[:n], qs[:n]
