@@ -275,6 +275,20 @@ def test_draft_stops_forwarding_once_it_doubts_its_guesses():
     assert len(drafter.propose([1, 2, 3, 4], 6, GREEDY, torch.Generator())) == 6 and lm.forwards == 6
 
 
+def test_draft_forward_cost_ignores_the_prompt_catch_up():
+    """The cost of a draft forward (what the cost rule charges a guess) is timed on forwards of a
+    step's 1-2 tokens, never on the catch-up over the prompt (seconds for a long prompt)."""
+    from specdraft.drafters.draft_model import DraftModel
+
+    lm = ScriptedLM([0.9] * 20)
+    drafter = DraftModel(lm, min_confidence=0.0)
+    drafter.begin([1, 2, 3, 4])
+    drafter.propose([1, 2, 3, 4], 1, GREEDY, torch.Generator())  # feeds the 4 prompt tokens only
+    assert drafter.forward_seconds == 0.0
+    drafter.propose([1, 2, 3, 4, 5, 6], 2, GREEDY, torch.Generator())  # 2 new tokens, then one guess forward
+    assert drafter.forward_seconds > 0.0 and lm.forwards == 3
+
+
 def fixed_costs(per_token: float):
     """Forward costs where each extra token of a block costs ``per_token`` one-token forwards,
     kept fixed while generating."""

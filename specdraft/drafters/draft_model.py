@@ -44,7 +44,7 @@ class DraftModel:
         self.min_confidence = min_confidence
         self.seq: list[int] = []
         self.costs = None  # costs.ForwardCosts from the engine: drafts cut to the best length
-        self.forward_seconds = 0.0  # running mean seconds of one draft forward (sync or guess)
+        self.forward_seconds = 0.0  # running mean seconds of one draft forward of 1-2 tokens
         self.rates = PassRates()  # the draft's confidences -> how often such guesses passed
         self.payoff = Payoff()  # do the draft model's steps commit more per unit of cost than plain ones?
         self.sent: list[float] = []  # confidences of the guesses proposed last, until observed
@@ -64,9 +64,18 @@ class DraftModel:
         n = _common_prefix(self.seq, context)
         n = min(n, len(context) - 1)  # always feed at least one token to get fresh logits
         self.model.rollback(n)
-        out = self.model.forward(torch.tensor(context[n:], dtype=torch.int64), last_only=True)
+        logits = self._forward(context[n:])
         self.seq = list(context)
-        return out.logits[-1]
+        return logits
+
+    def _forward(self, ids: list[int]) -> torch.Tensor:
+        """Logits [V] after feeding ids; forwards of 1-2 tokens (a step's, not a prompt's catch-up)
+        update the running mean of what a draft forward costs."""
+        t0 = time.perf_counter()
+        logits = self.model.forward(torch.tensor(ids, dtype=torch.int64), last_only=True).logits[-1]
+        if len(ids) <= 2:
+            self.forward_seconds = running_mean(self.forward_seconds, time.perf_counter() - t0)
+        return logits
 
     def propose(self, context: list[int], k: int, sampling: SamplingConfig,
                 generator: torch.Generator) -> Draft:
@@ -78,7 +87,6 @@ class DraftModel:
         if costed and not self.payoff.worth_running():
             return Draft()
         draft_cost = self.forward_seconds / self.costs.seconds[1] if costed else 0.0  # in one-token forwards
-        t0 = time.perf_counter()
         logits = self._sync(context)  # the first guess comes from the forward that catches up
         forwards = 1
         tokens: list[int] = []
@@ -99,12 +107,11 @@ class DraftModel:
             more = (self.costs.best_length(cumulative + [sure * self.rates.rate(p)], draft_cost, free=1) > i + 1
                     if costed else sure >= self.min_confidence)
             if i + 1 < k and more:
-                logits = self.model.forward(torch.tensor([tok], dtype=torch.int64)).logits[-1]
+                logits = self._forward([tok])
                 self.seq.append(tok)
                 forwards += 1
             else:
                 break
-        self.forward_seconds = running_mean(self.forward_seconds, (time.perf_counter() - t0) / forwards)
         if costed:
             n = self.costs.best_length(cumulative, draft_cost, free=1)
             tokens = tokens[:n]
