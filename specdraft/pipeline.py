@@ -103,10 +103,10 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
         # a one-line error when gguf is asked for and cannot be had; None when "auto" must do without
         gguf = gguf_source(spec, required=weight_format == "gguf", progress=progress)
     weight_format = resolve_format(weight_format, DTYPES[dtype], draft, gguf is not None,
-                                   kernels=native and draft and weight_format == "auto" and _kernels_here()) if native else \
-        ("dense" if weight_format == "auto" else weight_format)
-    if weight_format == "q4k" and native:
-        _require_kernels()
+                                   kernels=native and draft and weight_format == "auto" and _kernel_problem() is None) \
+        if native else ("dense" if weight_format == "auto" else weight_format)
+    if weight_format == "q4k" and native and _kernel_problem() is not None:
+        raise ParameterError(f"weight format q4k needs the native kernels: {_kernel_problem()}; use w8a8")
     if native:
         model = LlamaModel.from_dir(path, dtype=DTYPES[dtype], max_length=max_length, weight_format=weight_format,
                                     head_vocab=head_vocab, gguf=gguf)
@@ -117,24 +117,15 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
     return LoadedModel(spec, path, model, tokenizer, _eos_ids(path, config, tokenizer))
 
 
-def _kernels_here() -> bool:
-    """The native GGUF kernels run on this machine (built once, cached)."""
-    from .kernels import KernelUnavailable, gguf_ops
-
-    try:
-        gguf_ops()
-    except KernelUnavailable:
-        return False
-    return True
-
-
-def _require_kernels() -> None:
+def _kernel_problem() -> str | None:
+    """Why the native GGUF kernels cannot run here, or None when they can (built once, cached)."""
     from .kernels import KernelUnavailable, gguf_ops
 
     try:
         gguf_ops()
     except KernelUnavailable as e:
-        raise ParameterError(f"weight format q4k needs the native kernels: {e}; use w8a8") from None
+        return str(e)
+    return None
 
 
 def _eos_ids(path: Path, config, tokenizer) -> set[int]:

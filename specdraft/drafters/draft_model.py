@@ -28,14 +28,15 @@ import time
 import torch
 
 from ..config import SamplingConfig
-from ..costs import PassRates, Payoff, running_mean
+from ..costs import CostAware, running_mean
 from .base import Draft, DrafterContext, choose, register
 
 
-class DraftModel:
+class DraftModel(CostAware):
     name = "draft-model"
 
     def __init__(self, model, *, min_confidence: float = 0.0, window: int = 0):
+        super().__init__()
         self.model = model
         self.window = window
         self.offset = 0  # context[offset:] is what the draft model sees
@@ -43,15 +44,7 @@ class DraftModel:
         # the guesses so far is at least this (see propose).
         self.min_confidence = min_confidence
         self.seq: list[int] = []
-        self.costs = None  # costs.ForwardCosts from the engine: drafts cut to the best length
         self.forward_seconds = 0.0  # running mean seconds of one draft forward of 1-2 tokens
-        self.rates = PassRates()  # the draft's confidences -> how often such guesses passed
-        self.payoff = Payoff()  # do the draft model's steps commit more per unit of cost than plain ones?
-        self.sent: list[float] = []  # confidences of the guesses proposed last, until observed
-        self.ran: float | None = None  # the last step's cost in one-token target forwards, until observed
-
-    def use_costs(self, costs) -> None:
-        self.costs = costs
 
     def begin(self, prompt: list[int]) -> None:
         self.model.reset()
@@ -124,10 +117,7 @@ class DraftModel:
         # The cache needs nothing eagerly: the next propose rolls back to the common prefix,
         # which covers both a rejection (drop the rejected tail) and full acceptance (feed the
         # last draft token and the bonus token). The confidences learn how often they were right.
-        self.rates.record(self.sent, num_accepted)
-        if self.ran is not None:
-            self.payoff.record(1 + num_accepted, self.ran)
-        self.sent, self.ran = [], None
+        self.settle(num_accepted)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -20,7 +20,7 @@ import time
 import torch
 
 from ..config import SamplingConfig
-from ..costs import PassRates, Payoff, running_mean
+from ..costs import CostAware, running_mean
 from ..errors import ParameterError
 from .base import Draft, DrafterContext, choose, register
 
@@ -68,11 +68,12 @@ class Int8Head:
         return self.head.step(f, e, self.w1, self.w2)
 
 
-class FeatureHeadDrafter:
+class FeatureHeadDrafter(CostAware):
     name = "head"
     uses_features = True  # the engine calls take_features(hidden) after every target forward
 
     def __init__(self, target, head, *, min_confidence: float = 0.0):
+        super().__init__()
         self.head = head  # heads.model.FeatureHead (fp32, eval)
         self.step = Int8Head(head)  # its step as the drafter runs it
         self.embed = target.embed  # [V, H] the target's token embedding
@@ -80,15 +81,7 @@ class FeatureHeadDrafter:
         self.out = output_rows(target, self.vocab)  # [H] -> [V']
         self.min_confidence = min_confidence
         self.feature: torch.Tensor | None = None  # [H] f at the newest committed token's row
-        self.costs = None  # costs.ForwardCosts from the engine: drafts cut to the best length
         self.step_seconds = 0.0  # running mean seconds of one head guess
-        self.rates = PassRates()  # the head's confidences -> how often such guesses passed
-        self.sent: list[float] = []  # confidences of the guesses proposed last, until observed
-        self.payoff = Payoff()  # do the head's steps commit more per unit of cost than plain ones?
-        self.ran: float | None = None  # the last step's cost in one-token forwards, until observed
-
-    def use_costs(self, costs) -> None:
-        self.costs = costs
 
     def begin(self, prompt: list[int]) -> None:
         self.feature = None
@@ -134,12 +127,7 @@ class FeatureHeadDrafter:
         return Draft(tokens, torch.stack(qs) if qs else None)
 
     def observe(self, context: list[int], num_accepted: int) -> None:
-        # the feature itself is refreshed by take_features; here the confidences learn how often
-        # they were right (nothing to learn when this step's draft came from elsewhere: sent = [])
-        self.rates.record(self.sent, num_accepted)
-        if self.ran is not None:
-            self.payoff.record(1 + num_accepted, self.ran)
-        self.sent, self.ran = [], None
+        self.settle(num_accepted)  # the feature itself is refreshed by take_features
 
 
 @register("head", needs_head=True)
