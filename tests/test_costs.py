@@ -47,12 +47,40 @@ def test_hybrid_learns_how_far_copies_pass():
         def observe(self, context, n): pass
 
     h = Hybrid(NoModel(), model_k=3, ngram_max=3, ngram_min=1)
-    h.use_costs(table(t1=60, t2=70, t3=80, t4=90, t5=100, t6=110))
-    assert h._copy_length(5) == 3  # prior pass rate 2/3 per token
+    costs = table(t1=60, t2=70, t3=80, t4=90, t5=100, t6=110)
+    h.use_costs(costs)
+    assert h.copy_rates.length(5, costs) == 3  # prior pass rate 2/3 per token
     for _ in range(30):  # copies keep failing at their second token
         h.last_copy = 5
         h.observe([], 1)
-    assert h._copy_length(5) == 1
+    assert h.copy_rates.length(5, costs) == 1
+
+
+def test_prompt_lookup_cuts_copies_by_cost():
+    """Prompt lookup sends whole copies until forward costs are measured, then as many copied
+    tokens as pay, learned from how far its copies passed."""
+    import torch
+
+    from specdraft.config import SamplingConfig
+    from specdraft.drafters.prompt_lookup import PromptLookup
+
+    ctx = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]  # the 3-gram 1 2 3 continues 4 5 6 ...
+    pl = PromptLookup(ngram_max=3, ngram_min=3)
+    propose = lambda: pl.propose(ctx, 6, SamplingConfig(), torch.Generator()).tokens  # noqa: E731
+    assert propose() == [4, 5, 6, 7, 8, 9]  # no costs: the whole copy
+    costs = table(t1=60, t2=70, t3=80, t4=90, t5=100, t6=110, t7=120)
+    pl.use_costs(costs)
+    assert propose() == [4, 5, 6]  # prior 2/3 a token: three pay
+    for _ in range(30):  # copies keep passing whole
+        propose()
+        pl.observe(ctx, pl.sent)
+    assert propose() == [4, 5, 6, 7, 8, 9]
+    for _ in range(60):  # then keep failing at their first token
+        propose()
+        pl.observe(ctx, 0)
+    assert propose() != []  # a 1 in 3 chance still pays for a 70 ms verification instead of 60
+    pl.use_costs(table(t1=60, t2=90, t3=120, t4=150, t5=180, t6=210, t7=240))
+    assert propose() == []  # but not where each token costs half a forward
 
 
 def test_pass_rates_calibrate_confidences():

@@ -127,3 +127,35 @@ def test_bad_shapes_are_refused(ops):
         ops.block_attention(q, k, v, C + 1)
     with pytest.raises(RuntimeError, match="cache overflow"):
         ops.rope_cache(torch.randn(2, (NH + 2 * NKV) * HD), torch.randn(2, HD), torch.randn(2, HD), k, v, C - 1, NH)
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_fused_decoder_is_the_layer_loop_bit_for_bit(ops, tmp_path, kind):
+    """kernels.Decoder runs every layer in one call; it must compute exactly what the Python
+    loop over the same native steps computes: decode steps, blocks, a tree, and past the
+    32-row pass of the matrix kernels (qwen2 has q/k/v biases)."""
+    from specdraft.models.llama import LlamaModel
+
+    from _tiny import build_hf, save
+
+    model = LlamaModel.from_dir(save(build_hf(kind, seed=5), tmp_path / "m"), dtype=torch.float32,
+                                max_length=256, weight_format="q4k")
+    assert model._decoder is not None
+    g = torch.Generator().manual_seed(1)
+    model.forward(torch.randint(0, 96, (70,), generator=g))  # a prefill past ROW_EXACT_MAX: the loop path
+    start = model.length
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    for T, tree_mask in [(1, None), (5, None), (40, None), (4, tree)]:
+        ids = torch.randint(0, 96, (T,), generator=g)
+        out = {}
+        for fused in (True, False):
+            model.rollback(start)
+            model.fused = fused
+            out[fused] = model.forward(ids, tree_mask=tree_mask, need_hidden=True)
+            cache = model.k_cache[1][:, start:start + T].clone()
+        assert torch.equal(out[True].logits, out[False].logits)
+        assert torch.equal(out[True].hidden, out[False].hidden)
+        model.rollback(start)
+        model.fused = True
+        model.forward(ids, tree_mask=tree_mask)
+        assert torch.equal(model.k_cache[1][:, start:start + T], cache)  # the same keys were written

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..config import DEFAULT_K, SamplingConfig
+from ..costs import CopyRates
 from .base import Draft, DrafterContext, register
 from .draft_model import DraftModel
 from .feature_head import FeatureHeadDrafter
@@ -36,26 +37,13 @@ class Hybrid:
         self.copied = 0  # steps drafted by lookup in the current sequence (for statistics)
         self.modelled = 0  # steps drafted by the model
         self.costs = None  # costs.ForwardCosts from the engine: copies cut to the best length
-        # How often the i-th copied token passed, given the ones before it did (counts with a
-        # prior of 2 in 3): copies are free, but each one lengthens the verification.
-        self.copy_tried = [3.0] * 64
-        self.copy_passed = [2.0] * 64
+        self.copy_rates = CopyRates()  # how often copied tokens passed, by position
         self.last_copy = 0  # length of the copy proposed last step (0: the model drafted)
 
     def use_costs(self, costs) -> None:
         self.costs = costs
         if hasattr(self.model, "use_costs"):
             self.model.use_costs(costs)
-
-    def _copy_length(self, n: int) -> int:
-        """How many of n copied tokens pay for their verification, by their past pass rates."""
-        if self.costs is None or not self.costs.measured:
-            return n
-        sure, cumulative = 1.0, []
-        for i in range(min(n, len(self.copy_tried))):
-            sure *= self.copy_passed[i] / self.copy_tried[i]
-            cumulative.append(sure)
-        return self.costs.best_length(cumulative)
 
     def begin(self, prompt: list[int]) -> None:
         self.model.begin(prompt)
@@ -65,7 +53,7 @@ class Hybrid:
                 generator: torch.Generator) -> Draft:
         copy = find_continuation(context, k, self.ngram_max, self.ngram_min)
         if copy:
-            copy = copy[:self._copy_length(len(copy))]
+            copy = copy[:self.copy_rates.length(len(copy), self.costs)]
         self.last_copy = len(copy)
         if copy:
             self.copied += 1
@@ -77,9 +65,7 @@ class Hybrid:
         self.model.take_features(hidden)
 
     def observe(self, context: list[int], num_accepted: int) -> None:
-        for i in range(min(self.last_copy, num_accepted + 1, len(self.copy_tried))):  # copied tokens judged
-            self.copy_tried[i] += 1
-            self.copy_passed[i] += i < num_accepted
+        self.copy_rates.record(self.last_copy, num_accepted)
         self.model.observe(context, num_accepted)
 
 

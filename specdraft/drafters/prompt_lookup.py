@@ -2,7 +2,10 @@
 
 No model runs. The longest suffix n-gram (n from ngram_max down to ngram_min) of the context is
 searched for in the earlier context, most recent occurrence first; the tokens that followed it
-there become the draft.
+there become the draft. Once the engine has timed its forwards (``use_costs``), a copy is cut
+to the length that pays for its verification given how often copied tokens passed so far
+(costs.CopyRates): on CPUs where a block forward costs several one-token forwards, long copies
+after chance matches would otherwise slow decoding down.
 
 Example, ngram_max=2, k=3: context ``a b c d a b`` -> suffix ``a b`` occurred at 0, followed by
 ``c d a`` -> draft ``[c, d, a]``.
@@ -12,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..config import SamplingConfig
+from ..costs import CopyRates
 from .base import Draft, DrafterContext, register
 
 
@@ -21,17 +25,26 @@ class PromptLookup:
     def __init__(self, ngram_max: int = 3, ngram_min: int = 1):
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min
+        self.costs = None  # costs.ForwardCosts from the engine (cost_rule): copies cut to the best length
+        self.rates = CopyRates()
+        self.sent = 0  # length of the copy proposed last
+
+    def use_costs(self, costs) -> None:
+        self.costs = costs
 
     def begin(self, prompt: list[int]) -> None:
         pass
 
     def propose(self, context: list[int], k: int, sampling: SamplingConfig,
                 generator: torch.Generator) -> Draft:
-        return Draft(find_continuation(context, k, self.ngram_max, self.ngram_min))
+        copy = find_continuation(context, k, self.ngram_max, self.ngram_min)
+        copy = copy[:self.rates.length(len(copy), self.costs)]
+        self.sent = len(copy)
+        return Draft(copy)
 
     def observe(self, context: list[int], num_accepted: int) -> None:
-        pass
-
+        self.rates.record(self.sent, num_accepted)
+        self.sent = 0
 
 def find_continuation(context: list[int], k: int, ngram_max: int, ngram_min: int) -> list[int]:
     """Up to k tokens that followed the latest earlier occurrence of the context's suffix n-gram."""

@@ -2,7 +2,7 @@
 
 ``gguf_ops()`` returns the compiled module (quantize_q8k, q4k_matmul, q6k_matmul: see
 gguf_matmul.cpp; block_attention: see attention.cpp; rms_quantize, swiglu_quantize, rope_cache: see
-layer_ops.cpp; all declared in ops.h) or raises KernelUnavailable with a one-line reason (no AVX2 CPU, no C++
+layer_ops.cpp; Decoder, every layer in one call: see decoder.cpp; all declared in ops.h) or raises KernelUnavailable with a one-line reason (no AVX2 CPU, no C++
 compiler, build failure). The build takes ~1 minute once per source/torch version; the result lives
 under ``<cache>/ext/``.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / n for n in ("gguf_matmul.cpp", "attention.cpp", "layer_ops.cpp", "bindings.cpp")]
+SOURCES = [HERE / n for n in ("gguf_matmul.cpp", "attention.cpp", "layer_ops.cpp", "decoder.cpp", "bindings.cpp")]
 HEADERS = [HERE / "ops.h", HERE / "simd.h"]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 

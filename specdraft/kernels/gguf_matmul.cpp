@@ -205,27 +205,31 @@ void check_x(const torch::Tensor& qx, const torch::Tensor& xs, const torch::Tens
     TORCH_CHECK(bsums.dtype() == torch::kInt16 && bsums.is_contiguous() && bsums.numel() == T * nb * 16, "bsums: int16 [T, in/16]");
 }
 
-// y [T, O] = x (quantized: qx, xs, bsums) times the weight records w [ceil(O / 8), nb * REC]
-// (a record holds 8 output rows; the last group may be partly padding)
+// y[t, 0 .. O) (row stride ldy) for T rows of x (quantized: qx [T, in], xs [T, nb], bsums
+// [T, in / 16]) times the weight records w [ceil(O / 8), nb * REC] (a record holds 8 output rows;
+// the last group may be partly padding)
 template <int REC, typename Rows>
-torch::Tensor matmul(const torch::Tensor& qx, const torch::Tensor& xs, const torch::Tensor& bsums,
-                     const torch::Tensor& w, int64_t O, Rows rows) {
-    check_x(qx, xs, bsums);
-    const int64_t T = qx.size(0), in = qx.size(1), nb = in / 256;
-    TORCH_CHECK(w.dtype() == torch::kUInt8 && w.dim() == 2 && w.is_contiguous() && w.size(1) == nb * REC,
-                "weights: uint8 [O / ", GROUP, ", in/256 * ", REC, "] records for this input width");
-    TORCH_CHECK(O > (w.size(0) - 1) * GROUP && O <= w.size(0) * GROUP, "weights: ", w.size(0), " records of ", GROUP,
-                " rows cannot hold ", O, " outputs");
-    auto y = torch::empty({T, O}, torch::kFloat32);
-    const uint8_t* pw = w.data_ptr<uint8_t>();
-    float* py = y.data_ptr<float>();
-    at::parallel_for(0, w.size(0), 2, [&](int64_t begin, int64_t end) {
+void matmul_rows(const uint8_t* pw, int64_t groups, int64_t T, int64_t in, int64_t O, float* py, int64_t ldy, Rows rows) {
+    const int64_t nb = in / 256;
+    at::parallel_for(0, groups, 2, [&](int64_t begin, int64_t end) {
         for (int64_t g = begin; g < end; ++g)
             over_tiles(T, [&](auto nt, int64_t t0) {
-                rows(nt, pw + g * nb * REC, nb, in, t0, py + g * GROUP, O, std::min<int64_t>(GROUP, O - g * GROUP));
+                rows(nt, pw + g * nb * REC, nb, in, t0, py + g * GROUP, ldy, std::min<int64_t>(GROUP, O - g * GROUP));
             });
     });
-    return y;
+}
+
+// Q6_K's per-lane start values: word j of corr[t, s] is -32 * the sum of x over inputs 4k + 2j,
+// 4k + 2j + 1 (k = 0..3) of sub-block s (see q6k_rows)
+std::vector<int32_t> q6k_corr(const int8_t* px, int64_t n16) {
+    std::vector<int32_t> corr(n16);
+    for (int64_t u = 0; u < n16; ++u) {
+        const int8_t* x = px + 16 * u;
+        int32_t c[2] = {0, 0};
+        for (int i = 0; i < 16; ++i) c[(i / 2) % 2] += x[i];
+        corr[u] = (int32_t)((uint32_t)(uint16_t)(int16_t)(-32 * c[0]) | (uint32_t)(uint16_t)(int16_t)(-32 * c[1]) << 16);
+    }
+    return corr;
 }
 
 }  // namespace
@@ -276,33 +280,59 @@ std::vector<torch::Tensor> quantize_q8k(torch::Tensor x) {
     return {qx, xs, bsums};
 }
 
+// Rows per pass over the weights: the kernels read every row of x for each weight record, so a
+// prefill block is cut into pieces whose x stays in L2 cache (measured, 664-token prompt: 21.8 s
+// in one pass). Rows are computed independently: the cut changes no bit.
+constexpr int64_t ROWS = 32;
+
+void gguf_matmul_into(int64_t kind, const int8_t* qx, const float* xs, const int16_t* bsums, int64_t T, int64_t in,
+                      const torch::Tensor& w, int64_t O, float* y, int64_t ldy) {
+    TORCH_CHECK(kind == 4 || kind == 6, "weight kind must be 4 (Q4_K) or 6 (Q6_K)");
+    const int64_t rec = kind == 4 ? Q4K_REC : Q6K_REC, nb = in / 256;
+    TORCH_CHECK(in % 256 == 0, "input width must be a multiple of 256");
+    TORCH_CHECK(w.dtype() == torch::kUInt8 && w.dim() == 2 && w.is_contiguous() && w.size(1) == nb * rec,
+                "weights: uint8 [O / ", GROUP, ", in/256 * ", rec, "] records for this input width");
+    TORCH_CHECK(O > (w.size(0) - 1) * GROUP && O <= w.size(0) * GROUP, "weights: ", w.size(0), " records of ", GROUP,
+                " rows cannot hold ", O, " outputs");
+    const uint8_t* pw = w.data_ptr<uint8_t>();
+    for (int64_t c0 = 0; c0 < T; c0 += ROWS) {
+        const int64_t n = std::min(ROWS, T - c0);
+        const int8_t* px = qx + c0 * in;
+        const float* pxs = xs + c0 * nb;
+        float* py = y + c0 * ldy;
+        if (kind == 4) {
+            const int16_t* pbs = bsums + c0 * (in / 16);
+            matmul_rows<Q4K_REC>(pw, w.size(0), n, in, O, py, ldy,
+                                 [&](auto nt, const uint8_t* wr, int64_t nb, int64_t in, int64_t t0, float* out, int64_t ld, int64_t valid) {
+                q4k_rows<decltype(nt)::value>(wr, px, pxs, pbs, nb, in, t0, out, ld, valid);
+            });
+        } else {
+            const std::vector<int32_t> corr = q6k_corr(px, n * in / 16);
+            const int32_t* pc = corr.data();
+            matmul_rows<Q6K_REC>(pw, w.size(0), n, in, O, py, ldy,
+                                 [&](auto nt, const uint8_t* wr, int64_t nb, int64_t in, int64_t t0, float* out, int64_t ld, int64_t valid) {
+                q6k_rows<decltype(nt)::value>(wr, px, pxs, pc, nb, in, t0, out, ld, valid);
+            });
+        }
+    }
+}
+
+namespace {
+torch::Tensor matmul(int64_t kind, const torch::Tensor& qx, const torch::Tensor& xs, const torch::Tensor& bsums,
+                     const torch::Tensor& w, int64_t O) {
+    check_x(qx, xs, bsums);
+    const int64_t T = qx.size(0), in = qx.size(1);
+    auto y = torch::empty({T, O}, torch::kFloat32);
+    gguf_matmul_into(kind, qx.data_ptr<int8_t>(), xs.data_ptr<float>(), bsums.data_ptr<int16_t>(), T, in, w, O,
+                     y.data_ptr<float>(), O);
+    return y;
+}
+}  // namespace
+
 torch::Tensor q4k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums, torch::Tensor w, int64_t out_features) {
-    const int8_t* px = qx.data_ptr<int8_t>();
-    const float* pxs = xs.data_ptr<float>();
-    const int16_t* pbs = bsums.data_ptr<int16_t>();
-    return matmul<Q4K_REC>(qx, xs, bsums, w, out_features,
-                              [&](auto nt, const uint8_t* wr, int64_t nb, int64_t in, int64_t t0, float* out, int64_t O, int64_t valid) {
-        q4k_rows<decltype(nt)::value>(wr, px, pxs, pbs, nb, in, t0, out, O, valid);
-    });
+    return matmul(4, qx, xs, bsums, w, out_features);
 }
 
 torch::Tensor q6k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums, torch::Tensor w, int64_t out_features) {
-    check_x(qx, xs, bsums);
-    const int8_t* px = qx.data_ptr<int8_t>();
-    const float* pxs = xs.data_ptr<float>();
-    // each sub-block's -32 offset as q6k_rows starts its 16-bit lanes: word j of corr[t, s] is
-    // -32 * the sum of x over inputs 4k + 2j, 4k + 2j + 1 (k = 0..3) of sub-block s
-    const int64_t T = qx.size(0), in = qx.size(1);
-    std::vector<int32_t> corr(T * in / 16);
-    for (int64_t u = 0; u < T * in / 16; ++u) {
-        const int8_t* x = px + 16 * u;
-        int32_t c[2] = {0, 0};
-        for (int i = 0; i < 16; ++i) c[(i / 2) % 2] += x[i];
-        corr[u] = (int32_t)((uint32_t)(uint16_t)(int16_t)(-32 * c[0]) | (uint32_t)(uint16_t)(int16_t)(-32 * c[1]) << 16);
-    }
-    const int32_t* pc = corr.data();
-    return matmul<Q6K_REC>(qx, xs, bsums, w, out_features,
-                              [&](auto nt, const uint8_t* wr, int64_t nb, int64_t in, int64_t t0, float* out, int64_t O, int64_t valid) {
-        q6k_rows<decltype(nt)::value>(wr, px, pxs, pc, nb, in, t0, out, O, valid);
-    });
+    return matmul(6, qx, xs, bsums, w, out_features);
 }

@@ -8,6 +8,9 @@
 std::vector<torch::Tensor> quantize_q8k(torch::Tensor x);
 torch::Tensor q4k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums, torch::Tensor w, int64_t out_features);
 torch::Tensor q6k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums, torch::Tensor w, int64_t out_features);
+// y[t, 0 .. O) (row stride ldy) for T rows of quantized x of width in against kind 4 (Q4_K) or 6 (Q6_K) records w
+void gguf_matmul_into(int64_t kind, const int8_t* qx, const float* xs, const int16_t* bsums, int64_t T, int64_t in,
+                      const torch::Tensor& w, int64_t O, float* y, int64_t ldy);
 
 // attention.cpp: a block of new rows over the KV cache, every row independent of the block -> [T, nh, hd]
 torch::Tensor block_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t L,
@@ -18,3 +21,20 @@ std::vector<torch::Tensor> rms_quantize(torch::Tensor x, torch::Tensor w, double
 std::vector<torch::Tensor> swiglu_quantize(torch::Tensor gate_up);
 torch::Tensor rope_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin_signed, torch::Tensor k_cache,
                          torch::Tensor v_cache, int64_t start, int64_t num_heads);
+
+// decoder.cpp: every decoder layer of a GGUF-weight model in one call (see there)
+class NativeDecoder {
+public:
+    struct Part { int64_t kind; torch::Tensor w; int64_t out; };
+    struct Projection { std::vector<Part> parts; torch::Tensor bias; int64_t out = 0; };
+    NativeDecoder(pybind11::list layers, int64_t num_heads, double eps);
+    torch::Tensor forward(torch::Tensor x, int64_t start, torch::Tensor cos, torch::Tensor sin_signed,
+                          std::optional<torch::Tensor> mask);
+
+private:
+    struct Layer { torch::Tensor ln1, ln2, k, v; Projection qkv, o, gate_up, down; };
+    static torch::Tensor project(const Projection& p, const std::vector<torch::Tensor>& xq);
+    std::vector<Layer> layers_;
+    int64_t num_heads_;
+    double eps_;
+};

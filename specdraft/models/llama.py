@@ -240,6 +240,7 @@ class LlamaModel:
     """Llama-family decoder with a static KV cache. See the module docstring."""
 
     supports_tree = True
+    fused = True  # GGUF-weight layers: blocks of <= ROW_EXACT_MAX tokens in one native call (kernels.Decoder)
 
     # `weights` is consumed: unfused tensors are dropped as layers are built, to bound peak memory.
     def __init__(self, spec: LlamaSpec, weights: dict[str, torch.Tensor], config, *, dtype=torch.bfloat16,
@@ -323,11 +324,18 @@ class LlamaModel:
         # With every projection on GGUF weights (fp32) the layers run natively: attention
         # (kernels/attention.cpp, rows block-independent by construction) and fused steps between
         # the products (kernels/layer_ops.cpp) instead of ~35 small torch calls each.
-        self._ops = None
+        self._ops = self._decoder = None
         if (quantized is not None and dtype == torch.float32 and s.head_dim % 16 == 0 and
                 all(isinstance(lin, GGUFLinear) for layer in self.layers
                     for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))):
             self._ops = self.layers[0].qkv.ops
+            # every layer in one native call for blocks the native attention takes (decode steps,
+            # drafts, trees): the same kernels in the same order as _native_layers' loop, without
+            # its ~18 Python-side calls a layer
+            self._decoder = self._ops.Decoder(
+                [(l.ln1, l.ln2, kc, vc, l.qkv.native_spec(), l.o.native_spec(), l.gate_up.native_spec(),
+                  l.down.native_spec()) for l, kc, vc in zip(self.layers, self.k_cache, self.v_cache)],
+                s.num_heads, s.rms_eps)
 
     # ----------------------------------------------------------------------------- loading
     @classmethod
@@ -432,7 +440,9 @@ class LlamaModel:
         Per layer: rms_quantize -> qkv -> rope_cache (q rotated; k, v into the cache) ->
         attention -> o -> rms_quantize -> gate_up -> swiglu_quantize -> down. Blocks of up to
         ROW_EXACT_MAX tokens (decode steps, drafts, trees) attend with the native kernel, whose
-        rows are block-independent; a longer prefill uses the batched matmul path.
+        rows are block-independent, and run the whole loop below in one call (kernels.Decoder:
+        the same steps, bitwise; ``fused = False`` on an instance runs this loop instead); a
+        longer prefill uses the batched matmul path.
         """
         s, ops = self.spec, self._ops
         T = x.shape[0]
@@ -441,6 +451,8 @@ class LlamaModel:
         cos, sin = cos.contiguous(), sin.contiguous()
         # the kernel attends causally without a mask; only trees and the prefill path need one
         mask = self._mask(T, L0, tree_mask) if tree_mask is not None or T > ROW_EXACT_MAX else None
+        if T <= ROW_EXACT_MAX and self.fused:
+            return self._decoder.forward(x, L0, cos, sin, mask)
         for i, layer in enumerate(self.layers):
             kc, vc = self.k_cache[i], self.v_cache[i]
             qkv = layer.qkv.on_quantized(ops.rms_quantize(x, layer.ln1, s.rms_eps))  # [T, (nh + 2 nkv) hd]
