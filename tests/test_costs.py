@@ -49,11 +49,11 @@ def test_hybrid_learns_how_far_copies_pass():
     h = Hybrid(NoModel(), model_k=3, ngram_max=3, ngram_min=1)
     costs = table(t1=60, t2=70, t3=80, t4=90, t5=100, t6=110)
     h.use_costs(costs)
-    assert h.copy_rates.length(5, costs) == 3  # prior pass rate 2/3 per token
+    assert h.lookup.rates.length(5, costs) == 3  # prior pass rate 2/3 per token
     for _ in range(30):  # copies keep failing at their second token
-        h.last_copy = 5
+        h.lookup.sent = 5
         h.observe([], 1)
-    assert h.copy_rates.length(5, costs) == 1
+    assert h.lookup.rates.length(5, costs) == 1
 
 
 def test_prompt_lookup_cuts_copies_by_cost():

@@ -18,11 +18,10 @@ from __future__ import annotations
 import torch
 
 from ..config import DEFAULT_K, SamplingConfig
-from ..costs import CopyRates
 from .base import Draft, DrafterContext, register
 from .draft_model import DraftModel
 from .feature_head import FeatureHeadDrafter
-from .prompt_lookup import find_continuation
+from .prompt_lookup import PromptLookup
 
 
 class Hybrid:
@@ -32,16 +31,12 @@ class Hybrid:
         self.model = model  # the model prophet: DraftModel or FeatureHeadDrafter
         self.uses_features = getattr(model, "uses_features", False)
         self.model_k = model_k  # draft length when the draft model drafts
-        self.ngram_max = ngram_max
-        self.ngram_min = ngram_min
+        self.lookup = PromptLookup(ngram_max, ngram_min)  # the copies, cut by cost as prompt-lookup cuts them
         self.copied = 0  # steps drafted by lookup in the current sequence (for statistics)
         self.modelled = 0  # steps drafted by the model
-        self.costs = None  # costs.ForwardCosts from the engine: copies cut to the best length
-        self.copy_rates = CopyRates()  # how often copied tokens passed, by position
-        self.last_copy = 0  # length of the copy proposed last step (0: the model drafted)
 
     def use_costs(self, costs) -> None:
-        self.costs = costs
+        self.lookup.use_costs(costs)
         if hasattr(self.model, "use_costs"):
             self.model.use_costs(costs)
 
@@ -51,13 +46,10 @@ class Hybrid:
 
     def propose(self, context: list[int], k: int, sampling: SamplingConfig,
                 generator: torch.Generator) -> Draft:
-        copy = find_continuation(context, k, self.ngram_max, self.ngram_min)
-        if copy:
-            copy = copy[:self.copy_rates.length(len(copy), self.costs)]
-        self.last_copy = len(copy)
+        copy = self.lookup.propose(context, k, sampling, generator)
         if copy:
             self.copied += 1
-            return Draft(copy)
+            return copy
         self.modelled += 1
         return self.model.propose(context, min(k, self.model_k), sampling, generator)
 
@@ -65,7 +57,7 @@ class Hybrid:
         self.model.take_features(hidden)
 
     def observe(self, context: list[int], num_accepted: int) -> None:
-        self.copy_rates.record(self.last_copy, num_accepted)
+        self.lookup.observe(context, num_accepted)  # learns only when this step's draft was a copy
         self.model.observe(context, num_accepted)
 
 

@@ -46,6 +46,7 @@ class PromptLookup:
         self.rates.record(self.sent, num_accepted)
         self.sent = 0
 
+
 def find_continuation(context: list[int], k: int, ngram_max: int, ngram_min: int) -> list[int]:
     """Up to k tokens that followed the latest earlier occurrence of the context's suffix n-gram."""
     n_ctx = len(context)
