@@ -22,8 +22,11 @@ def running_mean(mean: float, x: float) -> float:
 class ForwardCosts:
     """Running mean seconds of target forwards over T new tokens."""
 
+    EXPLORE = 16  # choose_length: one in EXPLORE cuts to nothing sends a draft anyway
+
     def __init__(self):
         self.seconds: dict[int, float] = {}
+        self.cuts = 0  # drafts choose_length cut to nothing
 
     @property
     def measured(self) -> bool:
@@ -50,18 +53,30 @@ class ForwardCosts:
             return s / one
         return self.seconds[lo] / one + PRIOR_SLOPE * (tokens - lo)
 
-    def best_length(self, sure: list[float], draft_cost: float = 0.0, free: int = 0) -> int:
-        """How many of the guesses to send: the n (0..len(sure)) that maximises expected committed
-        tokens per unit of cost, where sure[i] = P(the first i + 1 guesses all pass) and
+    def best_length(self, sure: list[float], draft_cost: float = 0.0, free: int = 0, least: int = 0) -> int:
+        """How many of the guesses to send: the n (least..len(sure)) that maximises expected
+        committed tokens per unit of cost, where sure[i] = P(the first i + 1 guesses all pass) and
         draft_cost is what one guess costs in one-token forwards (the first ``free`` guesses cost
         nothing more: a draft model's first guess comes from the forward that catches it up)."""
-        best_n, best, expected = 0, 1.0, 1.0
+        best_n, best, expected = 0, (1.0 if least == 0 else -1.0), 1.0
         for n, p in enumerate(sure, start=1):
             expected += p
             value = expected / (self.ratio(n + 1) + draft_cost * max(n - free, 0))
-            if value > best:
+            if n >= least and value > best:
                 best_n, best = n, value
         return best_n
+
+    def choose_length(self, sure: list[float], draft_cost: float = 0.0, free: int = 0) -> int:
+        """best_length for the draft actually sent, exploring: of the steps it would cut to
+        nothing, every EXPLORE-th sends the best non-empty draft instead. Without that a cut is
+        final: a block cost timed once in a slow phase of the machine, or pass rates learnt on a
+        stretch of unpredictable text, are never measured again, and the prophet stays silent."""
+        n = self.best_length(sure, draft_cost, free)
+        if n == 0 and sure:
+            self.cuts += 1
+            if self.cuts % self.EXPLORE == 0:
+                n = self.best_length(sure, draft_cost, free, least=1)
+        return n
 
 
 class PassRates:
@@ -118,7 +133,7 @@ class CopyRates:
         for i in range(min(n, self.SIZE)):
             sure *= self.passed[i] / self.tried[i]
             cumulative.append(sure)
-        return costs.best_length(cumulative)
+        return costs.choose_length(cumulative)
 
     def record(self, sent: int, accepted: int) -> None:
         """The verifier judged a copy of ``sent`` tokens, ``accepted`` of which passed."""

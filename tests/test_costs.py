@@ -41,6 +41,20 @@ def test_best_length_follows_costs_and_confidence():
     assert flat.best_length([]) == 0
 
 
+def test_a_cut_to_nothing_is_not_final():
+    """A block cost timed in a slow phase (here a 2-token forward at 3x a 1-token one) would cut
+    every draft forever and never be timed again; choose_length sends one in EXPLORE anyway,
+    and the new measurement lifts the cut."""
+    stale = table(t1=60, t2=180)
+    picks = [stale.choose_length([0.7, 0.6]) for _ in range(2 * ForwardCosts.EXPLORE)]
+    assert picks.count(0) == 2 * ForwardCosts.EXPLORE - 2
+    assert picks[ForwardCosts.EXPLORE - 1] >= 1 and picks[-1] >= 1
+    assert stale.best_length([0.7, 0.6], least=1) >= 1 and stale.best_length([], least=1) == 0
+    for _ in range(10):  # what the explored drafts measured: two tokens cost barely more than one
+        stale.record(2, 0.062)
+    assert stale.choose_length([0.7]) == 1
+
+
 def test_hybrid_learns_how_far_copies_pass():
     class NoModel:
         def begin(self, prompt): pass

@@ -39,7 +39,7 @@ def test_plain_result_is_consistent(sd, plain):
 
 @pytest.mark.parametrize("method", ["draft-model", "prompt-lookup"])
 def test_speculator_methods_equal_plain(sd, plain, method):
-    res = sd.generate(PROMPT, spec=SpecConfig(method=method, k=4, ngram_min=1, min_confidence=0.0), gen=GenerationConfig(max_new_tokens=30), chat=False)
+    res = sd.generate(PROMPT, spec=SpecConfig(method=method, k=4, ngram_min=1, min_confidence=0.0, cost_rule=False), gen=GenerationConfig(max_new_tokens=30), chat=False)
     assert res.token_ids == plain.token_ids and res.text == plain.text
     assert res.stats.drafts > 0 and res.stats.draft_tokens > 0
     assert res.origins.count("draft") == res.stats.accepted_tokens
@@ -61,7 +61,7 @@ def test_stream_yields_the_same_text(sd, plain):
 
 def test_module_level_generate_and_stream(tiny_dir, plain):
     res = pipeline.generate(PROMPT, target=tiny_dir, draft=tiny_dir, method="draft-model", k=3, max_new_tokens=30,
-                             chat=False, dtype="fp32", target_format="w8a8", draft_format="w8a8")
+                             chat=False, cost_rule=False, dtype="fp32", target_format="w8a8", draft_format="w8a8")
     assert res.token_ids == plain.token_ids and res.stats.drafts > 0
     text = "".join(p.text for p in pipeline.stream(PROMPT, target=tiny_dir, method="prompt-lookup",
                                                     max_new_tokens=30, chat=False, dtype="fp32"))

@@ -55,8 +55,10 @@ def pair():
     return Speculator(progress=False)
 
 
-def generate(sd, ids, method, *, k=8, sampling=SamplingConfig(), max_new_tokens=NEW_TOKENS):
-    return sd.generate(list(ids), spec=SpecConfig(method=method, k=k), sampling=sampling,
+def generate(sd, ids, method, *, k=8, sampling=SamplingConfig(), max_new_tokens=NEW_TOKENS, cost_rule=True):
+    """Tests that need drafts to be sent pass cost_rule=False: with it, whether a draft pays
+    depends on how this machine timed its forwards (noisy, and different in CI)."""
+    return sd.generate(list(ids), spec=SpecConfig(method=method, k=k, cost_rule=cost_rule), sampling=sampling,
                        gen=GenerationConfig(max_new_tokens=max_new_tokens))
 
 
@@ -111,7 +113,7 @@ def test_smollm2_native_greedy_equals_transformers_generate(smol, smol_hf, promp
 def test_smollm2_draft_equal_to_target(smol, prompt):
     ids = smol.encode_prompt(prompt)
     plain = generate(smol, ids, "none")
-    spec = generate(smol, ids, "draft-model", k=6)
+    spec = generate(smol, ids, "draft-model", k=6, cost_rule=False)
     assert spec.stats.drafts > 0 and spec.stats.draft_tokens > 0
     assert spec.stats.acceptance_rate == 1.0
     assert spec.token_ids == plain.token_ids
@@ -122,8 +124,8 @@ def test_smollm2_draft_equal_to_target(smol, prompt):
 def test_smollm2_sampling_draft_equal_to_target(smol):
     ids = smol.encode_prompt(SMOL_PROMPTS[0])
     cfg = SamplingConfig(temperature=0.8, top_p=0.95, seed=7)
-    a = generate(smol, ids, "draft-model", k=6, sampling=cfg)
-    b = generate(smol, ids, "draft-model", k=6, sampling=cfg)
+    a = generate(smol, ids, "draft-model", k=6, sampling=cfg, cost_rule=False)
+    b = generate(smol, ids, "draft-model", k=6, sampling=cfg, cost_rule=False)
     assert a.token_ids == b.token_ids  # seeded: reproducible
     assert a.stats.drafts > 0
     assert a.stats.acceptance_rate == 1.0  # p == q exactly: every draft token passes
@@ -139,17 +141,21 @@ def test_smollm2_q4k_draft_runs_native_and_stays_exact(smol):
     assert draft.weight_format == "q4k" and draft._ops is not None
     ids = smol.encode_prompt(SMOL_PROMPTS[1])
     plain = generate(smol, ids, "none")
-    spec = generate(sd, ids, "draft-model", k=4)
+    spec = generate(sd, ids, "draft-model", k=4, cost_rule=False)
     assert spec.token_ids == plain.token_ids
     assert spec.stats.draft_tokens > 0 and spec.stats.acceptance_rate > 0.5
 
 
 def test_smollm2_prompt_lookup_equals_plain(smol):
+    """Every copy found is sent (cost_rule off: whether copies pay depends on how this machine
+    timed its forwards, which a test must not), and the output stays the target's; with the
+    cost rule on it stays the target's too."""
     ids = smol.encode_prompt(SMOL_PROMPTS[1])
     plain = generate(smol, ids, "none")
-    spec = generate(smol, ids, "prompt-lookup")
+    spec = generate(smol, ids, "prompt-lookup", cost_rule=False)
     assert spec.stats.drafts > 0
     assert spec.token_ids == plain.token_ids
+    assert generate(smol, ids, "prompt-lookup").token_ids == plain.token_ids
 
 
 # ------------------------------------------------------------------------------------ default pair
@@ -169,7 +175,7 @@ def pair_plain(pair):
 def test_default_pair_greedy_speculative_equals_plain(pair, pair_plain, prompt, method):
     ids, plain = pair_plain[prompt]
     assert plain.stats.drafts == 0 and len(plain.token_ids) > 0
-    spec = generate(pair, ids, method)
+    spec = generate(pair, ids, method, cost_rule=False)
     assert spec.stats.drafts > 0 and spec.stats.draft_tokens > 0, spec.stats.summary()
     assert_same_or_near_tie(pair.target.model, ids, plain.token_ids, spec.token_ids, BF16_NEAR_TIE)
     if spec.token_ids == plain.token_ids:
@@ -181,7 +187,7 @@ def test_shipped_head_guesses_are_accepted(pair, pair_plain):
     """The head shipped for the default target predicts it: some guesses pass on each prompt."""
     for prompt in PAIR_PROMPTS:
         ids, plain = pair_plain[prompt]
-        out = generate(pair, ids, "head", k=4)
+        out = generate(pair, ids, "head", k=4, cost_rule=False)
         assert out.token_ids == plain.token_ids
         assert out.stats.accepted_tokens > 0, out.stats.summary()
 
@@ -210,7 +216,7 @@ def test_w8a8_target_greedy_speculative_equals_plain(w8a8_target, method):
     """The int8 format stays available and exact."""
     ids = w8a8_target.encode_prompt(PAIR_PROMPTS[1])
     plain = generate(w8a8_target, ids, "none")
-    spec = generate(w8a8_target, ids, method)
+    spec = generate(w8a8_target, ids, method, cost_rule=False)
     assert w8a8_target.target.model.weight_format == "w8a8"
     assert spec.stats.draft_tokens > 0, spec.stats.summary()
     assert_same_or_near_tie(w8a8_target.target.model, ids, plain.token_ids, spec.token_ids, BF16_NEAR_TIE)

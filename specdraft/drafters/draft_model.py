@@ -106,7 +106,7 @@ class DraftModel(CostAware):
             else:
                 break
         if costed:
-            n = self.costs.best_length(cumulative, draft_cost, free=1)
+            n = self.costs.choose_length(cumulative, draft_cost, free=1)
             tokens = tokens[:n]
             self.ran = self.costs.ratio(n + 1) + draft_cost * forwards
         self.sent = confidences[:len(tokens)]

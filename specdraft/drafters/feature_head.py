@@ -120,7 +120,7 @@ class FeatureHeadDrafter(CostAware):
                 break
         self.step_seconds = running_mean(self.step_seconds, (time.perf_counter() - t0) / len(tokens))
         if costed:
-            n = self.costs.best_length(cumulative, draft_cost)
+            n = self.costs.choose_length(cumulative, draft_cost)
             tokens, qs = tokens[:n], qs[:n]
             self.ran = self.costs.ratio(n + 1) + draft_cost * len(confidences)
         self.sent = confidences[:len(tokens)]
