@@ -20,12 +20,19 @@ def running_mean(mean: float, x: float) -> float:
 
 
 class ForwardCosts:
-    """Running mean seconds of target forwards over T new tokens."""
+    """Running mean seconds of target forwards over T new tokens, and what a block costs against
+    a one-token forward timed at the same time.
+
+    This machine runs in phases minutes long, one ~2x slower than the other. A block size is
+    timed far less often than single tokens, so its mean seconds over the one-token mean of
+    another phase is off by up to 2x, both ways. So each block's time is divided by the
+    one-token mean of that moment (``relative``), and ratios are averaged, not seconds."""
 
     EXPLORE = 16  # choose_length: one in EXPLORE cuts to nothing sends a draft anyway
 
     def __init__(self):
         self.seconds: dict[int, float] = {}
+        self.relative: dict[int, float] = {}  # T -> running mean of cost(T) / cost(1) at that time
         self.cuts = 0  # drafts choose_length cut to nothing
 
     @property
@@ -36,22 +43,30 @@ class ForwardCosts:
     def record(self, tokens: int, seconds: float) -> None:
         old = self.seconds.get(tokens)
         self.seconds[tokens] = seconds if old is None else old + ALPHA * (seconds - old)
+        one = self.seconds.get(1)
+        if tokens > 1 and one:
+            self.relative[tokens] = running_mean(self.relative.get(tokens, 0.0), seconds / one)
+
+    def _ratio_at(self, tokens: int) -> float:
+        """cost(tokens) / cost(1) for a measured size."""
+        if tokens == 1:
+            return 1.0
+        return self.relative.get(tokens) or self.seconds[tokens] / self.seconds[1]
 
     def ratio(self, tokens: int) -> float:
         """cost(tokens) / cost(1); linear between measured sizes, the prior slope beyond."""
-        one = self.seconds.get(1)
-        if one is None or tokens <= 1:
+        if not self.seconds.get(1) or tokens <= 1:
             return 1.0 + PRIOR_SLOPE * (tokens - 1)
         known = sorted(t for t in self.seconds if t <= tokens)
         lo = known[-1]
         if lo == tokens:
-            return self.seconds[tokens] / one
+            return self._ratio_at(tokens)
         above = [t for t in self.seconds if t > tokens]
         if above:
             hi = min(above)
-            s = self.seconds[lo] + (self.seconds[hi] - self.seconds[lo]) * (tokens - lo) / (hi - lo)
-            return s / one
-        return self.seconds[lo] / one + PRIOR_SLOPE * (tokens - lo)
+            r_lo, r_hi = self._ratio_at(lo), self._ratio_at(hi)
+            return r_lo + (r_hi - r_lo) * (tokens - lo) / (hi - lo)
+        return self._ratio_at(lo) + PRIOR_SLOPE * (tokens - lo)
 
     def best_length(self, sure: list[float], draft_cost: float = 0.0, free: int = 0, least: int = 0) -> int:
         """How many of the guesses to send: the n (least..len(sure)) that maximises expected

@@ -41,6 +41,22 @@ def test_best_length_follows_costs_and_confidence():
     assert flat.best_length([]) == 0
 
 
+def test_block_costs_survive_a_change_of_phase():
+    """A 2-token block timed in a slow phase (1 token 120 ms, 2 tokens 140) keeps its ratio
+    when the machine turns fast (1 token 60 ms): 140 / 60 would cut every copy."""
+    c = ForwardCosts()
+    for _ in range(5):
+        c.record(1, 0.120)
+    c.record(2, 0.140)
+    for _ in range(20):
+        c.record(1, 0.060)
+    assert c.ratio(2) == pytest.approx(140 / 120)
+    assert c.choose_length([0.5]) == 1
+    c.record(3, 0.090)  # a block timed now: against the one-token time of now
+    assert c.ratio(3) == pytest.approx(0.090 / c.seconds[1])
+    assert c.ratio(2) < c.ratio(3)
+
+
 def test_a_cut_to_nothing_is_not_final():
     """A block cost timed in a slow phase (here a 2-token forward at 3x a 1-token one) would cut
     every draft forever and never be timed again; choose_length sends one in EXPLORE anyway,
