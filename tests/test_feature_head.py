@@ -30,7 +30,8 @@ def target(tmp_path_factory):
 
 
 def engine(target, method, head=None, **spec_kw):
-    spec = SpecConfig(method=method, min_confidence=0.0, ngram_min=1, **{"cost_rule": False, **spec_kw})
+    spec_kw.setdefault("cost_rule", False)  # drafts sent whatever this machine's forward times
+    spec = SpecConfig(method=method, min_confidence=0.0, ngram_min=1, **spec_kw)
     drafter = None if method == "none" else build_drafter(method, DrafterContext(spec, target, None, head))
     return Engine(target, FakeTokenizer(), drafter, spec)
 
