@@ -124,9 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("calibrate", help="measure a model's forward cost over 1..32 new tokens on this machine")
     c.add_argument("--model", default=None, help="packaged name, HF model dir or .gguf (default: the default target)")
-    c.add_argument("--format", default="auto", choices=_FORMATS,
-                   help="weight format (auto = what a target gets on this CPU)")
-    c.add_argument("--dtype", default="auto", choices=_DTYPES)
+    c.add_argument("--format", default="auto",
+                   help="weight format, or several to compare, comma-separated, each FORMAT or FORMAT:DTYPE "
+                        f"(formats: {', '.join(_FORMATS)}; auto = what a target gets on this CPU), "
+                        "e.g. auto,w8a8,dense:bf16; several are timed interleaved")
+    c.add_argument("--dtype", default="auto", choices=_DTYPES, help="compute dtype of formats given without one")
     c.add_argument("--context", type=int, default=300, help="tokens already in the KV cache")
     c.add_argument("--blocks", default="1,2,4,8,16,32", help="comma-separated numbers of new tokens")
     c.add_argument("--repeats", type=int, default=5, help="timed forwards per block (median reported)")
@@ -211,12 +213,29 @@ def _cmd_serve(args) -> int:
     return 0
 
 
+def _calibrate_candidates(spec: str, dtype: str) -> list[tuple[str, str, str]]:
+    """'auto,dense:bf16' -> [(label, format, dtype)], or a one-line ParameterError."""
+    from .errors import ParameterError
+
+    out = []
+    for item in spec.split(","):
+        fmt, _, dt = item.strip().partition(":")
+        dt = dt or dtype
+        if fmt not in _FORMATS or dt not in _DTYPES:
+            raise ParameterError(f"--format items are FORMAT or FORMAT:DTYPE with a format in {', '.join(_FORMATS)} "
+                                 f"and a dtype in {', '.join(_DTYPES)}, got {item!r}")
+        out.append((item.strip() if ":" in item else fmt, fmt, dt))
+    if len({label for label, _, _ in out}) < len(out):
+        raise ParameterError(f"--format names a format twice: {spec!r}")
+    return out
+
+
 def _cmd_calibrate(args) -> int:
     import json
 
     import torch
 
-    from .bench.forward_cost import forward_cost
+    from .bench.forward_cost import forward_costs
     from .errors import ParameterError
     from .models.packaged import DEFAULT_TARGET
     from .pipeline import load_model
@@ -227,20 +246,45 @@ def _cmd_calibrate(args) -> int:
         raise ParameterError(f"--blocks must be comma-separated integers, got {args.blocks!r}") from None
     if not blocks or min(blocks) < 1 or args.context < 1 or args.repeats < 1:
         raise ParameterError("blocks, context and repeats must be >= 1")
+    candidates = _calibrate_candidates(args.format, args.dtype)
     name = args.model or DEFAULT_TARGET
-    m = load_model(name, dtype=args.dtype, weight_format=args.format, max_length=args.context + max(blocks) + 1)
-    cost = forward_cost(m.model, blocks=blocks, context=args.context, repeats=args.repeats)
-    one = cost["seconds"][0]
-    for k, sec in zip(cost["tokens"], cost["seconds"]):
-        print(f"{k:3d} new tokens: {sec * 1000:8.1f} ms  ({sec / one:.2f}x the first block, {k / sec:7.1f} tok/s)")
+    models = {label: load_model(name, dtype=dt, weight_format=fmt, max_length=args.context + max(blocks) + 1).model
+              for label, fmt, dt in candidates}
+    costs = forward_costs(models, blocks=blocks, context=args.context, repeats=args.repeats)
+    reports = {label: {"model": name, "weight_format": getattr(m, "weight_format", "hf"),
+                       "dtype": str(getattr(m, "dtype", "")), "context": args.context,
+                       "threads": torch.get_num_threads(), "kernel_path": _kernel_path(m), **costs[label]}
+               for label, m in models.items()}
+    for label, r in reports.items():
+        one = r["seconds"][0]
+        if len(reports) > 1:
+            print(f"{label}: weight format {r['weight_format']}, {r['dtype']}")
+        for k, sec in zip(r["tokens"], r["seconds"]):
+            print(f"{k:3d} new tokens: {sec * 1000:8.1f} ms  ({sec / one:.2f}x the first block, {k / sec:7.1f} tok/s)")
+    paths = {r["kernel_path"] for r in reports.values()} - {None}
+    if paths:
+        print(f"GGUF kernel path: {', '.join(sorted(paths))}")
+    if len(reports) > 1:
+        fastest = min(reports, key=lambda label: reports[label]["seconds"][0])
+        for label, r in reports.items():
+            ratio = r["seconds"][0] / reports[fastest]["seconds"][0]
+            print(f"one token, {label}: {r['seconds'][0] * 1000:.1f} ms = {ratio:.2f}x the fastest ({fastest})")
     if args.json_out:
-        report = {"model": name, "weight_format": getattr(m.model, "weight_format", "hf"),
-                  "dtype": str(getattr(m.model, "dtype", "")), "context": args.context,
-                  "threads": torch.get_num_threads(), **cost}
+        report = reports[candidates[0][0]] if len(reports) == 1 else {"formats": reports}
         with open(args.json_out, "w") as f:
             json.dump(report, f, indent=1)
             f.write("\n")
     return 0
+
+
+def _kernel_path(model) -> str | None:
+    """The GGUF kernels' instruction-set path, for models that run them."""
+    if getattr(model, "weight_format", None) not in ("gguf", "q4k"):
+        return None
+    from .kernels import gguf_ops
+
+    ops = gguf_ops()
+    return ops.kernel_path() if hasattr(ops, "kernel_path") else "avx2"
 
 
 def _cmd_models(args) -> int:

@@ -25,7 +25,7 @@ DEFAULT_DTYPE = "auto"  # resolved by resolve_dtype() on the machine at hand
 # A draft model's numerics never change the output, only acceptance; low-bit weights make each
 # draft token several times cheaper on a memory-bound CPU.
 DEFAULT_DRAFT_FORMAT = "auto"  # resolved by models.quant.resolve_format (w8a8-fast or int4)
-DEFAULT_TARGET_FORMAT = "auto"  # gguf or w8a8 on CPUs without native bf16, dense bf16 on AMX
+DEFAULT_TARGET_FORMAT = "auto"  # gguf where the GGUF kernels run, else w8a8 (models.quant.resolve_format)
 
 
 @dataclass
@@ -37,28 +37,20 @@ class LoadedModel:
     eos_ids: set[int]
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.partition(":")[2].split())
-    except OSError:
-        pass
-    return set()
-
-
 def resolve_dtype(dtype: str) -> str:
-    """"auto" -> "bf16" where the CPU multiplies bf16 natively (AMX-BF16 / AVX512-BF16), else "fp32".
+    """"auto" -> "fp32": the compute dtype of the GGUF kernels (8-bit activations, float
+    accumulation), the fastest exact path measured on every CPU kind this project runs on.
 
-    Measured with scripts/measure_forward.py: on Sapphire Rapids (AMX) a bf16 forward over 16
-    new tokens costs about what one token does, while on an AVX2-only CPU (AMD EPYC here) bf16
-    is emulated and a 16-token bf16 forward costs several times the fp32 one.
+    bf16 is never chosen by itself: torch's bf16 matmuls are not batch-invariant on AVX512-BF16
+    CPUs (a row computed in a block of 16 differs from the same row alone by up to 0.25 in the
+    logits on a Zen 5 EPYC), so speculative greedy output would not be guaranteed to equal plain
+    decoding; and they are slower than the GGUF kernels for one token on every kind measured
+    (context 300, 1.5B target, ``specdraft calibrate``): Zen 5 EPYC bf16 dense ~139 ms against
+    gguf 30.4 ms; AVX2-only EPYC bf16 is emulated (several times fp32); Sapphire Rapids (AMX)
+    0.40 s for one token in bf16 through transformers against ~1-3 ms vs 0.7 ms per 1536x8960
+    matrix in bf16 vs 4-bit (README, "Choosing a format"). ``--dtype bf16`` still selects it.
     """
-    if dtype != "auto":
-        return dtype
-    return "bf16" if {"amx_bf16", "avx512_bf16"} & cpu_flags() else "fp32"
+    return "fp32" if dtype == "auto" else dtype
 
 
 def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", max_length: int = 4096,
@@ -71,7 +63,7 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
     measured format for this CPU, for a target or (``draft``) a draft model.
     head_vocab: draft models only: compute logits for the first ``head_vocab`` token ids only.
     """
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     from .models.quant import WEIGHT_FORMATS, resolve_format
 
@@ -91,7 +83,7 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
     path = resolve_model_dir(spec, progress=progress)
     try:
         config = AutoConfig.from_pretrained(path)
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = load_tokenizer(path)
     except Exception as e:  # noqa: BLE001 - user-facing
         raise ModelFileError(f"cannot load config/tokenizer from {path} ({type(e).__name__}); "
                              "is it a complete Hugging Face model directory?") from None
@@ -115,6 +107,17 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
     else:
         model = HFModel.from_dir(path, dtype=DTYPES[dtype], max_length=max_length)
     return LoadedModel(spec, path, model, tokenizer, _eos_ids(path, config, tokenizer))
+
+
+def load_tokenizer(path: Path):
+    """The model directory's tokenizer. A ``tokenizer.json`` is read as it is, by the tokenizers
+    library (0.5 s for Qwen2.5's, against 0.85 s through the model's own tokenizer class, which
+    parses the file again in Python); a directory without one goes through AutoTokenizer."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if (Path(path) / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path)
 
 
 def _kernel_problem() -> str | None:

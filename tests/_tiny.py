@@ -72,10 +72,10 @@ def save(model, directory: Path) -> Path:
     return directory
 
 
-def load_native(directory: Path, max_length: int = MAX_POS):
+def load_native(directory: Path, max_length: int = MAX_POS, dtype: torch.dtype = torch.float32):
     from specdraft.models.llama import LlamaModel
 
-    return LlamaModel.from_dir(directory, dtype=torch.float32, max_length=max_length)
+    return LlamaModel.from_dir(directory, dtype=dtype, max_length=max_length)
 
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ.,;:!?0123456789-+*/=()[]{}<>#@$%&_'\"|~^"

@@ -157,7 +157,19 @@ def test_calibrate_prints_and_saves_the_forward_cost(capsys, tiny_dir, tmp_path)
     assert out.count("new tokens") == 3
 
 
+def test_calibrate_compares_formats_interleaved(capsys, tiny_dir, tmp_path):
+    out_json = tmp_path / "cost.json"
+    rc, out, err = call(["calibrate", "--model", str(tiny_dir), "--format", "dense:fp32,w8a8", "--context", "8",
+                         "--blocks", "1,2", "--repeats", "2", "--json", str(out_json)], capsys)
+    assert rc == 0, err
+    formats = json.loads(out_json.read_text())["formats"]
+    assert set(formats) == {"dense:fp32", "w8a8"} and formats["w8a8"]["weight_format"] == "w8a8"
+    assert out.count("new tokens") == 4 and out.count("the fastest") == 2
+
+
 @pytest.mark.parametrize("args, contains", [
+    (["--format", "dense:fp64"], "FORMAT:DTYPE"),
+    (["--format", "gguf,gguf"], "twice"),
     (["--blocks", "1,x"], "blocks"),
     (["--blocks", "0"], "blocks"),
     (["--context", "0"], "context"),

@@ -96,6 +96,17 @@ def test_greedy_equals_plain_and_guesses_are_accepted(target, trained, method):
     assert accepted > 0  # the trained head does predict the target
 
 
+@pytest.mark.parametrize("method", ["head", "hybrid-head"])
+def test_a_bf16_target_drafts_with_the_head(tmp_path, trained, method):
+    # the head runs in float32 whatever the target's dtype: its features meet a bf16 target's
+    # output rows in that dtype (a bf16 target once crashed here with a dtype mismatch)
+    _, head, _ = trained
+    bf16 = load_native(save(build_hf("qwen2", seed=0), tmp_path / "target"), dtype=torch.bfloat16)
+    for prompt in PROMPTS:
+        ids, stats = generate(bf16, method, prompt, head, n=20)
+        assert len(ids) == 20 and stats.drafts > 0 and stats.draft_tokens > 0
+
+
 def test_sampling_is_reproducible_and_drafts(target, trained):
     _, head, _ = trained
     s = SamplingConfig(temperature=0.8, top_k=20, seed=7)

@@ -2,7 +2,9 @@
 
 Speculative decoding pays when checking k guesses costs little more than decoding one token.
 This measures exactly that on the current machine: the median time of a forward over k new
-tokens on top of a KV cache of ``context`` tokens.
+tokens on top of a KV cache of ``context`` tokens. Several models (one model in several weight
+formats) are timed interleaved, block by block, so a slow phase of a shared machine hits them
+alike and their ratios hold.
 """
 from __future__ import annotations
 
@@ -14,24 +16,35 @@ import torch
 DEFAULT_BLOCKS = (1, 2, 4, 8, 16, 32)
 
 
-def forward_cost(model, blocks=DEFAULT_BLOCKS, context: int = 300, repeats: int = 5,
-                 warmup: int = 2) -> dict[str, list]:
-    """{"tokens": [k...], "seconds": [median forward time...]} for a CausalLM ``model``."""
+def forward_costs(models: dict[str, object], blocks=DEFAULT_BLOCKS, context: int = 300, repeats: int = 5,
+                  warmup: int = 2) -> dict[str, dict[str, list]]:
+    """{label: {"tokens": [k...], "seconds": [median forward time...]}} for CausalLMs by label,
+    every model fed the same random tokens."""
     gen = torch.Generator().manual_seed(0)
-    vocab = min(model.vocab_size, 32000)
+    vocab = min(min(m.vocab_size for m in models.values()), 32000)
     prefix = torch.randint(0, vocab, (context,), generator=gen)
-    model.reset()
-    model.forward(prefix, last_only=True)
-    seconds = []
+    for m in models.values():
+        m.reset()
+        m.forward(prefix, last_only=True)
+    out = {label: {"tokens": list(blocks), "seconds": []} for label in models}
     for k in blocks:
         ids = torch.randint(0, vocab, (k,), generator=gen)
-        times = []
+        times: dict[str, list[float]] = {label: [] for label in models}
         for r in range(warmup + repeats):
-            model.rollback(context)
-            t0 = time.perf_counter()
-            model.forward(ids)
-            if r >= warmup:
-                times.append(time.perf_counter() - t0)
-        seconds.append(statistics.median(times))
-    model.rollback(context)
-    return {"tokens": list(blocks), "seconds": seconds}
+            for label, m in models.items():
+                m.rollback(context)
+                t0 = time.perf_counter()
+                m.forward(ids)
+                if r >= warmup:
+                    times[label].append(time.perf_counter() - t0)
+        for label in models:
+            out[label]["seconds"].append(statistics.median(times[label]))
+    for m in models.values():
+        m.rollback(context)
+    return out
+
+
+def forward_cost(model, blocks=DEFAULT_BLOCKS, context: int = 300, repeats: int = 5,
+                 warmup: int = 2) -> dict[str, list]:
+    """{"tokens": [k...], "seconds": [median forward time...]} for one CausalLM ``model``."""
+    return forward_costs({"model": model}, blocks, context, repeats, warmup)["model"]

@@ -40,7 +40,8 @@ def output_weight(target, n: int) -> torch.Tensor:
 
 
 def output_rows(target, n: int):
-    """A fast linear [H] -> [n] over the same rows (a w8a8 target's int8 rows are reused)."""
+    """A fast linear [B, H] float32 -> [B, n] float32 over the same rows (a w8a8 target's int8 rows
+    are reused)."""
     from ..models.quant import DenseLinear, W8A8Linear
 
     head = getattr(target, "lm_head", None)
@@ -48,7 +49,9 @@ def output_rows(target, n: int):
         return head.first_rows(n)
     if getattr(head, "qweight", None) is not None:
         return W8A8Linear(None, quantized=(head.qweight[:n], head.scales[:n]))
-    return DenseLinear(output_weight(target, n).to(target.dtype).contiguous())
+    dense = DenseLinear(output_weight(target, n).to(target.dtype).contiguous())
+    # the drafter's features are float32; a bf16 target's rows take them in its own dtype
+    return lambda f: dense(f.to(target.dtype)).float()
 
 
 class Int8Head:

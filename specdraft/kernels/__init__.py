@@ -11,10 +11,13 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from contextlib import nullcontext
 from functools import lru_cache
 from pathlib import Path
 
 import torch
+
+from ..cache import cache_root, console
 
 HERE = Path(__file__).parent
 SOURCES = [HERE / n for n in ("gguf_matmul.cpp", "attention.cpp", "layer_ops.cpp", "decoder.cpp", "bindings.cpp")]
@@ -45,19 +48,17 @@ def gguf_ops():
         raise KernelUnavailable("the GGUF kernels need a C++ compiler (apt install g++)")
     from torch.utils import cpp_extension
 
-    from ..models.packaged import cache_root
-
     code = b"".join(p.read_bytes() for p in SOURCES + HEADERS)
     key = hashlib.sha256(code + " ".join(FLAGS).encode() + torch.__version__.encode()).hexdigest()[:12]
     build = cache_root() / "ext" / f"gguf_matmul-{key}"
     build.mkdir(parents=True, exist_ok=True)
-    if not any(build.glob("*.so")):
-        import sys
-
-        print("building the GGUF kernels (once, about a minute)...", file=sys.stderr, flush=True)
+    # a status line on a terminal only, erased when done: never a line of a log or an error
+    building = console().status("building the GGUF kernels (once, about a minute)...") \
+        if not any(build.glob("*.so")) else nullcontext()
     try:
-        return cpp_extension.load(name=f"specdraft_gguf_{key}", sources=[str(p) for p in SOURCES], extra_cflags=FLAGS,
-                                  extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
+        with building:
+            return cpp_extension.load(name=f"specdraft_gguf_{key}", sources=[str(p) for p in SOURCES], extra_cflags=FLAGS,
+                                      extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
     except Exception as e:  # noqa: BLE001 - a build failure is reported in one line; callers fall back
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise KernelUnavailable(f"building the GGUF kernels failed ({first}); see {build}") from None

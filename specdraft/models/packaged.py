@@ -10,8 +10,9 @@ Everything downstream loads a plain Hugging Face model directory (``config.json`
   comes from the file's name, size and mtime, so an edited file is converted again;
 * a path to a Hugging Face model directory: returned as is, after a cheap sanity check.
 
-Conversion dequantizes to bfloat16. It costs disk (about 2 bytes per parameter) but it means the
-rest of specdraft needs no GGUF kernels, and the target and draft run as ordinary torch modules.
+Conversion dequantizes to bfloat16 (about 2 bytes per parameter of disk): every runtime and
+weight format can read that copy. The gguf weight format also reads the GGUF file itself (see
+:mod:`specdraft.models.gguf_weights`).
 
 Every failure the user can cause raises :class:`~specdraft.errors.ModelFileError` with one line
 naming the problem and the fix.
@@ -30,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from ..cache import cache_root
+from ..cache import console as _console
 from ..errors import ModelFileError
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
@@ -98,19 +101,6 @@ _DIST_NAMES = {
 # --------------------------------------------------------------------------------------------
 # Small helpers
 # --------------------------------------------------------------------------------------------
-
-
-def cache_root() -> Path:
-    """Where joined GGUFs and converted models live: ``$SPECDRAFT_CACHE`` or ``~/.cache/specdraft``."""
-    env = os.environ.get("SPECDRAFT_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "specdraft"
-
-
-def _console():
-    """A stderr console, so progress never mixes with generated text on stdout."""
-    from rich.console import Console
-
-    return Console(stderr=True)
 
 
 def _umask() -> int:
@@ -571,14 +561,34 @@ def _packaged_gguf(model: PackagedModel, progress: bool) -> Path:
         gguf = verify_file(parts[0], model.sha256, model.size, progress, fix=fix)
     else:
         gguf = cache_root() / "gguf" / f"{model.name}.gguf"
-        if gguf.is_file() and gguf.stat().st_size == model.size:
-            try:  # a previous join: re-hash (seconds) rather than trust it blindly
+        if gguf.is_file() and gguf.stat().st_size == model.size and not _stamped(gguf, model.sha256):
+            try:  # a previous join not vouched for since it was written: re-hash (seconds)
                 verify_file(gguf, model.sha256, model.size, progress, fix=fix)
             except ModelFileError:
                 gguf.unlink()
         if not gguf.is_file():
             join_parts(parts, gguf, model.sha256, model.size, progress, fix=fix)
+        _stamp(gguf, model.sha256)
     return gguf
+
+
+def _stamp_text(path: Path, sha256: str) -> str:
+    st = path.stat()
+    return f"{sha256} {st.st_size} {st.st_mtime_ns}\n"
+
+
+def _stamped(path: Path, sha256: str) -> bool:
+    """True when ``path`` was hash-checked and has not changed since (same size and mtime): a
+    start then skips the re-hash of a 1 GB file."""
+    try:
+        return path.with_suffix(".verified").read_text() == _stamp_text(path, sha256)
+    except OSError:
+        return False
+
+
+def _stamp(path: Path, sha256: str) -> None:
+    if not _stamped(path, sha256):
+        path.with_suffix(".verified").write_text(_stamp_text(path, sha256))
 
 
 def _resolve_packaged(model: PackagedModel, progress: bool) -> Path:

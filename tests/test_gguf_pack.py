@@ -1,0 +1,104 @@
+"""The packed copy of a GGUF file's kernel records: made once, mapped on later starts, rebuilt when
+damaged, and stacked projections (q, k; gate, up) read as views of the map, not copies."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from specdraft.errors import ModelFileError
+from specdraft.models import gguf_weights
+from specdraft.models.gguf_weights import GGUFLinear, GGUFTensors, unpack_q4k, unpack_q6k
+
+gguf = pytest.importorskip("gguf")
+BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210}
+H, INNER = 256, 512
+# (gguf name, HF name, kind, out, in): one block of a tiny qwen2, in the GGUF's own (sorted) order
+TENSORS = [("blk.0.attn_k.weight", "model.layers.0.self_attn.k_proj.weight", "Q4_K", 64, H),
+           ("blk.0.attn_q.weight", "model.layers.0.self_attn.q_proj.weight", "Q4_K", H, H),
+           ("blk.0.attn_v.weight", "model.layers.0.self_attn.v_proj.weight", "Q6_K", 64, H),
+           ("blk.0.ffn_down.weight", "model.layers.0.mlp.down_proj.weight", "Q6_K", H, INNER),
+           ("blk.0.ffn_gate.weight", "model.layers.0.mlp.gate_proj.weight", "Q4_K", INNER, H),
+           ("blk.0.ffn_up.weight", "model.layers.0.mlp.up_proj.weight", "Q4_K", INNER, H)]
+
+
+def blocks(kind: str, out_f: int, in_f: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    b = rng.integers(0, 256, size=(out_f, in_f // 256, BLOCK_BYTES[kind]), dtype=np.uint8)
+    scales = rng.uniform(1e-3, 2e-2, size=(out_f, in_f // 256, 2)).astype(np.float16).view(np.uint8)
+    if kind == "Q4_K":
+        b[..., 0:4] = scales.reshape(out_f, -1, 4)
+    else:
+        b[..., 208:210] = scales.reshape(out_f, -1, 4)[..., :2]
+    return b.reshape(out_f, -1)
+
+
+@pytest.fixture()
+def gguf_file(tmp_path, monkeypatch):
+    # packs in a fresh directory; the compiled kernels stay where they are
+    monkeypatch.setattr(gguf_weights, "cache_root", lambda: tmp_path / "cache")
+    path = tmp_path / "tiny.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    data = {}
+    for i, (name, hf, kind, out_f, in_f) in enumerate(TENSORS):
+        data[hf] = (kind, blocks(kind, out_f, in_f, seed=i))
+        w.add_tensor(name, data[hf][1], raw_dtype=getattr(gguf.GGMLQuantizationType, kind))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path, data
+
+
+def test_pack_holds_the_records_and_is_reused(gguf_file, monkeypatch):
+    path, data = gguf_file
+    t = GGUFTensors(path, progress=False)
+    for hf, (kind, b) in data.items():
+        expect = (unpack_q4k if kind == "Q4_K" else unpack_q6k)(b)
+        got = t.get(hf)
+        assert got.kind == kind and got.out_features == b.shape[0] and torch.equal(got.w, expect)
+        assert torch.equal(t.get(hf, rows=9).w, expect[:2])  # 9 rows: the first 2 records of 8
+    assert not t.has_kernel("model.layers.0.mlp.nothing.weight")
+
+    def no_parse(*a, **k):
+        raise AssertionError("a packed GGUF must not be parsed again")
+
+    monkeypatch.setattr(gguf, "GGUFReader", no_parse)
+    again = GGUFTensors(path, progress=False)
+    assert torch.equal(again.get(TENSORS[0][1]).w, t.get(TENSORS[0][1]).w)
+
+
+def test_stacked_projections_are_views_of_the_map(gguf_file):
+    path, _ = gguf_file
+    t = GGUFTensors(path, progress=False)
+    gate, up = (t.get(f"model.layers.0.mlp.{n}_proj.weight") for n in ("gate", "up"))
+    lin = GGUFLinear([gate, up])
+    assert len(lin.parts) == 1 and lin.parts[0].w.data_ptr() == gate.w.data_ptr()  # one matrix, no copy
+    assert torch.equal(lin.parts[0].w, torch.cat([gate.w, up.w]))
+    x = torch.randn(3, H)
+    assert torch.equal(lin(x), torch.cat([GGUFLinear([gate])(x), GGUFLinear([up])(x)], -1))
+    q, k, v = (t.get(f"model.layers.0.self_attn.{n}_proj.weight") for n in ("q", "k", "v"))
+    qkv = GGUFLinear([q, k, v])  # q, k: Q4_K, one view; v: Q6_K, its own part
+    assert [p.kind for p in qkv.parts] == ["Q4_K", "Q6_K"] and qkv.parts[0].w.data_ptr() == q.w.data_ptr()
+
+
+def test_a_damaged_pack_is_removed_with_one_line(gguf_file):
+    path, _ = gguf_file
+    GGUFTensors(path, progress=False)
+    pack = gguf_weights._pack_path(path)
+    pack.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    with pytest.raises(ModelFileError, match="damaged") as e:
+        GGUFTensors(path, progress=False)
+    assert "\n" not in str(e.value) and not pack.exists()
+    assert GGUFTensors(path, progress=False).has_kernel(TENSORS[0][1])  # made again
+
+
+def test_an_edited_gguf_is_packed_again(gguf_file):
+    path, _ = gguf_file
+    before = gguf_weights._pack_path(path)
+    GGUFTensors(path, progress=False)
+    path.touch()
+    import os
+
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    assert gguf_weights._pack_path(path) != before
