@@ -22,14 +22,15 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="target model: packaged name, HF model dir or .gguf (default: qwen2.5-coder-1.5b)")
     p.add_argument("--draft", default=None, help="draft model for --method draft-model (default: qwen2.5-coder-0.5b)")
     p.add_argument("--dtype", default="auto", choices=_DTYPES,
-                   help="weights and activations of the models; auto = bf16 on CPUs with native bf16 (AMX), else fp32")
+                   help="compute dtype of the models; auto = fp32 on every CPU (the GGUF kernels; exact). bf16 only when "
+                        "asked: its matmuls are not batch-invariant on every CPU, so greedy output may differ from plain")
     p.add_argument("--target-format", default=None, choices=_FORMATS,
-                   help="target weights: auto = gguf (the GGUF file's own Q4_K/Q6_K weights, native kernels) or else "
-                        "w8a8 (int8 weights and activations) on CPUs without native bf16, dense bf16 on AMX; "
+                   help="target weights: auto = gguf (the GGUF file's own Q4_K/Q6_K weights, native kernels) where the "
+                        "kernels build and the model has a GGUF file, else w8a8 (int8 weights and activations); "
                         "dense = exact --dtype weights")
     p.add_argument("--draft-format", default=None, choices=_FORMATS,
                    help="draft model weights (auto = q4k: its weights quantized to Q4_K on load for the native kernels, "
-                        "where they build; else w8a8-fast, or int4 on AMX); a draft's numerics never change the output")
+                        "where they build; else w8a8-fast); a draft's numerics never change the output")
     p.add_argument("--runtime", default="auto", choices=["auto", "native", "hf"], help="native Llama-family runtime or the transformers adapter")
     p.add_argument("--max-context", type=int, default=4096, help="KV cache capacity in tokens")
 

@@ -44,11 +44,10 @@ def resolve_dtype(dtype: str) -> str:
     bf16 is never chosen by itself: torch's bf16 matmuls are not batch-invariant on AVX512-BF16
     CPUs (a row computed in a block of 16 differs from the same row alone by up to 0.25 in the
     logits on a Zen 5 EPYC), so speculative greedy output would not be guaranteed to equal plain
-    decoding; and they are slower than the GGUF kernels for one token on every kind measured
-    (context 300, 1.5B target, ``specdraft calibrate``): Zen 5 EPYC bf16 dense ~139 ms against
-    gguf 30.4 ms; AVX2-only EPYC bf16 is emulated (several times fp32); Sapphire Rapids (AMX)
-    0.40 s for one token in bf16 through transformers against ~1-3 ms vs 0.7 ms per 1536x8960
-    matrix in bf16 vs 4-bit (README, "Choosing a format"). ``--dtype bf16`` still selects it.
+    decoding; and they are slower than the GGUF kernels for one token: on the Zen 5 EPYC
+    (``specdraft calibrate --format auto,w8a8,dense:bf16,dense:fp32``, context 300, 1.5B target)
+    gguf 24.4 ms, w8a8 50.7, dense bf16 129.0, dense fp32 168.8; on an AVX2-only EPYC bf16 is
+    emulated (several times fp32). ``--dtype bf16`` still selects it.
     """
     return "fp32" if dtype == "auto" else dtype
 
