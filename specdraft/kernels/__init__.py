@@ -1,7 +1,8 @@
 """Native kernels, compiled on first use with torch.utils.cpp_extension and cached.
 
 ``gguf_ops()`` returns the compiled module (quantize_q8k, q4k_matmul, q6k_matmul: see
-gguf_matmul.cpp; block_attention: see attention.cpp; rms_quantize, swiglu_quantize, rope_cache: see
+gguf_matmul.cpp, with an AVX-512 VNNI path in gguf_vnni.cpp picked by CPUID; kernel_path(),
+kernel_paths(), set_kernel_path(name) or SPECDRAFT_KERNEL_PATH=avx2|avx512-vnni|auto choose it; block_attention: see attention.cpp; rms_quantize, swiglu_quantize, rope_cache: see
 layer_ops.cpp; Decoder, every layer in one call: see decoder.cpp; all declared in ops.h) or raises KernelUnavailable with a one-line reason (no AVX2 CPU, no C++
 compiler, build failure). The build takes ~1 minute once per source/torch version; the result lives
 under ``<cache>/ext/``.
@@ -20,8 +21,8 @@ import torch
 from ..cache import cache_root, console
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / n for n in ("gguf_matmul.cpp", "attention.cpp", "layer_ops.cpp", "decoder.cpp", "bindings.cpp")]
-HEADERS = [HERE / "ops.h", HERE / "simd.h"]
+SOURCES = [HERE / n for n in ("gguf_matmul.cpp", "gguf_vnni.cpp", "attention.cpp", "layer_ops.cpp", "decoder.cpp", "bindings.cpp")]
+HEADERS = [HERE / "ops.h", HERE / "simd.h", HERE / "gguf_common.h"]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 
 

@@ -27,26 +27,21 @@
 #include <immintrin.h>
 #include <cmath>
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "ops.h"
 #include "simd.h"
+#include "gguf_common.h"
 
 namespace {
 
-constexpr int Q4K_REC = 1216, Q6K_REC = 1696;  // bytes per super-block record of 8 output rows
-constexpr int GROUP = 8;  // output rows per record
-constexpr int PREFETCH = 2;  // records ahead in the weight stream
-
-// Step s of a record's STEPS (its sub-blocks) prefetches the matching 1 / STEPS of the record
-// PREFETCH records ahead: spread over the record, not one burst at its start (measured, Q6_K
-// 1536 x 8960, one row: 1.3 -> 0.7 ms; hardware prefetching alone: 1.8 ms).
-template <int REC, int STEPS>
-inline void prefetch_ahead(const uint8_t* rec, int s) {
-    constexpr int span = (REC + STEPS - 1) / STEPS;
-    const uint8_t* p = rec + PREFETCH * REC + span * s;
-    for (int o = 0; o < span + 63; o += 64) _mm_prefetch((const char*)(p + o), _MM_HINT_T0);
-}
+using gguf::Q4K_REC;
+using gguf::Q6K_REC;
+using gguf::GROUP;
+using gguf::prefetch_ahead;
 
 // y[t0 + r, 8g + o] = acc[r][o] for the group's valid (<= 8) output rows
 template <int NT>
@@ -179,24 +174,6 @@ inline void q6k_rows(const uint8_t* w, const int8_t* qx, const float* xs, const 
 
 constexpr int TILE = 4;  // rows of x per pass over a weight row (accumulators live in registers)
 
-// Calls f.template operator()<NT>(t0) over ceil(T / TILE) tiles of balanced sizes (T = 6: 3 + 3,
-// not 4 + 2: a pass over the weights costs its decoding whatever NT is, so even tiles share it best).
-template <typename F>
-inline void over_tiles(int64_t T, F&& f) {
-    const int64_t passes = (T + TILE - 1) / TILE, base = T / std::max<int64_t>(passes, 1), extra = T % std::max<int64_t>(passes, 1);
-    int64_t t0 = 0;
-    for (int64_t p = 0; p < passes; ++p) {
-        const int64_t n = base + (p < extra);
-        switch (n) {
-            case 4: f(std::integral_constant<int, 4>{}, t0); break;
-            case 3: f(std::integral_constant<int, 3>{}, t0); break;
-            case 2: f(std::integral_constant<int, 2>{}, t0); break;
-            default: f(std::integral_constant<int, 1>{}, t0); break;
-        }
-        t0 += n;
-    }
-}
-
 void check_x(const torch::Tensor& qx, const torch::Tensor& xs, const torch::Tensor& bsums) {
     TORCH_CHECK(qx.dtype() == torch::kInt8 && qx.dim() == 2 && qx.is_contiguous(), "qx: contiguous int8 [T, in]");
     TORCH_CHECK(qx.size(1) % 256 == 0, "input width must be a multiple of 256");
@@ -213,7 +190,7 @@ void matmul_rows(const uint8_t* pw, int64_t groups, int64_t T, int64_t in, int64
     const int64_t nb = in / 256;
     at::parallel_for(0, groups, 2, [&](int64_t begin, int64_t end) {
         for (int64_t g = begin; g < end; ++g)
-            over_tiles(T, [&](auto nt, int64_t t0) {
+            gguf::over_tiles<TILE>(T, [&](auto nt, int64_t t0) {
                 rows(nt, pw + g * nb * REC, nb, in, t0, py + g * GROUP, ldy, std::min<int64_t>(GROUP, O - g * GROUP));
             });
     });
@@ -285,6 +262,45 @@ std::vector<torch::Tensor> quantize_q8k(torch::Tensor x) {
 // in one pass). Rows are computed independently: the cut changes no bit.
 constexpr int64_t ROWS = 32;
 
+// The kernels' ISA path: chosen once, the best this CPU has, unless SPECDRAFT_KERNEL_PATH names
+// one (read at first use) or set_kernel_path changes it (tests compare the paths on one machine).
+namespace {
+enum Path { AVX2 = 0, AVX512_VNNI = 1 };
+const char* const PATH_NAMES[] = {"avx2", "avx512-vnni"};
+
+bool path_supported(int p) { return p == AVX2 || (p == AVX512_VNNI && gguf::cpu_has_avx512_vnni()); }
+
+int path_by_name(const std::string& name) {
+    if (name.empty() || name == "auto") return gguf::cpu_has_avx512_vnni() ? AVX512_VNNI : AVX2;
+    for (int p = 0; p < 2; ++p)
+        if (name == PATH_NAMES[p]) {
+            TORCH_CHECK(path_supported(p), "kernel path ", name, " needs a CPU with avx512f/bw/vl and avx512_vnni");
+            return p;
+        }
+    TORCH_CHECK(false, "unknown kernel path ", name, " (auto, avx2 or avx512-vnni)");
+    return AVX2;
+}
+
+std::atomic<int>& active_path() {
+    static std::atomic<int> path{[] {
+        const char* env = std::getenv("SPECDRAFT_KERNEL_PATH");
+        return path_by_name(env ? env : "");
+    }()};
+    return path;
+}
+}  // namespace
+
+std::string kernel_path() { return PATH_NAMES[active_path().load()]; }
+
+void set_kernel_path(const std::string& name) { active_path() = path_by_name(name); }
+
+std::vector<std::string> kernel_paths() {
+    std::vector<std::string> out;
+    for (int p = 0; p < 2; ++p)
+        if (path_supported(p)) out.push_back(PATH_NAMES[p]);
+    return out;
+}
+
 void gguf_matmul_into(int64_t kind, const int8_t* qx, const float* xs, const int16_t* bsums, int64_t T, int64_t in,
                       const torch::Tensor& w, int64_t O, float* y, int64_t ldy) {
     TORCH_CHECK(kind == 4 || kind == 6, "weight kind must be 4 (Q4_K) or 6 (Q6_K)");
@@ -300,7 +316,9 @@ void gguf_matmul_into(int64_t kind, const int8_t* qx, const float* xs, const int
         const int8_t* px = qx + c0 * in;
         const float* pxs = xs + c0 * nb;
         float* py = y + c0 * ldy;
-        if (kind == 4) {
+        if (active_path().load() == AVX512_VNNI) {
+            gguf::vnni_matmul(kind, pw, w.size(0), px, pxs, bsums + c0 * (in / 16), n, in, O, py, ldy);
+        } else if (kind == 4) {
             const int16_t* pbs = bsums + c0 * (in / 16);
             matmul_rows<Q4K_REC>(pw, w.size(0), n, in, O, py, ldy,
                                  [&](auto nt, const uint8_t* wr, int64_t nb, int64_t in, int64_t t0, float* out, int64_t ld, int64_t valid) {

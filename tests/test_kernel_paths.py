@@ -1,0 +1,101 @@
+"""The GGUF kernels' ISA paths (AVX2, AVX-512 VNNI): each against the dequantized reference, each
+row independent of its block, and every path bit for bit the AVX2 path (the same int32 sums per
+super-block, then the same float steps). A path this CPU lacks is skipped with the reason."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdraft.kernels import KernelUnavailable, gguf_ops
+from specdraft.models.gguf_weights import GGUFLinear, QuantTensor, unpack_q4k, unpack_q6k
+
+from test_gguf_kernels import BLOCK_BYTES, quant_tensor, random_blocks
+
+PATHS = ["avx2", "avx512-vnni"]
+# (kind, out, in): O a multiple of 16, of 8 only, of neither (an odd count of 8-row groups, a partial record)
+SHAPES = [("Q4_K", 48, 512), ("Q4_K", 40, 768), ("Q4_K", 13, 256), ("Q6_K", 32, 512), ("Q6_K", 24, 256),
+          ("Q6_K", 21, 768)]
+
+
+@pytest.fixture(scope="module")
+def ops():
+    try:
+        o = gguf_ops()
+    except KernelUnavailable as e:
+        pytest.skip(str(e))
+    before = o.kernel_path()
+    yield o
+    o.set_kernel_path(before)
+
+
+def use(ops, path):
+    if path not in ops.kernel_paths():
+        pytest.skip(f"this CPU cannot run the {path} path (it has {ops.kernel_paths()})")
+    ops.set_kernel_path(path)
+
+
+def matmul(ops, kind, xq, qt):
+    return (ops.q4k_matmul if kind == "Q4_K" else ops.q6k_matmul)(*xq, qt.w, qt.out_features)
+
+
+def test_paths_are_named_and_forced(ops):
+    assert ops.kernel_path() in ops.kernel_paths() and "avx2" in ops.kernel_paths()
+    with pytest.raises(RuntimeError, match="unknown kernel path"):
+        ops.set_kernel_path("sse2")
+    ops.set_kernel_path("auto")
+    assert ops.kernel_path() == ops.kernel_paths()[-1]  # the best this CPU has
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind,out_f,in_f", SHAPES)
+def test_path_matches_reference_and_avx2_bitwise(ops, path, kind, out_f, in_f):
+    use(ops, path)
+    qt, ref = quant_tensor(kind, out_f, in_f, seed=out_f + in_f)
+    x = torch.randn(40, in_f) * torch.logspace(-2, 1, 40)[:, None]
+    xq = ops.quantize_q8k(x)
+    nb = in_f // 256
+    expect = (xq[0].double().reshape(40, nb, 256) * xq[1].double()[..., None]).reshape(40, in_f) @ ref.double().T
+    for T in range(1, 41):
+        part = tuple(t[:T] for t in xq)
+        got = matmul(ops, kind, part, qt)
+        assert (got.double() - expect[:T]).abs().max() <= 1e-5 * expect[:T].abs().max(), T
+        ops.set_kernel_path("avx2")
+        base = matmul(ops, kind, part, qt)
+        ops.set_kernel_path(path)
+        assert torch.equal(got, base), (T, (got - base).abs().max())
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+def test_rows_are_independent_of_the_block_per_path(ops, path, kind):
+    use(ops, path)
+    qt, _ = quant_tensor(kind, 40, 512, seed=3)
+    lin = GGUFLinear([qt])
+    x = torch.randn(75, 512)
+    full = lin(x)  # cut into passes of 32 rows, tiles of up to 8: no bit changes
+    assert torch.equal(torch.cat([lin(x[i:i + 1]) for i in range(75)]), full)
+    for T in (2, 3, 5, 8, 9, 16, 17):
+        for start in range(0, 40 - T, 7):
+            assert torch.equal(lin(x[start:start + T]), full[start:start + T]), (T, start)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("fill", [0xFF, 0x80])
+def test_extreme_blocks_agree_across_paths(ops, path, kind, fill):
+    """Largest quants and scales against |qx| = 127: the int32 sums at their largest, no wrap."""
+    use(ops, path)
+    blocks = random_blocks(kind, 24, 512, seed=6).reshape(24, 2, BLOCK_BYTES[kind])
+    if kind == "Q4_K":
+        blocks[..., 4:] = fill
+    else:
+        blocks[..., :208] = fill
+    qt = QuantTensor(kind, 24, 512, (unpack_q4k if kind == "Q4_K" else unpack_q6k)(blocks.reshape(24, -1)))
+    x = torch.randn(9, 512).sign()
+    x[0] = 1
+    xq = ops.quantize_q8k(x)
+    got = matmul(ops, kind, xq, qt)
+    expect = x.double() @ qt.dequantize().double().T
+    assert (got.double() - expect).abs().max() <= 1e-5 * expect.abs().max()
+    ops.set_kernel_path("avx2")
+    assert torch.equal(got, matmul(ops, kind, xq, qt))
