@@ -189,29 +189,3 @@ class Payoff:
             return True
         self.skipped += 1
         return self.skipped % self.EXPLORE == 0
-
-
-class CostAware:
-    """What a prophet that sizes its drafts by cost keeps between ``propose`` and ``observe``
-    (drafters.feature_head, drafters.draft_model): the engine's forward costs (``use_costs``),
-    its calibrated confidences (``rates``), whether its steps pay at all (``payoff``), and the
-    confidences and cost of the draft it proposed last (``sent``, ``ran``), settled by
-    ``settle`` once the verifier has judged them."""
-
-    def __init__(self):
-        self.costs: ForwardCosts | None = None  # from the engine: drafts cut to the best length
-        self.rates = PassRates()  # confidences -> how often such guesses passed
-        self.payoff = Payoff()  # do its steps commit more per unit of cost than plain ones?
-        self.sent: list[float] = []  # confidences of the guesses proposed last, until observed
-        self.ran: float | None = None  # the last step's cost in one-token forwards, until observed
-
-    def use_costs(self, costs: ForwardCosts) -> None:
-        self.costs = costs
-
-    def settle(self, num_accepted: int) -> None:
-        """The last draft was judged: its confidences learn how often they were right (nothing
-        to learn when this step's draft came from another prophet: sent = [])."""
-        self.rates.record(self.sent, num_accepted)
-        if self.ran is not None:
-            self.payoff.record(1 + num_accepted, self.ran)
-        self.sent, self.ran = [], None

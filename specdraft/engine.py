@@ -80,15 +80,15 @@ class Engine:
                  eos_ids: set[int] | None = None, costs: ForwardCosts | None = None):
         self.target = target
         # seconds per target forward by block size, measured as we go; drafters that size their
-        # drafts by cost (``use_costs``) read it
+        # drafts by cost read it
         self.costs = costs if costs is not None else ForwardCosts()
-        if drafter is not None and hasattr(drafter, "use_costs") and spec.cost_rule:
-            drafter.use_costs(self.costs)
+        self.drafter = drafter if drafter is not None else Drafter()  # None: plain decoding, the empty drafter
+        if spec.cost_rule:
+            self.drafter.use_costs(self.costs)
         self.tokenizer = tokenizer
-        self.drafter = drafter
         self.spec = spec
         self.eos_ids = set(eos_ids or ())
-        self.stats = SpecStats(method=spec.method if drafter else "none")
+        self.stats = SpecStats(method=spec.method if drafter is not None else "none")
         self.token_ids: list[int] = []
 
     def stream(self, prompt_ids: list[int], sampling: SamplingConfig = SamplingConfig(),
@@ -112,9 +112,8 @@ class Engine:
         try:
             # Prefill: the cache takes the whole prompt; its last logits give the first token.
             self.target.reset()
-            if self.drafter is not None:
-                self.drafter.begin(list(prompt_ids))
-            features = getattr(self.drafter, "uses_features", False)  # the drafter reads target hidden states
+            self.drafter.begin(list(prompt_ids))
+            features = self.drafter.uses_features  # the drafter reads target hidden states
             out = self.target.forward(torch.tensor(prompt_ids, dtype=torch.int64), last_only=True, need_hidden=features)
             new = [next_token(out.logits[-1], sampling, generator)]
             if features:
@@ -153,8 +152,7 @@ class Engine:
                 # 1. Draft.
                 t0 = time.perf_counter()
                 room = min(self.spec.draft_len, gen.max_new_tokens - len(generated) - 1)
-                draft = (self.drafter.propose(context, room, sampling, generator)
-                         if self.drafter is not None and room > 0 else Draft())
+                draft = self.drafter.propose(context, room, sampling, generator) if room > 0 else Draft()
                 if len(draft) > max(room, 0):
                     draft = Draft(draft.tokens[:room], None if draft.probs is None else draft.probs[:room])
                 t1 = time.perf_counter()
@@ -171,8 +169,7 @@ class Engine:
                 new = verdict.tokens(draft.tokens)
                 origins = [DRAFT] * n + [TARGET]
                 stats.record_step(len(draft), n, len(new))
-                if self.drafter is not None:
-                    self.drafter.observe(context + new, n)
+                self.drafter.observe(context + new, n)
                 t2 = time.perf_counter()
                 stats.time_draft += t1 - t0
                 stats.time_verify += t2 - t1

@@ -64,11 +64,10 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
     """
     from transformers import AutoConfig
 
-    from .models.quant import WEIGHT_FORMATS, resolve_format
-
     from .models.hf import HFModel
     from .models.llama import SUPPORTED_TYPES, LlamaModel
     from .models.packaged import resolve_model_dir
+    from .models.quant import WEIGHT_FORMATS, resolve_format
 
     if dtype != "auto" and dtype not in DTYPES:
         raise ParameterError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -223,14 +222,12 @@ class Speculator:
         return heads[path]
 
     def engine(self, spec: SpecConfig) -> Engine:
-        drafter = None
-        if spec.method != "none":
-            if needs_draft_model(spec.method) and self.draft is None:
-                raise ParameterError(f"method {spec.method!r} needs a draft model; pass --draft")
-            ctx = DrafterContext(spec=spec, target=self.target.model,
-                                 draft_model=self.draft.model if self.draft else None,
-                                 head=self.head(spec.head) if needs_head(spec.method) else None)
-            drafter = build_drafter(spec.method, ctx)
+        if needs_draft_model(spec.method) and self.draft is None:
+            raise ParameterError(f"method {spec.method!r} needs a draft model; pass --draft")
+        ctx = DrafterContext(spec=spec, target=self.target.model,
+                             draft_model=self.draft.model if self.draft else None,
+                             head=self.head(spec.head) if needs_head(spec.method) else None)
+        drafter = build_drafter(spec.method, ctx)  # "none": the empty drafter
         return Engine(self.target.model, self.tokenizer, drafter, spec, self.target.eos_ids, costs=self._costs)
 
     def stream(self, prompt: str | list[int], *, spec: SpecConfig = SpecConfig(),
@@ -256,7 +253,7 @@ _CACHED: dict[tuple, Speculator] = {}
 
 
 def _speculator(target, draft, method, dtype, runtime, target_format, draft_format) -> Speculator:
-    with_draft = method != "none" and needs_draft_model(method)
+    with_draft = needs_draft_model(method)
     key = (target, draft if with_draft else None, dtype, runtime, target_format, draft_format if with_draft else None)
     if key not in _CACHED:
         _CACHED.clear()  # keep one pair in memory at a time

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from specdraft.costs import PRIOR_SLOPE, ForwardCosts
+from specdraft.costs import ALPHA, PRIOR_SLOPE, ForwardCosts, running_mean
+from specdraft.drafters.base import Drafter
 from specdraft.drafters.hybrid import Hybrid
 
 
@@ -23,10 +24,14 @@ def test_ratio_measured_interpolated_and_beyond():
 
 
 def test_running_mean():
+    assert running_mean(0.0, 3.0) == 3.0  # the first measurement is taken whole
+    assert running_mean(1.0, 2.0) == pytest.approx(1.0 + ALPHA)
     c = ForwardCosts()
     c.record(1, 1.0)
     c.record(1, 2.0)
-    assert 1.0 < c.seconds[1] < 2.0
+    assert c.seconds[1] == pytest.approx(1.0 + ALPHA)
+    c.record(4, 3.0)  # a block's cost is kept relative to the one-token mean of its moment
+    assert c.relative[4] == pytest.approx(3.0 / (1.0 + ALPHA))
 
 
 def test_best_length_follows_costs_and_confidence():
@@ -72,16 +77,12 @@ def test_a_cut_to_nothing_is_not_final():
 
 
 def test_hybrid_learns_how_far_copies_pass():
-    class NoModel:
-        def begin(self, prompt): pass
-        def observe(self, context, n): pass
-
-    h = Hybrid(NoModel(), model_k=3, ngram_max=3, ngram_min=1)
+    h = Hybrid(Drafter(), model_k=3, ngram_max=3, ngram_min=1)  # the empty drafter as its model prophet
     costs = table(t1=60, t2=70, t3=80, t4=90, t5=100, t6=110)
     h.use_costs(costs)
     assert h.lookup.rates.length(5, costs) == 3  # prior pass rate 2/3 per token
     for _ in range(30):  # copies keep failing at their second token
-        h.lookup.sent = 5
+        h.lookup.proposed_length = 5
         h.observe([], 1)
     assert h.lookup.rates.length(5, costs) == 1
 
@@ -103,7 +104,7 @@ def test_prompt_lookup_cuts_copies_by_cost():
     assert propose() == [4, 5, 6]  # prior 2/3 a token: three pay
     for _ in range(30):  # copies keep passing whole
         propose()
-        pl.observe(ctx, pl.sent)
+        pl.observe(ctx, pl.proposed_length)
     assert propose() == [4, 5, 6, 7, 8, 9]
     for _ in range(60):  # then keep failing at their first token
         propose()

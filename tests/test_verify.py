@@ -337,13 +337,9 @@ def test_invalid_generation_config(kwargs):
 
 
 def test_a_bare_string_is_not_split_into_one_character_stop_strings():
-    # GenerationConfig(stop="END") must either be rejected or mean the one stop string "END";
-    # iterating the str silently turns it into the stop strings "E", "N", "D".
-    try:
-        cfg = GenerationConfig(stop="END")
-    except ParameterError:
-        return
-    assert tuple(cfg.stop) == ("END",)
+    # GenerationConfig(stop="END") means the one stop string "END"; iterating the str would
+    # silently turn it into the stop strings "E", "N", "D".
+    assert GenerationConfig(stop="END").stop == ("END",)
 
 
 def test_parameter_error_is_a_user_error_with_exit_code_2():
@@ -353,11 +349,22 @@ def test_parameter_error_is_a_user_error_with_exit_code_2():
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("cfg", [SamplingConfig(), SamplingConfig(temperature=0.7, top_k=5, top_p=0.9, seed=3),
-                                 SpecConfig(), SpecConfig(method="prompt-lookup", k=1, ngram_min=2, ngram_max=2),
-                                 GenerationConfig(max_new_tokens=1, stop=("\n",))])
-def test_valid_configs_construct(cfg):
-    assert cfg is not None
+@pytest.mark.parametrize("cls, kwargs", [
+    (SamplingConfig, dict(temperature=0.7, top_k=5, top_p=0.9, seed=3)),
+    (SpecConfig, dict(method="prompt-lookup", k=1, ngram_min=2, ngram_max=2)),
+    (GenerationConfig, dict(max_new_tokens=1, stop=("\n",))),
+])
+def test_valid_configs_keep_their_values_and_are_frozen(cls, kwargs):
+    import dataclasses
+
+    cfg = cls(**kwargs)
+    assert {k: getattr(cfg, k) for k in kwargs} == kwargs
+    name = next(iter(kwargs))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(cfg, name, kwargs[name])
+    defaults = cls()  # every field has its default in the dataclass itself
+    assert all(getattr(defaults, f.name) == f.default for f in dataclasses.fields(cls)
+               if f.default is not dataclasses.MISSING)
 
 
 def test_unknown_method_raises_parameter_error():

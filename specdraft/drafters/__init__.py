@@ -1,7 +1,15 @@
 """Drafters ("prophets"): importing this package registers every built-in drafter."""
 from . import draft_model, feature_head, hybrid, prompt_lookup  # noqa: F401  (registration side effects)
-from .base import (Draft, Drafter, DrafterContext, build_drafter, drafter_names, needs_draft_model, needs_head,
-                   register)
+from .base import (
+                   Draft,
+                   Drafter,
+                   DrafterContext,
+                   build_drafter,
+                   drafter_names,
+                   needs_draft_model,
+                   needs_head,
+                   register,
+)
 
 __all__ = ["Draft", "Drafter", "DrafterContext", "build_drafter", "drafter_names", "needs_draft_model", "needs_head",
            "register"]

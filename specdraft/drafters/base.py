@@ -1,24 +1,28 @@
 """The one drafter protocol and the registry of drafters by name.
 
-Every drafter ("prophet") answers the same two calls:
+Every drafter ("prophet") is a :class:`Drafter` and answers the same calls, each with a no-op
+default so a new drafter writes only what it needs:
 
+* ``begin(prompt)``: a new sequence starts;
 * ``propose(context, k, sampling, generator) -> Draft``: guess up to k tokens that follow
   ``context`` (the prompt plus every committed token, as a list of ids);
 * ``observe(context, num_accepted)``: after verification, ``context`` is the new committed
   sequence and ``num_accepted`` says how many draft tokens made it, so stateful drafters can
-  roll back (a draft model's KV cache) or learn (a datastore).
+  roll back (a draft model's KV cache) or learn (pass rates, a datastore);
+* ``use_costs(costs)``: the engine's measured forward costs (costs.ForwardCosts), for drafters
+  that size their drafts by cost (only when SpecConfig.cost_rule is on);
+* ``take_features(hidden)``, for drafters with ``uses_features = True``: hidden [H] is the
+  target's final-norm hidden state at the row that produced the newest committed token, after
+  the prefill and after every verification (before ``observe``).
 
-``begin(prompt)`` starts a new sequence. A drafter that reads the target's features sets
-``uses_features = True`` and gets ``take_features(hidden)``: hidden [H] is the target's
-final-norm hidden state at the row that produced the newest committed token, after the prefill
-and after every verification (before ``observe``). A draft carries optional per-token probabilities q
-(None = deterministic, treated as one-hot by the verifier) and optional tree parents (None = a
-chain; trees come with tree verification).
+Plain decoding is the empty drafter, registered as "none". A draft carries optional per-token
+probabilities q (None = deterministic, treated as one-hot by the verifier) and optional tree
+parents (None = a chain; the engine verifies chains).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable
 
 import torch
 
@@ -36,15 +40,27 @@ class Draft:
         return len(self.tokens)
 
 
-class Drafter(Protocol):
-    name: str
+class Drafter:
+    """The drafter protocol, with no-op defaults (this base alone is plain decoding: no guesses)."""
 
-    def begin(self, prompt: list[int]) -> None: ...
+    name = "none"
+    uses_features = False  # True: the engine calls take_features after every target forward
+
+    def begin(self, prompt: list[int]) -> None:
+        pass
 
     def propose(self, context: list[int], k: int, sampling: SamplingConfig,
-                generator: torch.Generator) -> Draft: ...
+                generator: torch.Generator) -> Draft:
+        return Draft()
 
-    def observe(self, context: list[int], num_accepted: int) -> None: ...
+    def observe(self, context: list[int], num_accepted: int) -> None:
+        pass
+
+    def use_costs(self, costs) -> None:
+        pass
+
+    def take_features(self, hidden: torch.Tensor) -> None:
+        pass
 
 
 def choose(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator,
@@ -95,7 +111,8 @@ def register(name: str, *, needs_draft_model: bool = False,
 
 
 def drafter_names() -> list[str]:
-    return sorted(_REGISTRY)
+    """Every method name, "none" (plain decoding) first."""
+    return sorted(_REGISTRY, key=lambda n: (n != "none", n))
 
 
 def needs_draft_model(name: str) -> bool:
@@ -115,4 +132,7 @@ def build_drafter(name: str, ctx: DrafterContext) -> Drafter:
 
 def _check(name: str) -> None:
     if name not in _REGISTRY:
-        raise ParameterError(f"unknown method {name!r}; choose one of: {', '.join(['none'] + drafter_names())}")
+        raise ParameterError(f"unknown method {name!r}; choose one of: {', '.join(drafter_names())}")
+
+
+register("none")(lambda ctx: Drafter())  # plain decoding: the empty drafter

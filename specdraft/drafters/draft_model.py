@@ -28,8 +28,9 @@ import time
 import torch
 
 from ..config import SamplingConfig
-from ..costs import CostAware, running_mean
+from ..costs import running_mean
 from .base import Draft, DrafterContext, choose, register
+from .cost_aware import CostAware
 
 
 class DraftModel(CostAware):
@@ -85,20 +86,20 @@ class DraftModel(CostAware):
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
         confidences, cumulative = [], []
-        sure = 1.0  # greedy: the chance that every guess so far is right
+        p_all_pass = 1.0  # greedy: the chance that every guess so far is right
         for i in range(k):
             tok, q, p = choose(logits, sampling, generator, costed or self.min_confidence > 0.0)
             confidences.append(p)
-            sure *= self.rates.rate(p) if costed else p
-            cumulative.append(sure)
+            p_all_pass *= self.rates.rate(p) if costed else p
+            cumulative.append(p_all_pass)
             if q is not None:
                 qs.append(q)
             tokens.append(tok)
             # Another guess costs a draft forward and pays only if every guess before it passes.
             # With costs: go on while the longer draft is worth its forward and its verification;
-            # without: while the draft itself is sure enough (the guess in hand is still proposed).
-            more = (self.costs.best_length(cumulative + [sure * self.rates.rate(p)], draft_cost, free=1) > i + 1
-                    if costed else sure >= self.min_confidence)
+            # without: while the draft itself is p_all_pass enough (the guess in hand is still proposed).
+            more = (self.costs.best_length(cumulative + [p_all_pass * self.rates.rate(p)], draft_cost, free=1) > i + 1
+                    if costed else p_all_pass >= self.min_confidence)
             if i + 1 < k and more:
                 logits = self._forward([tok])
                 self.seq.append(tok)
@@ -108,8 +109,8 @@ class DraftModel(CostAware):
         if costed:
             n = self.costs.choose_length(cumulative, draft_cost, free=1)
             tokens = tokens[:n]
-            self.ran = self.costs.ratio(n + 1) + draft_cost * forwards
-        self.sent = confidences[:len(tokens)]
+            self.step_cost = self.costs.ratio(n + 1) + draft_cost * forwards
+        self.proposed_confidences = confidences[:len(tokens)]
         probs = torch.stack(qs[:len(tokens)]) if qs else None
         return Draft(tokens, probs)
 
@@ -117,7 +118,7 @@ class DraftModel(CostAware):
         # The cache needs nothing eagerly: the next propose rolls back to the common prefix,
         # which covers both a rejection (drop the rejected tail) and full acceptance (feed the
         # last draft token and the bonus token). The confidences learn how often they were right.
-        self.settle(num_accepted)
+        self.learn_from_verdict(num_accepted)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -20,9 +20,10 @@ import time
 import torch
 
 from ..config import SamplingConfig
-from ..costs import CostAware, running_mean
+from ..costs import running_mean
 from ..errors import ParameterError
 from .base import Draft, DrafterContext, choose, register
+from .cost_aware import CostAware
 
 
 def output_weight(target, n: int) -> torch.Tensor:
@@ -73,7 +74,7 @@ class Int8Head:
 
 class FeatureHeadDrafter(CostAware):
     name = "head"
-    uses_features = True  # the engine calls take_features(hidden) after every target forward
+    uses_features = True
 
     def __init__(self, target, head, *, min_confidence: float = 0.0):
         super().__init__()
@@ -101,7 +102,7 @@ class FeatureHeadDrafter(CostAware):
         tok = context[-1]
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
-        sure, cumulative, confidences = 1.0, [], []  # P(all guesses so far pass), after each guess
+        p_all_pass, cumulative, confidences = 1.0, [], []  # P(all guesses so far pass), after each guess
         costed = self.costs is not None and self.costs.measured
         if costed and not self.payoff.worth_running():
             return Draft()
@@ -112,25 +113,25 @@ class FeatureHeadDrafter(CostAware):
             logits = self.out(f)[0]  # [V']
             tok, q, p = choose(logits, sampling, generator, self.min_confidence > 0.0 or costed)
             confidences.append(p)
-            sure *= self.rates.rate(p) if costed else p
-            cumulative.append(sure)
+            p_all_pass *= self.rates.rate(p) if costed else p
+            cumulative.append(p_all_pass)
             if q is not None:
                 qs.append(q)  # [V']
             tokens.append(tok)
             if costed and self.costs.best_length(cumulative, draft_cost) < len(cumulative):
                 break  # this guess does not pay for its share of the verification: stop here
-            if sure < self.min_confidence:  # the guess in hand is still proposed
+            if p_all_pass < self.min_confidence:  # the guess in hand is still proposed
                 break
         self.step_seconds = running_mean(self.step_seconds, (time.perf_counter() - t0) / len(tokens))
         if costed:
             n = self.costs.choose_length(cumulative, draft_cost)
             tokens, qs = tokens[:n], qs[:n]
-            self.ran = self.costs.ratio(n + 1) + draft_cost * len(confidences)
-        self.sent = confidences[:len(tokens)]
+            self.step_cost = self.costs.ratio(n + 1) + draft_cost * len(confidences)
+        self.proposed_confidences = confidences[:len(tokens)]
         return Draft(tokens, torch.stack(qs) if qs else None)
 
     def observe(self, context: list[int], num_accepted: int) -> None:
-        self.settle(num_accepted)  # the feature itself is refreshed by take_features
+        self.learn_from_verdict(num_accepted)  # the feature itself is refreshed by take_features
 
 
 @register("head", needs_head=True)

@@ -18,18 +18,18 @@ from __future__ import annotations
 import torch
 
 from ..config import DEFAULT_K, SamplingConfig
-from .base import Draft, DrafterContext, register
+from .base import Draft, Drafter, DrafterContext, register
 from .draft_model import DraftModel
 from .feature_head import FeatureHeadDrafter
 from .prompt_lookup import PromptLookup
 
 
-class Hybrid:
+class Hybrid(Drafter):
     name = "hybrid"
 
     def __init__(self, model, *, model_k: int, ngram_max: int, ngram_min: int):
         self.model = model  # the model prophet: DraftModel or FeatureHeadDrafter
-        self.uses_features = getattr(model, "uses_features", False)
+        self.uses_features = model.uses_features
         self.model_k = model_k  # draft length when the draft model drafts
         self.lookup = PromptLookup(ngram_max, ngram_min)  # the copies, cut by cost as prompt-lookup cuts them
         self.copied = 0  # steps drafted by lookup in the current sequence (for statistics)
@@ -37,8 +37,7 @@ class Hybrid:
 
     def use_costs(self, costs) -> None:
         self.lookup.use_costs(costs)
-        if hasattr(self.model, "use_costs"):
-            self.model.use_costs(costs)
+        self.model.use_costs(costs)
 
     def begin(self, prompt: list[int]) -> None:
         self.model.begin(prompt)

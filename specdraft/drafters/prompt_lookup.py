@@ -16,10 +16,10 @@ import torch
 
 from ..config import SamplingConfig
 from ..costs import CopyRates
-from .base import Draft, DrafterContext, register
+from .base import Draft, Drafter, DrafterContext, register
 
 
-class PromptLookup:
+class PromptLookup(Drafter):
     name = "prompt-lookup"
 
     def __init__(self, ngram_max: int = 3, ngram_min: int = 1):
@@ -27,24 +27,21 @@ class PromptLookup:
         self.ngram_min = ngram_min
         self.costs = None  # costs.ForwardCosts from the engine (cost_rule): copies cut to the best length
         self.rates = CopyRates()
-        self.sent = 0  # length of the copy proposed last
+        self.proposed_length = 0  # length of the copy proposed last
 
     def use_costs(self, costs) -> None:
         self.costs = costs
-
-    def begin(self, prompt: list[int]) -> None:
-        pass
 
     def propose(self, context: list[int], k: int, sampling: SamplingConfig,
                 generator: torch.Generator) -> Draft:
         copy = find_continuation(context, k, self.ngram_max, self.ngram_min)
         copy = copy[:self.rates.length(len(copy), self.costs)]
-        self.sent = len(copy)
+        self.proposed_length = len(copy)
         return Draft(copy)
 
     def observe(self, context: list[int], num_accepted: int) -> None:
-        self.rates.record(self.sent, num_accepted)
-        self.sent = 0
+        self.rates.record(self.proposed_length, num_accepted)
+        self.proposed_length = 0
 
 
 def find_continuation(context: list[int], k: int, ngram_max: int, ngram_min: int) -> list[int]:
