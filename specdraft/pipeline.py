@@ -17,7 +17,14 @@ from .costs import ForwardCosts
 from .drafters import DrafterContext, build_drafter, needs_draft_model, needs_head
 from .engine import Engine, Piece
 from .errors import ModelFileError, ParameterError, TokenizerMismatchError
+from .heads.model import FeatureHead, shipped_head_dir
+from .kernels import KernelUnavailable, gguf_ops
 from .metrics import SpecStats
+from .models.gguf_weights import gguf_source
+from .models.hf import HFModel
+from .models.llama import SUPPORTED_TYPES, LlamaModel
+from .models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model_dir
+from .models.quant import WEIGHT_FORMATS, resolve_format
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 RUNTIMES = ("auto", "native", "hf")
@@ -64,10 +71,6 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
     """
     from transformers import AutoConfig
 
-    from .models.hf import HFModel
-    from .models.llama import SUPPORTED_TYPES, LlamaModel
-    from .models.packaged import resolve_model_dir
-    from .models.quant import WEIGHT_FORMATS, resolve_format
 
     if dtype != "auto" and dtype not in DTYPES:
         raise ParameterError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -88,7 +91,6 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
     native = runtime == "native" or (runtime == "auto" and config.model_type in SUPPORTED_TYPES)
     gguf = None
     if native and (weight_format == "gguf" or (weight_format == "auto" and not draft and DTYPES[dtype] == torch.float32)):
-        from .models.gguf_weights import gguf_source
 
         # a one-line error when gguf is asked for and cannot be had; None when "auto" must do without
         gguf = gguf_source(spec, required=weight_format == "gguf", progress=progress)
@@ -120,7 +122,6 @@ def load_tokenizer(path: Path):
 
 def _kernel_problem() -> str | None:
     """Why the native GGUF kernels cannot run here, or None when they can (built once, cached)."""
-    from .kernels import KernelUnavailable, gguf_ops
 
     try:
         gguf_ops()
@@ -170,7 +171,6 @@ class Speculator:
                  draft_dtype: str | None = None, draft_format: str = DEFAULT_DRAFT_FORMAT,
                  target_format: str = DEFAULT_TARGET_FORMAT, draft_vocab: int | None = None, runtime: str = "auto",
                  max_length: int = 4096, load_draft: bool = True, progress: bool = True):
-        from .models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET
 
         self.target = load_model(target or DEFAULT_TARGET, dtype=dtype, runtime=runtime, max_length=max_length,
                                  weight_format=target_format, progress=progress)
@@ -205,7 +205,6 @@ class Speculator:
 
     def head(self, directory: str | None = None):
         """The drafting head in ``directory`` (default: the one shipped for this target), loaded once."""
-        from .heads.model import FeatureHead, shipped_head_dir
 
         path = directory or shipped_head_dir(self.target.name)
         if path is None:

@@ -28,6 +28,7 @@ import torch
 
 from ..config import SamplingConfig, SpecConfig
 from ..errors import ParameterError
+from ..sampling import probs_from_logits, sample
 
 
 @dataclass
@@ -67,7 +68,6 @@ def choose(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Gene
            confidence: bool) -> tuple[int, torch.Tensor | None, float]:
     """A model drafter's next guess from its logits [V]: (token, q [V] when sampling else None,
     the guess's probability when greedy and ``confidence`` is asked for, else 1.0)."""
-    from ..sampling import probs_from_logits, sample
 
     if sampling.greedy:
         tok = int(logits.argmax())

@@ -22,6 +22,7 @@ import torch
 from ..config import SamplingConfig
 from ..costs import running_mean
 from ..errors import ParameterError
+from ..models.quant import DenseLinear, W8A8Linear
 from .base import Draft, DrafterContext, choose, register
 from .cost_aware import CostAware
 
@@ -43,8 +44,6 @@ def output_weight(target, n: int) -> torch.Tensor:
 def output_rows(target, n: int):
     """A fast linear [B, H] float32 -> [B, n] float32 over the same rows (a w8a8 target's int8 rows
     are reused)."""
-    from ..models.quant import DenseLinear, W8A8Linear
-
     head = getattr(target, "lm_head", None)
     if hasattr(head, "first_rows"):  # GGUF weights: the same kernel over the first n rows
         return head.first_rows(n)
@@ -62,8 +61,6 @@ class Int8Head:
     target checks every one, so the head's rounding cannot change the output."""
 
     def __init__(self, head):
-        from ..models.quant import W8A8Linear
-
         self.head = head
         self.w1 = W8A8Linear(head.w1.weight.detach().float(), head.w1.bias.detach(), passes=2)
         self.w2 = W8A8Linear(head.w2.weight.detach().float(), head.w2.bias.detach(), passes=2)

@@ -25,6 +25,8 @@ import torch
 
 from ..cache import cache_root, console
 from ..errors import ModelFileError
+from ..kernels import KernelUnavailable, gguf_ops
+from .packaged import gguf_file
 
 QK = 256  # inputs per super-block
 SUPPORTED = ("Q4_K", "Q6_K")
@@ -351,8 +353,6 @@ class GGUFLinear:
     __slots__ = ("parts", "bias", "ops", "in_features")
 
     def __init__(self, parts: list[QuantTensor], bias: torch.Tensor | None = None):
-        from ..kernels import gguf_ops
-
         self.ops = gguf_ops()
         merged: list[QuantTensor] = []  # neighbours of one type become one matrix: one kernel call
         for p in parts:
@@ -419,8 +419,6 @@ class RequantizedWeights:
 def gguf_source(spec: str, *, required: bool, progress: bool = True) -> GGUFTensors | None:
     """The tensors of the GGUF file behind ``spec`` when weight format gguf can run it here, else
     None, or (when ``required``) a one-line error naming what is missing."""
-    from ..kernels import KernelUnavailable, gguf_ops
-    from .packaged import gguf_file
 
     try:
         path = gguf_file(spec, progress=progress)
