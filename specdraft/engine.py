@@ -27,7 +27,7 @@ from .drafters.base import Draft, Drafter
 from .errors import ContextLengthError
 from .metrics import SpecStats
 from .sampling import make_generator, next_token
-from .verify import verify
+from .verify import verify, verify_tree
 
 DRAFT = "draft"  # an accepted draft token
 TARGET = "target"  # a token the target produced itself (prefill, recovered, bonus, plain)
@@ -153,19 +153,31 @@ class Engine:
                 t0 = time.perf_counter()
                 room = min(self.spec.draft_len, gen.max_new_tokens - len(generated) - 1)
                 draft = self.drafter.propose(context, room, sampling, generator) if room > 0 else Draft()
-                if len(draft) > max(room, 0):
-                    draft = Draft(draft.tokens[:room], None if draft.probs is None else draft.probs[:room])
+                draft = _cap_depth(draft, max(room, 0))
                 t1 = time.perf_counter()
-                # 2. Verify: one target forward over [last token] + draft.
+                # 2. Verify: one target forward over [last token] + draft (a chain, or a tree whose
+                # nodes sit at positions by depth and see only their ancestors).
                 ids = torch.tensor([context[-1]] + draft.tokens, dtype=torch.int64)
-                out = self.target.forward(ids, need_hidden=features)  # logits [K+1, V]
+                if draft.parents is None:
+                    out = self.target.forward(ids, need_hidden=features)  # logits [K+1, V]
+                    verdict = verify(out.logits, draft.tokens, draft.probs, sampling, generator)
+                    rows = list(range(verdict.num_accepted + 1))  # the committed tokens' rows
+                else:
+                    positions, mask = tree_layout(draft.parents, len(context) - 1)
+                    out = self.target.forward(ids, positions=positions, tree_mask=mask, need_hidden=features)
+                    verdict = verify_tree(out.logits, draft.tokens, draft.parents, draft.probs, sampling, generator)
+                    rows = [0] + [1 + j for j in verdict.path]
                 self.costs.record(len(ids), time.perf_counter() - t1)
-                verdict = verify(out.logits, draft.tokens, draft.probs, sampling, generator)
-                # 3. Roll the target back to the committed context minus its newest token.
+                # 3. Keep the committed context minus its newest token in the target's cache: a
+                # chain rolls back by length, a tree's accepted path moves next to the prefix.
                 n = verdict.num_accepted
-                if features:  # row n produced the newest committed token
-                    self.drafter.take_features(out.hidden[n])
-                self.target.rollback(len(context) + n)
+                if features:  # the last committed row produced the newest token
+                    self.drafter.take_features(out.hidden[rows[-1]])
+                if draft.parents is None:
+                    self.target.rollback(len(context) + n)
+                else:
+                    self.target.compact(len(context), torch.tensor([len(context) - 1 + r for r in rows[1:]],
+                                                                   dtype=torch.int64))
                 new = verdict.tokens(draft.tokens)
                 origins = [DRAFT] * n + [TARGET]
                 stats.record_step(len(draft), n, len(new))
@@ -183,6 +195,43 @@ class Engine:
                  gen: GenerationConfig = GenerationConfig()) -> tuple[str, list[Piece]]:
         pieces = list(self.stream(prompt_ids, sampling, gen))
         return "".join(p.text for p in pieces), pieces
+
+
+def tree_layout(parents: list[int], start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions [N+1] and attention mask [N+1, N+1] of a tree forward over [last token] + nodes:
+    the last committed token sits at ``start``, node j at start + its depth, and each row sees
+    itself and its ancestors (the root row 0 is every node's ancestor).
+
+    >>> tree_layout([-1, -1, 0], 10)[0].tolist()
+    [10, 11, 11, 12]
+    """
+    N = len(parents)
+    depth = [0] * (N + 1)
+    mask = torch.zeros(N + 1, N + 1, dtype=torch.bool)
+    mask[:, 0] = True
+    for j, parent in enumerate(parents):
+        row, up = j + 1, parent + 1
+        depth[row] = depth[up] + 1
+        mask[row] = mask[up]
+        mask[row, row] = True
+    return torch.tensor(depth, dtype=torch.int64) + start, mask
+
+
+def _cap_depth(draft: Draft, room: int) -> Draft:
+    """The draft without tokens past ``room`` (a chain cut; a tree's nodes deeper than room)."""
+    if draft.parents is None:
+        if len(draft) <= room:
+            return draft
+        return Draft(draft.tokens[:room], None if draft.probs is None else draft.probs[:room])
+    depth: list[int] = []
+    for parent in draft.parents:
+        depth.append(1 if parent < 0 else depth[parent] + 1)
+    keep = [j for j in range(len(draft)) if depth[j] <= room]
+    if len(keep) == len(draft):
+        return draft
+    index = {j: i for i, j in enumerate(keep)}  # parents come first, so they are kept first
+    return Draft([draft.tokens[j] for j in keep], None if draft.probs is None else draft.probs[keep],
+                 [index.get(draft.parents[j], -1) for j in keep])
 
 
 def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:

@@ -14,6 +14,16 @@ at the first rejection sample from norm(max(0, p - q)); if all pass, sample the 
 The output is distributed exactly as sampling from p alone. A draft without probabilities
 (prompt lookup) is deterministic: q is one-hot at x, so acceptance is p(x) and the residual is
 p with x removed.
+
+Trees (SpecInfer, Medusa, EAGLE): a draft may be a token tree, node j with parent parents[j]
+(-1: a child of the last committed token). The target scores every node in one forward; the
+committed path walks down from the root. Greedy: to the child holding the target's argmax, while
+there is one. Sampling: recursive rejection over a node's children in order, child c accepted
+with min(1, p(x_c) / q_c(x_c)); after a rejection p becomes norm(max(0, p - q_c)) for the next
+child; when every child is rejected the recovered token is sampled from what is left of p. With
+one-hot children (distinct deterministic guesses) this is sampling from p by testing candidates
+in turn; with children drawn independently from one q it is SpecInfer's multi-step rule: lossless
+either way.
 """
 from __future__ import annotations
 
@@ -75,6 +85,78 @@ def verify_sampling(target_logits: torch.Tensor, draft: list[int], draft_probs: 
         dist = residual / total if total > 0.0 else p[i]
         return Verdict(i, int(sample(dist[None], generator)[0]), False)
     return Verdict(K, int(sample(p[K:K + 1], generator)[0]), True)
+
+
+@dataclass(frozen=True)
+class TreeVerdict:
+    """The outcome of verifying a token tree: the accepted path and the target's next token."""
+
+    path: tuple[int, ...]  # accepted node indices, root to leaf (each the child of the one before)
+    next_token: int  # recovered token (a rejection below the path's end) or bonus (the end is a leaf)
+    bonus: bool  # the path ends at a leaf: every guess on it passed and nothing more was drafted
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self.path)
+
+    def tokens(self, draft: list[int]) -> list[int]:
+        """The len(path) + 1 tokens this verification commits."""
+        return [draft[j] for j in self.path] + [self.next_token]
+
+
+def children_of(parents: list[int]) -> list[list[int]]:
+    """parents [N] (-1 = root) -> children lists, root first: [root's, node 0's, ..., node N-1's].
+
+    >>> children_of([-1, -1, 0])
+    [[0, 1], [2], [], []]
+    """
+    kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for j, parent in enumerate(parents):
+        if not -1 <= parent < j:
+            raise ValueError(f"node {j}: parent {parent} must be -1 or an earlier node")
+        kids[parent + 1].append(j)
+    return kids
+
+
+def verify_tree(target_logits: torch.Tensor, draft: list[int], parents: list[int], draft_probs: torch.Tensor | None,
+                cfg: SamplingConfig, generator: torch.Generator) -> TreeVerdict:
+    """target_logits [N+1, V]: row 0 predicts the token after the committed context, row j + 1 the
+    token after node j (and its ancestors); parents [N]; draft_probs [N, V] (node j's q) or None."""
+    kids = children_of(parents)
+    path: list[int] = []
+    node = -1  # the root: the last committed token
+    if cfg.greedy:
+        best = target_logits.argmax(-1).tolist()  # [N+1]
+        while True:
+            nxt = next((c for c in kids[node + 1] if draft[c] == best[node + 1]), None)
+            if nxt is None:
+                return TreeVerdict(tuple(path), int(best[node + 1]), not kids[node + 1])
+            path.append(nxt)
+            node = nxt
+    p_all = probs_from_logits(target_logits, cfg)  # [N+1, V]
+    if draft_probs is not None and draft_probs.shape[-1] != p_all.shape[-1]:
+        draft_probs = _match_width(draft_probs, p_all.shape[-1])
+    while True:
+        p = p_all[node + 1]
+        for c in kids[node + 1]:
+            x = draft[c]
+            q = None if draft_probs is None else draft_probs[c]
+            q_x = 1.0 if q is None else float(q[x])
+            r = float(torch.rand((), generator=generator))
+            if q_x > 0.0 and r < min(1.0, float(p[x]) / q_x):
+                break  # accepted: walk down to c
+            if q is None:
+                p = p.clone()
+                p[x] = 0.0
+            else:
+                p = (p - q).clamp_min_(0.0)
+            total = float(p.sum())
+            # 0 only through round-off when every candidate had all of p's mass: fall back to it
+            p = p / total if total > 0.0 else p_all[node + 1]
+        else:  # every child rejected (or a leaf): the next token comes from what is left of p
+            return TreeVerdict(tuple(path), int(sample(p[None], generator)[0]), not kids[node + 1])
+        path.append(c)
+        node = c
 
 
 def _match_width(q: torch.Tensor, width: int) -> torch.Tensor:
