@@ -11,8 +11,16 @@ import pytest
 
 from specdraft.errors import ModelFileError
 from specdraft.models import packaged
-from specdraft.models.packaged import (MARKER, PACKAGED, PackagedModel, cache_root, is_converted, join_parts,
-                                       resolve_model_dir)
+from specdraft.models.convert import move_into_place
+from specdraft.models.packaged import (
+    MARKER,
+    PACKAGED,
+    PackagedModel,
+    cache_root,
+    is_converted,
+    join_parts,
+    resolve_model_dir,
+)
 
 PARTS = [b"GGUF" + b"a" * 1000, b"b" * 777, b"c" * 5]
 JOINED = b"".join(PARTS)
@@ -78,7 +86,7 @@ def test_join_parts_wrong_size(tmp_path):
 def test_join_parts_missing_part(tmp_path):
     parts = write_parts(tmp_path / "parts")
     parts[1].unlink()
-    with pytest.raises(ModelFileError, match="part02.bin is missing"):
+    with pytest.raises(ModelFileError, match=r"part02\.bin is missing"):
         join_parts(parts, tmp_path / "out" / "m.gguf", SHA, len(JOINED), progress=False)
 
 
@@ -89,7 +97,7 @@ def test_resolve_nonexistent_path(tmp_path):
 
 def test_resolve_dir_without_config(tmp_path):
     (tmp_path / "m").mkdir()
-    with pytest.raises(ModelFileError, match="no config.json"):
+    with pytest.raises(ModelFileError, match=r"no config\.json"):
         resolve_model_dir(str(tmp_path / "m"), progress=False)
 
 
@@ -157,7 +165,7 @@ def fake_package(tmp_path, monkeypatch):
         calls.append(gguf)
         assert gguf.read_bytes() == JOINED
         tmp = fake_converted_dir(out_dir.parent / ".fake.tmp", sha=sha256)
-        packaged._move_into_place(tmp, out_dir)  # the real publish step, replacing any leftover
+        move_into_place(tmp, out_dir)  # the real publish step, replacing any leftover
         return out_dir
 
     monkeypatch.setattr(packaged, "convert_gguf", fake_convert)
@@ -181,7 +189,7 @@ def test_resolve_packaged_reconverts_incomplete_dir(fake_package, cache):
 def test_resolve_packaged_missing_part_names_reinstall(fake_package):
     pkg, calls = fake_package
     (pkg / "data" / "part02.bin").unlink()
-    with pytest.raises(ModelFileError, match="part02.bin.*missing.*reinstall"):
+    with pytest.raises(ModelFileError, match=r"part02\.bin.*missing.*reinstall"):
         resolve_model_dir("fake", progress=False)
     assert calls == []
 

@@ -27,7 +27,7 @@ def package_readmes(min_chars: int = 1500) -> list[Document]:
 
     docs = []
     seen = set()
-    for root in site.getsitepackages() + [site.getusersitepackages()]:
+    for root in [*site.getsitepackages(), site.getusersitepackages()]:
         for path in sorted(glob.glob(os.path.join(root, "*.dist-info", "METADATA"))):
             try:
                 with open(path, encoding="utf-8", errors="replace") as f:
@@ -111,7 +111,8 @@ def _math_request(rng: random.Random) -> str:
         f"A shop sells pencils at {c} cents each. How much do {a} pencils cost? Show your reasoning.",
         f"Solve for x: {c}x + {a} = {b}. Explain each step.",
         f"What is {a} * {b} + {c}? Show the calculation step by step.",
-        f"A train travels {a * 3} km in {c} hours. What is its average speed? Then, how far does it go in {c + 2} hours?",
+        f"A train travels {a * 3} km in {c} hours. What is its average speed? "
+        f"Then, how far does it go in {c + 2} hours?",
         f"If a rectangle has sides {a} cm and {b} cm, what are its area and perimeter?",
         f"Tom has {a} apples and gives {c} to each of his {c - 1 if c > 2 else 2} friends. How many are left?",
     ])

@@ -26,7 +26,7 @@ class FeatureSet:
         torch.save({"features": self.features, "tokens": self.tokens, "top": self.top, "starts": self.starts}, path)
 
     @classmethod
-    def load(cls, path) -> "FeatureSet":
+    def load(cls, path) -> FeatureSet:
         d = torch.load(path, weights_only=True)
         return cls(d["features"], d["tokens"], d["top"], d["starts"])
 
@@ -67,7 +67,7 @@ def _collect(documents, *, max_tokens: int | None = None, seconds: float | None 
         if (max_tokens is not None and starts[-1] >= max_tokens) or \
                 (seconds is not None and time.perf_counter() - t0 >= seconds):
             break
-    toks, feats, tops = zip(*docs)
+    toks, feats, tops = zip(*docs, strict=True)
     return FeatureSet(torch.cat(feats), torch.cat(toks), torch.cat(tops), torch.tensor(starts))
 
 

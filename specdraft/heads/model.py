@@ -19,8 +19,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 
 from ..errors import ModelFileError
+from ..models.registry import ALIASES
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,6 @@ class FeatureHead(torch.nn.Module):
         return f + w2(F.silu(w1(z)))
 
     def save(self, directory: str | Path) -> None:
-        from safetensors.torch import save_file
-
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         save_file({k: v.detach().to(torch.bfloat16).contiguous() for k, v in self.state_dict().items()},
@@ -67,9 +67,7 @@ class FeatureHead(torch.nn.Module):
         (d / "head.safetensors").chmod(0o644)  # safetensors writes 0600; a shipped head must be readable
 
     @classmethod
-    def load(cls, directory: str | Path) -> "FeatureHead":
-        from safetensors.torch import load_file
-
+    def load(cls, directory: str | Path) -> FeatureHead:
         d = Path(directory)
         try:
             cfg = HeadConfig(**json.loads((d / "head.json").read_text()))
@@ -79,7 +77,7 @@ class FeatureHead(torch.nn.Module):
         except FileNotFoundError:
             raise ModelFileError(f"no drafting head in {d} (head.json + head.safetensors); "
                                  "train one with `specdraft train-head` or pass --head DIR") from None
-        except Exception as e:  # noqa: BLE001 - user-facing: corrupt or mismatched files
+        except Exception as e:  # user-facing: corrupt or mismatched files
             raise ModelFileError(f"cannot load the drafting head in {d} ({type(e).__name__}: {str(e)[:120]}); "
                                  "retrain it with `specdraft train-head`") from None
         return head.eval()
@@ -90,8 +88,6 @@ SHIPPED = Path(__file__).parent / "trained"  # heads trained by us, one director
 
 def shipped_head_dir(target: str) -> str | None:
     """The shipped head for a packaged target name (or alias), if there is one."""
-    from ..models.packaged import ALIASES
-
     name = ALIASES.get(target, target)
     d = SHIPPED / name
     return str(d) if (d / "head.json").is_file() else None

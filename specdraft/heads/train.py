@@ -13,11 +13,9 @@ Unrolling trains the head on its own predicted features, as it will be used when
 """
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +42,8 @@ class TrainConfig:
 def _starts(data: FeatureSet, docs: torch.Tensor, S: int, weight: torch.Tensor | None = None) -> torch.Tensor:
     """Row indices t with t + S inside the same document, over the given documents (each
     listed ``weight[d]`` times)."""
-    out = [torch.arange(int(data.starts[d]), max(int(data.starts[d]), int(data.starts[d + 1]) - S))  # short documents: none
+    # a document shorter than S + 1 rows gives no start
+    out = [torch.arange(int(data.starts[d]), max(int(data.starts[d]), int(data.starts[d + 1]) - S))
            .repeat(1 if weight is None else int(weight[d])) for d in docs.tolist()]
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.int64)
 
@@ -82,9 +81,10 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
                target_name: str = "", log=print, seconds: float | None = None,
                doc_weight: torch.Tensor | None = None) -> tuple[FeatureHead, dict]:
     """Train a head. emb [V, H]: the target's embedding; w_out [V, H]: its output head (fp32 or
-    bf16); doc_weight [D] (int): how often each document counts per epoch. Returns the head and
-    validation figures (greedy agreement per unrolled step, on held-out documents: overall and
-    for the documents of the largest weight)."""
+    bf16; ``drafters.feature_head.output_weight`` reads it from a loaded target); doc_weight [D]
+    (int): how often each document counts per epoch. Returns the head and validation figures
+    (greedy agreement per unrolled step, on held-out documents: overall and for the documents of
+    the largest weight)."""
     torch.manual_seed(cfg.seed)
     H = data.features.shape[1]
     vocab = min(cfg.vocab, w_out.shape[0])
@@ -93,12 +93,33 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
     n_docs = len(data.starts) - 1
     perm = torch.randperm(n_docs)
     n_val = max(1, int(n_docs * cfg.holdout)) if n_docs > 1 else 0
-    val_rows = _starts(data, perm[:n_val], S)
+    val_docs = perm[:n_val]
+    val_rows = _starts(data, val_docs, S)
     train_rows = _starts(data, perm[n_val:], S, doc_weight)
     w_head = w_out[:vocab].float()  # [V', H]
+    t0 = time.perf_counter()
+    steps = _fit(head, data, emb, w_head, train_rows, cfg, vocab, log, seconds)
+    head.eval()
+    report = {"train_positions": len(train_rows), "val_positions": len(val_rows), "steps": steps,
+              "seconds": round(time.perf_counter() - t0, 1)}
+    groups = {"val_agreement": val_docs}
+    if doc_weight is not None:
+        groups["val_agreement_weighted_docs"] = val_docs[doc_weight[val_docs] == doc_weight.max()]
+    for key, docs in groups.items():
+        agreement = _agreement(head, data, emb, w_head, _starts(data, docs, S), S, vocab)
+        if agreement is not None:
+            report[key] = agreement
+    return head, report
+
+
+def _fit(head: FeatureHead, data: FeatureSet, emb: torch.Tensor, w_head: torch.Tensor, train_rows: torch.Tensor,
+         cfg: TrainConfig, vocab: int, log, seconds: float | None) -> int:
+    """AdamW with warm-up and cosine decay over ``cfg.epochs`` passes of ``train_rows`` (stopping
+    after ``seconds`` if given); returns the number of optimizer steps."""
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     total = max(1, cfg.epochs * math.ceil(len(train_rows) / cfg.batch))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 50) * 0.5 * (1 + math.cos(math.pi * min(i, total) / total)))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda i: min(1.0, (i + 1) / 50) * 0.5 * (1 + math.cos(math.pi * min(i, total) / total)))
     t0 = time.perf_counter()
     step = 0
     for epoch in range(cfg.epochs):
@@ -106,7 +127,8 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
         running = 0.0
         for i in range(0, len(order), cfg.batch):
             negatives = torch.randint(0, vocab, (cfg.negatives,))
-            loss, _ = _unroll(head, data, emb, w_head, order[i:i + cfg.batch], S, vocab, negatives, cfg.reg_weight)
+            loss, _ = _unroll(head, data, emb, w_head, order[i:i + cfg.batch], cfg.steps_unrolled, vocab, negatives,
+                              cfg.reg_weight)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -117,107 +139,30 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
                 log(f"epoch {epoch} step {step}/{total} loss {running / 50:.3f} {time.perf_counter() - t0:.0f}s")
                 running = 0.0
             if seconds is not None and time.perf_counter() - t0 > seconds:
-                break
-        if seconds is not None and time.perf_counter() - t0 > seconds:
-            break
-    head.eval()
-    report = {"train_positions": len(train_rows), "val_positions": len(val_rows), "steps": step,
-              "seconds": round(time.perf_counter() - t0, 1)}
-    groups = {"val_agreement": perm[:n_val]}
-    if doc_weight is not None:
-        top = perm[:n_val][doc_weight[perm[:n_val]] == doc_weight.max()]
-        groups["val_agreement_weighted_docs"] = top
-    for key, docs in groups.items():
-        rows = _starts(data, docs, S)
-        if not len(rows):
-            continue
-        with torch.no_grad():
-            sums = torch.zeros(S)
-            for i in range(0, len(rows), 1024):
-                _, agree = _unroll(head, data, emb, w_head, rows[i:i + 1024], S, vocab, None, 0.0)
-                sums += torch.stack([a.sum() for a in agree])
-        report[key] = [round(float(x) / len(rows), 4) for x in sums]
-    return head, report
+                return step
+    return step
 
 
-def add_train_args(p) -> None:
-    p.add_argument("--out", required=True, help="directory to write the head to (head.json + head.safetensors)")
-    p.add_argument("--features", default=None,
-                   help="recorded features of the text corpus (.pt): reused when the file exists, else recorded and saved there")
-    p.add_argument("--answers", default=None,
-                   help="recorded features of the target's own answers (.pt, or several separated by commas): "
-                        "each reused when it exists, else recorded (the Nth file on request set N) and saved there")
-    p.add_argument("--record-minutes", type=float, default=25.0,
-                   help="time spent teacher-forcing the target over the text corpus")
-    p.add_argument("--answer-minutes", type=float, default=22.0,
-                   help="time spent letting the target answer generated chat requests (its own words teach best)")
-    p.add_argument("--answer-weight", type=int, default=3, help="how many times the answers count against the corpus")
-    p.add_argument("--train-minutes", type=float, default=None, help="stop training after this long")
-    d = TrainConfig()
-    p.add_argument("--epochs", type=int, default=d.epochs)
-    p.add_argument("--inner", type=int, default=d.inner, help="MLP width D")
-    p.add_argument("--vocab", type=int, default=d.vocab, help="the head guesses among the first VOCAB token ids")
-    p.add_argument("--unroll", type=int, default=d.steps_unrolled, help="head steps trained in sequence")
+def _agreement(head: FeatureHead, data: FeatureSet, emb: torch.Tensor, w_head: torch.Tensor, rows: torch.Tensor,
+               S: int, vocab: int) -> list[float] | None:
+    """Share of start ``rows`` where the head's greedy guess at unrolled step s is the target's
+    choice, per step (None without rows)."""
+    if not len(rows):
+        return None
+    with torch.no_grad():
+        sums = torch.zeros(S)
+        for i in range(0, len(rows), 1024):
+            _, agree = _unroll(head, data, emb, w_head, rows[i:i + 1024], S, vocab, None, 0.0)
+            sums += torch.stack([a.sum() for a in agree])
+    return [round(float(x) / len(rows), 4) for x in sums]
 
 
-def _recorded(path, what: str, make):
-    """A FeatureSet from ``path`` when it exists, else made (with a progress bar) and saved there."""
-    from rich.progress import Progress
+def __getattr__(name: str):
+    """The command-line entry moved to :mod:`specdraft.heads.command` (it loads a Speculator,
+    a layer above this one); ``heads.train.add_train_args`` / ``train_from_args`` still resolve,
+    lazily, until every caller imports them from there."""
+    if name in ("add_train_args", "train_from_args"):
+        from . import command  # lazily: command imports pipeline, a layer above training
 
-    path = Path(path) if path else None
-    if path is not None and path.is_file():
-        data = FeatureSet.load(path)
-        print(f"{what}: {len(data)} positions from {path}")
-        return data
-    with Progress(transient=True) as bar:
-        task = bar.add_task(f"recording {what}", total=None)
-        data = make(lambda n: bar.advance(task, n))
-    print(f"{what}: {len(data)} positions recorded")
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data.save(path)
-    return data
-
-
-def train_from_args(args) -> int:
-    """``specdraft train-head``: record the target's features on text and on its own answers
-    to generated requests, train a head, save it."""
-    from ..drafters.feature_head import output_weight
-    from ..errors import ParameterError
-    from ..models.packaged import DEFAULT_TARGET
-    from ..pipeline import Speculator
-    from .corpus import chat_requests, default_corpus
-    from .data import concat, encode_corpus, record, record_answers
-
-    if args.epochs < 1 or args.inner < 8 or args.vocab < 2 or args.unroll < 1 or args.answer_weight < 0 \
-            or args.record_minutes < 0 or args.answer_minutes < 0:
-        raise ParameterError("epochs, unroll >= 1, inner >= 8, vocab >= 2; minutes and answer-weight >= 0")
-    cfg = TrainConfig(inner=args.inner, vocab=args.vocab, steps_unrolled=args.unroll, epochs=args.epochs)
-    name = args.target or DEFAULT_TARGET
-    opts = {"target_format": args.target_format} if args.target_format else {}
-    sd = Speculator(name, dtype=args.dtype, runtime="native", max_length=min(args.max_context, 1024),
-                    load_draft=False, **opts)
-    target = sd.target.model
-    if not hasattr(target, "embed"):
-        raise ParameterError("drafting heads need the native runtime (a Llama-family target)")
-    sets: list[tuple[FeatureSet, int]] = []  # (features, how often each of its documents counts)
-    if args.record_minutes > 0 or (args.features and Path(args.features).is_file()):
-        sets.append((_recorded(args.features, "text features", lambda progress: record(
-            target, encode_corpus(sd.tokenizer, default_corpus()), seconds=args.record_minutes * 60,
-            progress=progress)), 1))
-    answer_files = [a for a in (args.answers or "").split(",") if a] or [None]
-    for seed, path in enumerate(answer_files, start=1):  # each file answers its own set of requests
-        if args.answer_weight and (args.answer_minutes > 0 or (path and Path(path).is_file())):
-            sets.append((_recorded(path, "answer features", lambda progress, seed=seed: record_answers(
-                target, (sd.encode_prompt(r) for r in chat_requests(5000, seed=seed)), eos_ids=sd.target.eos_ids,
-                seconds=args.answer_minutes * 60, progress=progress)), args.answer_weight))
-    if not sets:
-        raise ParameterError("nothing to train on: give --record-minutes or --answer-minutes > 0")
-    weight = torch.cat([torch.full((len(fs.starts) - 1,), w) for fs, w in sets])  # [D]
-    w_out = output_weight(target, cfg.vocab)  # what the drafter will multiply by
-    head, report = train_head(concat([fs for fs, _ in sets]), target.embed, w_out, cfg, target_name=name,
-                              doc_weight=weight, seconds=None if args.train_minutes is None else args.train_minutes * 60)
-    head.save(args.out)
-    (Path(args.out) / "train.json").write_text(json.dumps({"config": cfg.__dict__, **report}, indent=1) + "\n")
-    print(json.dumps(report))
-    return 0
+        return getattr(command, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,14 +12,16 @@ TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80)
 class ServerMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.requests = Counter("specdraft_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=r)
+        self.requests = Counter("specdraft_requests", "HTTP requests by endpoint and status", ["endpoint", "status"],
+                                registry=r)
         self.prompt_tokens = Counter("specdraft_prompt_tokens", "prompt tokens of finished generations", registry=r)
         self.completion_tokens = Counter("specdraft_completion_tokens", "tokens generated", registry=r)
         self.target_forwards = Counter("specdraft_target_forwards", "target decode/verify forwards", registry=r)
         self.step_tokens = Counter("specdraft_step_tokens", "tokens committed by target forwards", registry=r)
         self.drafted = Counter("specdraft_draft_tokens", "draft tokens proposed", registry=r)
         self.accepted = Counter("specdraft_accepted_tokens", "draft tokens accepted", registry=r)
-        self.mean_accepted = Gauge("specdraft_mean_accepted_tokens", "tokens per target forward, over all requests", registry=r)
+        self.mean_accepted = Gauge("specdraft_mean_accepted_tokens", "tokens per target forward, over all requests",
+                                   registry=r)
         self.acceptance = Gauge("specdraft_acceptance_rate", "accepted / drafted tokens, over all requests", registry=r)
         self.latency = Histogram("specdraft_request_latency_seconds", "generation requests, arrival to last token",
                                  buckets=LATENCY_BUCKETS, registry=r)

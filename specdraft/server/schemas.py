@@ -6,7 +6,7 @@ fields pick the speculation per request: ``method`` (a drafter name or "none") a
 """
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
@@ -66,7 +66,7 @@ class TextPart(BaseModel):
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Union[str, list[TextPart], None] = None
+    content: str | list[TextPart] | None = None
 
     @property
     def text(self) -> str:
@@ -80,16 +80,15 @@ class ChatRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: Union[str, list[str], list[StrictInt]]
+    prompt: str | list[str] | list[StrictInt]
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     echo: StrictBool = False
 
     @field_validator("prompt")
     @classmethod
     def _one_prompt(cls, v):
-        if isinstance(v, list) and v and isinstance(v[0], str):
-            if len(v) != 1:
-                raise ValueError("one prompt per request (n=1)")
+        if isinstance(v, list) and v and isinstance(v[0], str) and len(v) != 1:
+            raise ValueError("one prompt per request (n=1)")
         if isinstance(v, list) and not v:
             raise ValueError("the prompt is empty")
         return v

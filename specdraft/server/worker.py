@@ -15,12 +15,14 @@ than one request). The event loop never runs model code; it talks to the worker 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..metrics import SpecStats
 
@@ -53,10 +55,8 @@ class Job:
     started: float | None = None  # monotonic time the worker picked it up
 
     def emit(self, kind: str, value) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):  # a closed loop (server shutting down): nobody is listening
             self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
-        except RuntimeError:  # the loop is closed (server shutting down): nobody is listening
-            pass
 
     @property
     def stopped(self) -> bool:
@@ -93,11 +93,8 @@ class Worker:
     def cancel(self, job: Job) -> None:
         """The client is gone: forget the job if it still waits, else stop it after this step."""
         job.cancelled.set()
-        with self._cond:
-            try:
-                self._waiting.remove(job)
-            except ValueError:
-                pass
+        with self._cond, contextlib.suppress(ValueError):  # ValueError: not waiting any more
+            self._waiting.remove(job)
 
     def close(self) -> None:
         with self._cond:
@@ -125,7 +122,7 @@ class Worker:
                     continue
                 job.started = time.monotonic()
                 job.emit("done", self._run(job))
-            except Exception as e:  # noqa: BLE001 - reported to the request, the worker lives on
+            except Exception as e:  # reported to the request, the worker lives on
                 job.emit("error", e)
             finally:
                 with self._cond:

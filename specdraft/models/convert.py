@@ -1,0 +1,264 @@
+"""Converting a GGUF file into a bfloat16 Hugging Face model directory, once, safely.
+
+The copy is written into a hidden temporary directory, reloaded and compared tensor by tensor
+with the source, and published by a rename only after its marker file (:data:`MARKER`, written
+last) is in place: a directory without a valid marker is an unfinished conversion and is redone.
+Conversion dequantizes to bfloat16 (about 2 bytes per parameter of disk), which every runtime and
+weight format can read; the gguf weight format reads the GGUF file itself instead
+(:mod:`specdraft.models.gguf_weights`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..errors import ModelFileError
+from .files import first_line, step, umask
+from .join import file_sha256
+
+MARKER = "specdraft-source.json"  # written last: a model dir without it is incomplete
+MARKER_FORMAT = 1  # bump to force reconversion of every cached model after a format change
+GGUF_MAGIC = b"GGUF"
+
+
+def read_marker(model_dir: Path) -> dict | None:
+    """The conversion marker of ``model_dir``, or None when the directory is incomplete.
+
+    Complete means: the marker (written last) parses, and the files it vouches for are present.
+    """
+    model_dir = Path(model_dir)
+    try:
+        marker = json.loads((model_dir / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(marker, dict) or marker.get("format") != MARKER_FORMAT:
+        return None
+    if not all((model_dir / f).is_file() for f in ("config.json", "model.safetensors")):
+        return None
+    return marker
+
+
+def is_converted(model_dir: Path, sha256: str | None = None) -> bool:
+    """Whether ``model_dir`` holds a finished conversion (of the GGUF with ``sha256``, if given)."""
+    marker = read_marker(model_dir)
+    return marker is not None and (sha256 is None or marker.get("sha256") == sha256)
+
+
+def _check_gguf_header(path: Path, fix: str) -> None:
+    """Fail fast, with a clear message, on a file that is not GGUF at all."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ModelFileError(f"cannot read GGUF file {path}: {first_line(e)}; fix: {fix}") from None
+    if magic != GGUF_MAGIC:
+        raise ModelFileError(f"{path} is not a GGUF file (starts with {magic!r}, not b'GGUF'); fix: {fix}")
+
+
+def _state_dict_for_saving(model) -> dict:
+    """The model's tensors, contiguous, with tied duplicates dropped.
+
+    safetensors refuses two names for one storage. ``safetensors.torch.save_model`` would keep
+    the alphabetically first name, ``lm_head.weight``, and drop ``model.embed_tokens.weight``; we
+    keep the input embedding instead, matching the layout of the official checkpoints, which
+    transformers re-ties on load because the config says ``tie_word_embeddings: true``.
+    """
+    state = model.state_dict()
+    out_emb, in_emb = model.get_output_embeddings(), model.get_input_embeddings()
+    tied = (
+        out_emb is not None and in_emb is not None
+        and out_emb.weight.data_ptr() == in_emb.weight.data_ptr()
+    )
+    drop = set()
+    if tied:
+        drop = {name for name, t in state.items()
+                if t.data_ptr() == out_emb.weight.data_ptr() and name.endswith("lm_head.weight")}
+    seen: dict[int, str] = {}
+    result = {}
+    for name, tensor in state.items():
+        if name in drop:
+            continue
+        key = tensor.data_ptr()
+        if key in seen:  # any other sharing would be silently duplicated by save_file: refuse
+            raise ModelFileError(f"converted model shares storage between {seen[key]} and {name}; "
+                                 f"this architecture is not supported for conversion")
+        seen[key] = name
+        result[name] = tensor.detach().contiguous()
+    return result
+
+
+def _config_dict(model) -> dict:
+    """config.json contents for the converted copy.
+
+    ``quantization_config`` must go: left in, transformers would treat the bf16 safetensors as
+    packed GGUF weights. ``architectures`` is empty after a GGUF load; filling it in keeps tools
+    that dispatch on it (and AutoModelForCausalLM) happy.
+    """
+    cfg = model.config.to_dict()
+    for key in ("quantization_config", "_name_or_path", "name_or_path"):
+        cfg.pop(key, None)
+    cfg["architectures"] = [type(model).__name__]
+    cfg["dtype"] = "bfloat16"
+    return cfg
+
+
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Silence transformers' own tqdm bars (they would fight our rich display) and info logs.
+
+    The legacy GGUF loader calls ``tqdm`` without consulting transformers' progress-bar switch,
+    so its module-level name is swapped for a disabled bar while we run (restored afterwards).
+    """
+    import functools
+
+    # imported here, like every transformers / torch import below: heavy, and only a conversion needs them
+    from transformers import modeling_gguf_pytorch_utils as legacy
+    from transformers.utils import logging as tlog
+
+    was_enabled = tlog.is_progress_bar_enabled()
+    verbosity = tlog.get_verbosity()
+    legacy_tqdm = getattr(legacy, "tqdm", None)
+    tlog.disable_progress_bar()
+    tlog.set_verbosity_error()
+    if legacy_tqdm is not None:
+        legacy.tqdm = functools.partial(legacy_tqdm, disable=True)
+    try:
+        yield
+    finally:
+        if legacy_tqdm is not None:
+            legacy.tqdm = legacy_tqdm
+        tlog.set_verbosity(verbosity)
+        if was_enabled:
+            tlog.enable_progress_bar()
+
+
+def _load_gguf(gguf_path: Path, progress: bool, fix: str):
+    """(model, tokenizer) dequantized from the GGUF by transformers; a one-line error if it cannot."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    src_dir, src_name = str(gguf_path.parent), gguf_path.name
+    try:
+        with step(f"loading GGUF {src_name}", progress):
+            model = AutoModelForCausalLM.from_pretrained(
+                src_dir, gguf_file=src_name, dtype=torch.bfloat16,
+                quantization_config=GgufConfig(dequantize=True),
+            )
+            tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=src_name)
+    except (MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as e:  # corrupt metadata, truncated tensors, unsupported architecture ...
+        raise ModelFileError(f"cannot load GGUF {gguf_path}: {first_line(e)}; fix: {fix}") from None
+    model.eval()
+    return model, tokenizer
+
+
+def _save_copy(model, tokenizer, tmp: Path, out_dir: Path, gguf_name: str, progress: bool) -> None:
+    """Write the safetensors weights, config, generation config and tokenizer into ``tmp``."""
+    from safetensors.torch import save_file
+
+    state = _state_dict_for_saving(model)
+    bad = [n for n, t in state.items() if not t.is_floating_point()]
+    if bad:  # packed blocks slipped through: the copy would be garbage
+        raise ModelFileError(f"GGUF {gguf_name} was not fully dequantized ({bad[0]} is {state[bad[0]].dtype}); "
+                             f"fix: upgrade transformers and gguf")
+    try:
+        with step("saving safetensors", progress):
+            save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            (tmp / "config.json").write_text(json.dumps(_config_dict(model), indent=2, sort_keys=True) + "\n")
+            model.generation_config.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+    except OSError as e:
+        raise ModelFileError(f"cannot write the converted model to {out_dir.parent}: {first_line(e)}; "
+                             f"fix: free disk space or point SPECDRAFT_CACHE elsewhere") from None
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True, sha256: str | None = None,
+                 fix: str | None = None) -> Path:
+    """Convert a GGUF file into a bfloat16 Hugging Face model directory at ``out_dir``.
+
+    transformers dequantizes the GGUF on load (explicitly requested with
+    ``GgufConfig(dequantize=True)``, so a future transformers that keeps some architectures
+    packed still gives plain tensors). ``save_pretrained`` refuses GGUF-loaded models, so the
+    pieces are written by hand: safetensors weights, a config without ``quantization_config``,
+    the tokenizer (with its chat template) and the generation config.
+
+    Everything happens in a temporary directory next to ``out_dir``; the copy is reloaded and
+    compared tensor by tensor with the in-memory model, the marker is written last, and only
+    then is the directory renamed into place. An interrupted conversion leaves at most a hidden
+    temp directory, never something that looks complete. ``sha256`` (of the GGUF) goes into the
+    marker; it is computed here when not given.
+    """
+    gguf_path, out_dir = Path(gguf_path).resolve(), Path(out_dir)
+    fix = fix or f"re-download or re-create {gguf_path.name}"
+    _check_gguf_header(gguf_path, fix)
+    if sha256 is None:
+        sha256 = file_sha256(gguf_path, progress)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    try:
+        with _quiet_transformers():
+            model, tokenizer = _load_gguf(gguf_path, progress, fix)
+            _save_copy(model, tokenizer, tmp, out_dir, gguf_path.name, progress)
+            with step("verifying the converted copy", progress):
+                _verify_copy(tmp, model, tokenizer)
+            del model
+        marker = {"format": MARKER_FORMAT, "source": gguf_path.name, "sha256": sha256,
+                  "size": gguf_path.stat().st_size}
+        (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        move_into_place(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def _verify_copy(model_dir: Path, model, tokenizer) -> None:
+    """Reload the converted dir like any consumer would and compare it with the source model.
+
+    Catches the classic conversion bugs: a dropped or untied ``lm_head``, a config that makes
+    transformers expect packed weights, a tokenizer that encodes differently after saving.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    copy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    want, got = model.state_dict(), copy.state_dict()
+    if set(want) != set(got):
+        raise ModelFileError(f"converted copy has different tensors than the GGUF model "
+                             f"({sorted(set(want) ^ set(got))[:3]}); this is a specdraft bug")
+    for name, tensor in want.items():
+        if not torch.equal(tensor, got[name]):
+            raise ModelFileError(f"converted tensor {name} differs from the GGUF; this is a specdraft bug")
+    if model.config.tie_word_embeddings:
+        tied = copy.get_output_embeddings().weight.data_ptr() == copy.get_input_embeddings().weight.data_ptr()
+        if not tied:
+            raise ModelFileError("converted copy lost its tied embeddings; this is a specdraft bug")
+    text = "def is_prime(n):\n    return n > 1  # ünïcödé <|im_start|>"
+    if AutoTokenizer.from_pretrained(model_dir)(text)["input_ids"] != tokenizer(text)["input_ids"]:
+        raise ModelFileError("converted tokenizer encodes differently from the GGUF's; this is a specdraft bug")
+
+
+def move_into_place(tmp: Path, out_dir: Path) -> None:
+    """Atomically publish ``tmp`` as ``out_dir``, replacing an incomplete leftover if any.
+
+    ``mkdtemp``/``mkstemp`` create owner-only entries; the published copy gets the usual
+    umask-based modes, like any other file the user creates.
+    """
+    os.chmod(tmp, 0o777 & ~umask())
+    for f in tmp.iterdir():
+        os.chmod(f, 0o666 & ~umask())
+    if out_dir.exists():  # incomplete, or converted from another source: we were asked to redo it
+        shutil.rmtree(out_dir)
+    try:
+        os.replace(tmp, out_dir)
+    except OSError:
+        if is_converted(out_dir):  # another process finished the same conversion first
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
+        raise

@@ -1,0 +1,51 @@
+"""The ASGI middleware in front of the app: body size limit and request counting."""
+from __future__ import annotations
+
+from .errors import error_response
+from .metrics import ServerMetrics
+
+
+class Gate:
+    """Bounds request bodies (413 before the app parses anything) and counts /v1/ responses by
+    status. The body (at most ``limit`` bytes) is read here and replayed to the app."""
+
+    def __init__(self, app, limit: int, metrics: ServerMetrics):
+        self.app, self.limit, self.metrics = app, limit, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+
+        async def counting_send(message):
+            if message["type"] == "http.response.start" and path.startswith("/v1/"):
+                self.metrics.requests.labels(path, str(message["status"])).inc()
+            await send(message)
+
+        if scope["method"] not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, counting_send)
+        too_big = error_response(413, f"the request body exceeds {self.limit} bytes")
+        size = dict(scope["headers"]).get(b"content-length")
+        if size is not None and (not size.isdigit() or int(size) > self.limit):
+            return await too_big(scope, receive, counting_send)
+        chunks, total, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            total += len(chunk)
+            if total > self.limit:
+                return await too_big(scope, receive, counting_send)
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()  # after the body: wait for the disconnect
+
+        await self.app(scope, replay, counting_send)

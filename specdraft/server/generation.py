@@ -1,0 +1,122 @@
+"""One generation request, from its validated body to its stream of events.
+
+- :func:`build_request` checks what only the served model can check (its name, the method's
+  needs, the context length) and fixes the configs of the generation;
+- :func:`run_generation` is the worker's run function: it drives the engine on the worker
+  thread and emits each committed piece into the job;
+- :func:`job_events` is the event-loop side: the job's pieces, then its Outcome.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+
+from fastapi import Request
+
+from ..config import GenerationConfig, SamplingConfig, SpecConfig
+from ..drafters import needs_draft_model
+from ..errors import SpecdraftError
+from .config import ServerConfig
+from .errors import APIError
+from .metrics import ServerMetrics
+from .worker import Job, Outcome, TimedOut
+
+DEFAULT_MAX_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    """What the worker needs for one generation."""
+
+    prompt_ids: list[int]
+    spec: SpecConfig
+    sampling: SamplingConfig
+    gen: GenerationConfig
+
+
+def _speculation(body, config: ServerConfig, has_draft_model: bool) -> tuple[SpecConfig, SamplingConfig]:
+    """The request's speculation (its method / k over the server's default) and sampling."""
+    method = body.method or config.spec.method
+    try:
+        spec = replace(config.spec, method=method, k=body.k if body.k is not None else config.spec.k)
+        if method != "none" and needs_draft_model(method) and not has_draft_model:
+            raise APIError(400, f"method {method!r} needs a draft model, which this server did not load",
+                           param="method")
+        sampling = SamplingConfig(temperature=float(body.temperature), top_k=body.top_k,
+                                  top_p=float(body.top_p), seed=body.seed)
+    except SpecdraftError as e:
+        raise APIError(400, str(e), param="method" if "method" in str(e) else None) from None
+    return spec, sampling
+
+
+def build_request(body, prompt_ids: list[int], config: ServerConfig, speculator) -> GenRequest:
+    """A validated body (ChatRequest / CompletionRequest) and its prompt ids -> GenRequest;
+    raises APIError (404 for another model, 400 for what this model cannot do)."""
+    if body.model not in (None, config.model_name):
+        raise APIError(404, f"model {body.model!r} is not served here; GET /v1/models lists {config.model_name!r}",
+                       param="model", code="model_not_found")
+    spec, sampling = _speculation(body, config, speculator.draft is not None)
+    if not prompt_ids:
+        raise APIError(400, "the prompt is empty", param="prompt")
+    max_len = speculator.target.model.max_length
+    room = max_len - len(prompt_ids)
+    limit = body.token_limit
+    if limit is None:
+        limit = min(DEFAULT_MAX_TOKENS, room)
+    if room < 1 or limit > room:
+        raise APIError(400, f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({limit}) exceeds the "
+                            f"context of {max_len} tokens", param="max_tokens", code="context_length_exceeded")
+    return GenRequest(prompt_ids, spec, sampling, GenerationConfig(max_new_tokens=limit, stop=tuple(body.stop or ())))
+
+
+def run_generation(speculator, job: Job) -> Outcome:
+    """Run ``job`` (its request a GenRequest) to its end on the worker thread: each piece is
+    emitted with the live counters the page shows; stops early when the job is stopped."""
+    req: GenRequest = job.request
+    engine = speculator.engine(req.spec)
+    pieces = engine.stream(req.prompt_ids, req.sampling, req.gen)
+    timed_out = False
+    try:
+        for piece in pieces:
+            st = engine.stats  # live counters, for the page's figures
+            job.emit("piece", (piece, {"draft_tokens": st.draft_tokens, "accepted_tokens": st.accepted_tokens,
+                                       "target_forwards": st.target_forwards, "step_tokens": st.step_tokens}))
+            if job.stopped:
+                timed_out = not job.cancelled.is_set()
+                break
+    finally:
+        pieces.close()  # ends the engine's loop; its statistics are final
+    n = len(engine.token_ids)
+    reason = "length" if timed_out or n >= req.gen.max_new_tokens else "stop"
+    return Outcome(engine.stats, reason)
+
+
+async def job_events(request: Request, job: Job, arrived: float,
+                     metrics: ServerMetrics) -> AsyncIterator[tuple[str, object]]:
+    """The job's ("piece", (Piece, live counters)) events and then ("done", Outcome); raises
+    APIError for a job that failed to start; stops (without an Outcome) when the client
+    disconnects. Records time to first token and the finished request in ``metrics``."""
+    first = True
+    while True:
+        try:
+            ev, value = await asyncio.wait_for(job.events.get(), timeout=0.5)
+        except TimeoutError:
+            if await request.is_disconnected():
+                return
+            continue
+        if ev == "error":
+            if isinstance(value, TimedOut):
+                raise APIError(429, str(value), "rate_limit_error", code="timeout")
+            if isinstance(value, SpecdraftError):
+                raise APIError(400, str(value))
+            raise value
+        if ev == "piece" and first:
+            metrics.ttft.observe(time.monotonic() - arrived)
+            first = False
+        if ev == "done":
+            metrics.record(value.stats, time.monotonic() - arrived)
+            yield ev, value
+            return
+        yield ev, value
