@@ -68,7 +68,7 @@ def create_app(speculator, config: ServerConfig) -> FastAPI:
 @router.get("/health")
 def health(request: Request):
     speculator, config, worker = request.app.state.speculator, request.app.state.config, request.app.state.worker
-    methods = ["none"] + [m for m in drafter_names() if speculator.draft is not None or not needs_draft_model(m)]
+    methods = [m for m in drafter_names() if speculator.draft is not None or not needs_draft_model(m)]
     return {"status": "ok", "model": config.model_name, "waiting": worker.waiting,
             "running": worker.running is not None, "methods": methods, "default_method": config.spec.method}
 

@@ -41,7 +41,7 @@ def _speculation(body, config: ServerConfig, has_draft_model: bool) -> tuple[Spe
     method = body.method or config.spec.method
     try:
         spec = replace(config.spec, method=method, k=body.k if body.k is not None else config.spec.k)
-        if method != "none" and needs_draft_model(method) and not has_draft_model:
+        if needs_draft_model(method) and not has_draft_model:
             raise APIError(400, f"method {method!r} needs a draft model, which this server did not load",
                            param="method")
         sampling = SamplingConfig(temperature=float(body.temperature), top_k=body.top_k,
