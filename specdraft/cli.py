@@ -15,12 +15,12 @@ import uvicorn
 from .bench.arguments import add_bench_args
 from .bench.forward_cost import forward_costs
 from .bench.harness import run_bench
+from .bench.machine import gguf_kernel_path
 from .config import GenerationConfig, SamplingConfig, SpecConfig
 from .drafters import drafter_names, needs_draft_model
 from .errors import ParameterError, SpecdraftError
 from .heads.model import shipped_head_dir
 from .heads.train import add_train_args, train_from_args
-from .kernels import gguf_ops
 from .models.packaged import DEFAULT_TARGET, PACKAGED, resolve_model_dir
 from .options import (
     DTYPES,
@@ -245,8 +245,7 @@ def _kernel_path(model) -> str | None:
     """The GGUF kernels' instruction-set path, for models that run them."""
     if getattr(model, "weight_format", None) not in ("gguf", "q4k"):
         return None
-    ops = gguf_ops()
-    return ops.kernel_path() if hasattr(ops, "kernel_path") else "avx2"
+    return gguf_kernel_path()
 
 
 def _cmd_models(args) -> int:

@@ -10,6 +10,7 @@ import pytest
 
 from specdraft.bench import harness
 from specdraft.bench.errors import BenchError
+from specdraft.bench.machine import CPU_FLAGS, cpu_info, gguf_kernel_path, machine_line
 from specdraft.bench.methods import parse_methods
 from specdraft.bench.mismatches import analyse_mismatches
 from specdraft.bench.peers import strip_eos
@@ -413,3 +414,33 @@ def test_run_order_interleaves_prompts_and_rotates_methods(monkeypatch, order):
     mark_exactness(records)
     assert all(r.exact for r in records)
 
+
+# ----------------------------------------------------------------------------- machine facts
+def test_cpu_info_names_the_model_and_only_known_flags():
+    info = cpu_info()
+    assert info["model"] and set(info["vector_flags"]) <= set(CPU_FLAGS)
+    assert list(info["vector_flags"]) == [f for f in CPU_FLAGS if f in info["vector_flags"]]  # in CPU_FLAGS' order
+
+
+def test_kernel_path_is_none_when_the_kernels_are_unavailable_or_too_old(monkeypatch):
+    from specdraft.bench import machine
+    from specdraft.kernels import KernelUnavailable
+
+    def unavailable():
+        raise KernelUnavailable("no compiler")
+
+    monkeypatch.setattr(machine, "gguf_ops", unavailable)
+    assert gguf_kernel_path() is None
+    monkeypatch.setattr(machine, "gguf_ops", lambda: object())  # a build without kernel_path()
+    assert gguf_kernel_path() is None
+    monkeypatch.setattr(machine, "gguf_ops", lambda: type("Ops", (), {"kernel_path": lambda self: "avx512-vnni"})())
+    assert gguf_kernel_path() == "avx512-vnni"
+
+
+def test_machine_line_names_cpu_flags_and_kernel_path():
+    info = dict(cpu=dict(model="AMD EPYC 9B45", logical_cpus=4, vector_flags=["avx2", "avx512f", "avx512_vnni"]),
+                gguf_kernel_path="avx512-vnni", torch="2.13.0", torch_threads=4)
+    line = machine_line(info)
+    assert line.startswith("machine: AMD EPYC 9B45 (4 logical CPUs; flags: avx2, avx512f, avx512_vnni)")
+    assert "GGUF kernel path: avx512-vnni" in line
+    assert "GGUF kernel path: none" in machine_line(dict(info, gguf_kernel_path=None))

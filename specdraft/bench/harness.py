@@ -30,7 +30,7 @@ This module runs the benchmark; the pieces it puts together each have their own 
   records     per-prompt records, exactness against the baseline, aggregation into rows
   mismatches  logit gaps where a method diverges from the baseline
   report      Markdown and terminal tables, report files
-  machine     CPU model and flags, threads, memory
+  machine     CPU model and flags, GGUF kernel path, threads, memory
   endpoint    the same benchmark against an OpenAI-compatible server
 """
 from __future__ import annotations
@@ -59,7 +59,7 @@ from ..pipeline import resolve_dtype
 from .chart import draw
 from .endpoint import run_endpoint
 from .errors import BenchError
-from .machine import machine_info, peak_rss_mb
+from .machine import machine_info, machine_line, peak_rss_mb
 from .methods import BASELINE, is_peer, parse_methods
 from .mismatches import analyse_mismatches
 from .peers import PEERS
@@ -230,6 +230,7 @@ def run_bench(args) -> int:
     check_context(prompt_ids, args.max_new_tokens, speculator.target.model.max_length)
 
     config = run_config(args, methods, speculator, peers)
+    console.print(machine_line(config["machine"]))
 
     def save(records, rss, mismatches=None) -> list[dict]:
         """Write the JSON report; partial (no mismatch analysis yet) until the run completes."""

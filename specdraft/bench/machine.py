@@ -1,4 +1,4 @@
-"""Facts about the machine a benchmark ran on: CPU model and flags, threads, memory."""
+"""Facts about the machine a benchmark ran on: CPU model and flags, GGUF kernel path, threads, memory."""
 from __future__ import annotations
 
 import os
@@ -9,7 +9,11 @@ import sys
 import torch
 import transformers
 
-CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")  # decide bf16 vs fp32 speed
+from ..kernels import KernelUnavailable, gguf_ops
+
+# The CPU flags that decide which kernels run and how fast: AVX2 (the GGUF kernels' baseline),
+# AVX-512 with VNNI (their int8 dot-product path), native bf16, and AMX.
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
 
 
 def peak_rss_mb() -> float:
@@ -34,8 +38,26 @@ def cpu_info() -> dict:
     return dict(model=model, logical_cpus=os.cpu_count(), vector_flags=[f for f in CPU_FLAGS if f in flags])
 
 
+def gguf_kernel_path() -> str | None:
+    """The instruction-set path the GGUF kernels take here (e.g. avx2, avx512-vnni); None when the
+    kernels cannot be built on this machine or the build is too old to say."""
+    try:
+        ops = gguf_ops()
+    except KernelUnavailable:
+        return None
+    return ops.kernel_path() if hasattr(ops, "kernel_path") else None
+
+
 def machine_info() -> dict:
     return dict(torch=torch.__version__, transformers=transformers.__version__, python=platform.python_version(),
-                platform=platform.platform(), cpu=cpu_info(),
+                platform=platform.platform(), cpu=cpu_info(), gguf_kernel_path=gguf_kernel_path(),
                 torch_threads=torch.get_num_threads(), torch_interop_threads=torch.get_num_interop_threads())
 
+
+def machine_line(info: dict) -> str:
+    """``machine_info()`` in one line for the run's header."""
+    cpu = info["cpu"]
+    return (f"machine: {cpu['model']} ({cpu['logical_cpus']} logical CPUs; flags: "
+            f"{', '.join(cpu['vector_flags']) or 'none of ' + ', '.join(CPU_FLAGS)}); "
+            f"GGUF kernel path: {info['gguf_kernel_path'] or 'none'}; torch {info['torch']}, "
+            f"{info['torch_threads']} threads")
