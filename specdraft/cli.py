@@ -1,71 +1,45 @@
-"""The command line: ``specdraft generate``, ``bench``, ``serve``, ``train-head``, ``models``.
+"""The command line: ``specdraft generate``, ``serve``, ``bench``, ``train-head``, ``calibrate``, ``models``.
 
 User errors print one line (``error: ...``) and exit with status 2; no traceback.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
+import torch
+import uvicorn
+
+from .bench.arguments import add_bench_args
+from .bench.forward_cost import forward_costs
+from .bench.harness import run_bench
+from .bench.machine import gguf_kernel_path
 from .config import GenerationConfig, SamplingConfig, SpecConfig
-from .errors import SpecdraftError
+from .drafters import drafter_names, needs_draft_model
+from .errors import ParameterError, SpecdraftError
+from .heads.model import shipped_head_dir
+from .heads.train import add_train_args, train_from_args
+from .models.packaged import DEFAULT_TARGET, PACKAGED, resolve_model_dir
+from .options import (
+    DTYPES,
+    FORMATS,
+    add_model_args,
+    add_spec_args,
+    spec_from_args,
+    speculator_options,
+)
+from .pipeline import Speculator, load_model
+from .server.app import ServerConfig, create_app
 
 _DEFAULTS_SPEC = SpecConfig()
 _DEFAULTS_GEN = GenerationConfig()
 _DEFAULTS_SAMPLING = SamplingConfig()
-_DTYPES = ["auto", "bf16", "fp32"]
-_FORMATS = ["auto", "dense", "int8", "int4", "w8a8", "w8a8-fast", "gguf", "q4k"]  # "auto" + models.quant.WEIGHT_FORMATS
-
-
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default=None, help="target model: packaged name, HF model dir or .gguf (default: qwen2.5-coder-1.5b)")
-    p.add_argument("--draft", default=None, help="draft model for --method draft-model (default: qwen2.5-coder-0.5b)")
-    p.add_argument("--dtype", default="auto", choices=_DTYPES,
-                   help="compute dtype of the models; auto = fp32 on every CPU (the GGUF kernels; exact). bf16 only when "
-                        "asked: its matmuls are not batch-invariant on every CPU, so greedy output may differ from plain")
-    p.add_argument("--target-format", default=None, choices=_FORMATS,
-                   help="target weights: auto = gguf (the GGUF file's own Q4_K/Q6_K weights, native kernels) where the "
-                        "kernels build and the model has a GGUF file, else w8a8 (int8 weights and activations); "
-                        "dense = exact --dtype weights")
-    p.add_argument("--draft-format", default=None, choices=_FORMATS,
-                   help="draft model weights (auto = q4k: its weights quantized to Q4_K on load for the native kernels, "
-                        "where they build; else w8a8-fast); a draft's numerics never change the output")
-    p.add_argument("--runtime", default="auto", choices=["auto", "native", "hf"], help="native Llama-family runtime or the transformers adapter")
-    p.add_argument("--max-context", type=int, default=4096, help="KV cache capacity in tokens")
-
-
-def _spec_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--k", type=int, default=_DEFAULTS_SPEC.k, help="draft tokens per target forward (default: the drafter's own, see config.DEFAULT_K)")
-    p.add_argument("--min-confidence", type=float, default=_DEFAULTS_SPEC.min_confidence,
-                   help="draft-model, greedy: draft another token only while the product of the draft's "
-                        "probabilities for its guesses so far is at least this")
-    p.add_argument("--ngram-max", type=int, default=_DEFAULTS_SPEC.ngram_max, help="prompt-lookup: longest n-gram matched")
-    p.add_argument("--ngram-min", type=int, default=_DEFAULTS_SPEC.ngram_min, help="prompt-lookup: shortest n-gram matched")
-    p.add_argument("--draft-window", type=int, default=_DEFAULTS_SPEC.draft_window,
-                   help="draft model: see at most this many (latest) prompt tokens, bounding its prefill; "
-                        "0 = all (default: 256 for hybrid, all for draft-model)")
-    p.add_argument("--head", default=_DEFAULTS_SPEC.head,
-                   help="head / hybrid-head: directory of a trained drafting head (default: the one shipped for the target)")
-
-
-def spec_from_args(method: str, args) -> SpecConfig:
-    """The SpecConfig that _spec_args' options describe (ParameterError when one is invalid)."""
-    return SpecConfig(method=method, k=args.k, ngram_max=args.ngram_max, ngram_min=args.ngram_min,
-                      min_confidence=args.min_confidence, draft_window=args.draft_window,
-                      head=args.head)
-
-
-def speculator_options(args) -> dict:
-    """Options of Speculator that the command line sets only when given."""
-    opts = {"draft_format": args.draft_format, "target_format": args.target_format}
-    return {k: v for k, v in opts.items() if v}
 
 
 def _methods() -> list[str]:
-    from .drafters import drafter_names
-
-    return ["none"] + drafter_names()
+    return ["none", *drafter_names()]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -78,14 +52,20 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="specdraft", description="Lossless speculative decoding, CPU first.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for add in (_add_generate, _add_serve, _add_bench, _add_train_head, _add_calibrate, _add_models):
+        add(sub)  # each sets its subcommand's func, which main() calls
+    return parser
 
+
+def _add_generate(sub) -> None:
     g = sub.add_parser("generate", help="generate text for a prompt, streaming, then print statistics")
+    g.set_defaults(func=_cmd_generate)
     g.add_argument("prompt")
     g.add_argument("--method", default=None, choices=_methods(),
                    help="the drafter; none = plain decoding (default: hybrid-head where a head is shipped for the "
                         "target, else draft-model)")
-    _model_args(g)
-    _spec_args(g)
+    add_model_args(g)
+    add_spec_args(g)
     g.add_argument("--temperature", type=float, default=_DEFAULTS_SAMPLING.temperature, help="0 = greedy")
     g.add_argument("--top-k", type=int, default=_DEFAULTS_SAMPLING.top_k)
     g.add_argument("--top-p", type=float, default=_DEFAULTS_SAMPLING.top_p)
@@ -97,11 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="colour tokens by origin: green = accepted draft, blue = produced by the target")
     g.add_argument("--json", action="store_true", help="print the statistics as JSON instead of one line")
 
+
+def _add_serve(sub) -> None:
     v = sub.add_parser("serve", help="serve an OpenAI-compatible API (and a chat page at /)")
+    v.set_defaults(func=_cmd_serve)
     v.add_argument("--method", default=None, choices=_methods(),
                    help="default drafter; a request may pick another with the extension field \"method\"")
-    _model_args(v)
-    _spec_args(v)
+    add_model_args(v)
+    add_spec_args(v)
     v.add_argument("--host", default="127.0.0.1")
     v.add_argument("--port", type=int, default=8000)
     v.add_argument("--model-name", default=None, help="the model id clients send (default: the target's name)")
@@ -110,44 +93,48 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-body-bytes", type=int, default=1 << 20)
     v.add_argument("--no-draft", action="store_true", help="do not load a draft model (only none / prompt-lookup)")
 
-    b = sub.add_parser("bench", help="benchmark methods on Spec-Bench prompts")
-    from .bench.harness import add_bench_args
 
+def _add_bench(sub) -> None:
+    b = sub.add_parser("bench", help="benchmark methods on Spec-Bench prompts (the dev prompts ship with specdraft)")
+    b.set_defaults(func=run_bench)
     add_bench_args(b)
-    _model_args(b)
-    _spec_args(b)
+    add_model_args(b)
+    add_spec_args(b)
 
+
+def _add_train_head(sub) -> None:
     t = sub.add_parser("train-head", help="train a drafting head on the target's features (for --method head / hybrid-head)")
-    from .heads.train import add_train_args
-
+    t.set_defaults(func=train_from_args)
     add_train_args(t)
-    _model_args(t)
+    add_model_args(t)
 
+
+def _add_calibrate(sub) -> None:
     c = sub.add_parser("calibrate", help="measure a model's forward cost over 1..32 new tokens on this machine")
+    c.set_defaults(func=_cmd_calibrate)
     c.add_argument("--model", default=None, help="packaged name, HF model dir or .gguf (default: the default target)")
     c.add_argument("--format", default="auto",
                    help="weight format, or several to compare, comma-separated, each FORMAT or FORMAT:DTYPE "
-                        f"(formats: {', '.join(_FORMATS)}; auto = what a target gets on this CPU), "
+                        f"(formats: {', '.join(FORMATS)}; auto = what a target gets on this CPU), "
                         "e.g. auto,w8a8,dense:bf16; several are timed interleaved")
-    c.add_argument("--dtype", default="auto", choices=_DTYPES, help="compute dtype of formats given without one")
+    c.add_argument("--dtype", default="auto", choices=DTYPES, help="compute dtype of formats given without one")
     c.add_argument("--context", type=int, default=300, help="tokens already in the KV cache")
     c.add_argument("--blocks", default="1,2,4,8,16,32", help="comma-separated numbers of new tokens")
     c.add_argument("--repeats", type=int, default=5, help="timed forwards per block (median reported)")
     c.add_argument("--json", dest="json_out", default=None, help="also write {tokens, seconds, ...} here")
 
+
+def _add_models(sub) -> None:
     m = sub.add_parser("models", help="list the packaged models, or prepare (join, verify, convert) them")
+    m.set_defaults(func=_cmd_models)
     m.add_argument("action", choices=["list", "prepare"])
     m.add_argument("names", nargs="*")
-    return parser
 
 
 def default_method(args) -> str:
     """--method when given, else the best measured method the target allows: hybrid-head where a
     head is shipped for it (1.21x against hybrid's 1.14x on the dev prompts, and no draft model
     to load), else draft-model."""
-    from .heads.model import shipped_head_dir
-    from .models.packaged import DEFAULT_TARGET
-
     if args.method:
         return args.method
     if args.head or shipped_head_dir(args.target or DEFAULT_TARGET):
@@ -156,9 +143,6 @@ def default_method(args) -> str:
 
 
 def _cmd_generate(args) -> int:
-    from .pipeline import Speculator
-    from .drafters import needs_draft_model
-
     args.method = default_method(args)
     # Validate cheap things before loading any model.
     spec = spec_from_args(args.method, args)
@@ -180,8 +164,6 @@ def _cmd_generate(args) -> int:
         out.flush()
     out.write("\n")
     if args.json:
-        import json
-
         print(json.dumps(engine.stats.to_dict()))
     else:
         print(engine.stats.summary())
@@ -189,10 +171,6 @@ def _cmd_generate(args) -> int:
 
 
 def _cmd_serve(args) -> int:
-    from .errors import ParameterError
-    from .pipeline import Speculator
-    from .drafters import needs_draft_model
-
     args.method = default_method(args)
     spec = spec_from_args(args.method, args)
     if args.queue_size < 1 or args.request_timeout <= 0 or args.max_body_bytes < 1024 or not 0 < args.port < 65536:
@@ -200,10 +178,6 @@ def _cmd_serve(args) -> int:
     with_draft = not args.no_draft
     if not with_draft and args.method != "none" and needs_draft_model(args.method):
         raise ParameterError(f"--method {args.method} needs the draft model; drop --no-draft or pick none/prompt-lookup")
-    import uvicorn
-
-    from .server.app import ServerConfig, create_app
-
     sd = Speculator(args.target, args.draft, dtype=args.dtype, runtime=args.runtime, max_length=args.max_context,
                     load_draft=with_draft, **speculator_options(args))
     config = ServerConfig(model_name=args.model_name or sd.target.name, spec=spec, max_waiting=args.queue_size,
@@ -216,15 +190,13 @@ def _cmd_serve(args) -> int:
 
 def _calibrate_candidates(spec: str, dtype: str) -> list[tuple[str, str, str]]:
     """'auto,dense:bf16' -> [(label, format, dtype)], or a one-line ParameterError."""
-    from .errors import ParameterError
-
     out = []
     for item in spec.split(","):
         fmt, _, dt = item.strip().partition(":")
         dt = dt or dtype
-        if fmt not in _FORMATS or dt not in _DTYPES:
-            raise ParameterError(f"--format items are FORMAT or FORMAT:DTYPE with a format in {', '.join(_FORMATS)} "
-                                 f"and a dtype in {', '.join(_DTYPES)}, got {item!r}")
+        if fmt not in FORMATS or dt not in DTYPES:
+            raise ParameterError(f"--format items are FORMAT or FORMAT:DTYPE with a format in {', '.join(FORMATS)} "
+                                 f"and a dtype in {', '.join(DTYPES)}, got {item!r}")
         out.append((item.strip() if ":" in item else fmt, fmt, dt))
     if len({label for label, _, _ in out}) < len(out):
         raise ParameterError(f"--format names a format twice: {spec!r}")
@@ -232,15 +204,6 @@ def _calibrate_candidates(spec: str, dtype: str) -> list[tuple[str, str, str]]:
 
 
 def _cmd_calibrate(args) -> int:
-    import json
-
-    import torch
-
-    from .bench.forward_cost import forward_costs
-    from .errors import ParameterError
-    from .models.packaged import DEFAULT_TARGET
-    from .pipeline import load_model
-
     try:
         blocks = tuple(int(b) for b in args.blocks.split(","))
     except ValueError:
@@ -260,7 +223,7 @@ def _cmd_calibrate(args) -> int:
         one = r["seconds"][0]
         if len(reports) > 1:
             print(f"{label}: weight format {r['weight_format']}, {r['dtype']}")
-        for k, sec in zip(r["tokens"], r["seconds"]):
+        for k, sec in zip(r["tokens"], r["seconds"], strict=True):
             print(f"{k:3d} new tokens: {sec * 1000:8.1f} ms  ({sec / one:.2f}x the first block, {k / sec:7.1f} tok/s)")
     paths = {r["kernel_path"] for r in reports.values()} - {None}
     if paths:
@@ -282,15 +245,10 @@ def _kernel_path(model) -> str | None:
     """The GGUF kernels' instruction-set path, for models that run them."""
     if getattr(model, "weight_format", None) not in ("gguf", "q4k"):
         return None
-    from .kernels import gguf_ops
-
-    ops = gguf_ops()
-    return ops.kernel_path() if hasattr(ops, "kernel_path") else "avx2"
+    return gguf_kernel_path()
 
 
 def _cmd_models(args) -> int:
-    from .models.packaged import PACKAGED, resolve_model_dir
-
     if args.action == "list":
         for name, pm in PACKAGED.items():
             print(f"{name:22s} {pm.description}")
@@ -301,32 +259,15 @@ def _cmd_models(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
-        if args.command == "generate":
-            return _cmd_generate(args)
-        if args.command == "bench":
-            from .bench.harness import run_bench
-
-            return run_bench(args)
-        if args.command == "serve":
-            return _cmd_serve(args)
-        if args.command == "models":
-            return _cmd_models(args)
-        if args.command == "calibrate":
-            return _cmd_calibrate(args)
-        if args.command == "train-head":
-            from .heads.train import train_from_args
-
-            return train_from_args(args)
+        return args.func(args)
     except SpecdraftError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    return 1
 
 
 if __name__ == "__main__":

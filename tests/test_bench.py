@@ -1,4 +1,4 @@
-"""Fast tests of the benchmark harness: prompt files, method lists, exactness, aggregation, Markdown.
+"""Fast tests of the benchmark: prompt files, method lists, exactness, aggregation, Markdown, run order.
 
 No model is loaded; per-prompt records are crafted by hand so the expected numbers are exact.
 """
@@ -9,9 +9,28 @@ import json
 import pytest
 
 from specdraft.bench import harness
-from specdraft.bench.harness import (BenchError, PromptRecord, aggregate, first_mismatch, load_prompts,
-                                     mark_exactness, markdown_report, parse_methods, select_prompts)
+from specdraft.bench.errors import BenchError
+from specdraft.bench.machine import CPU_FLAGS, cpu_info, gguf_kernel_path, machine_line
+from specdraft.bench.methods import parse_methods
+from specdraft.bench.mismatches import analyse_mismatches
 from specdraft.bench.peers import strip_eos
+from specdraft.bench.prompts import (
+    PACKAGED_PROMPTS,
+    BenchPrompt,
+    categories_in_order,
+    load_prompts,
+    prompts_from_args,
+    prompts_path,
+    select_prompts,
+)
+from specdraft.bench.records import (
+    Outcome,
+    PromptRecord,
+    aggregate,
+    first_mismatch,
+    mark_exactness,
+)
+from specdraft.bench.report import check_output_path, markdown_report
 from specdraft.cli import build_parser, main
 from specdraft.errors import SpecdraftError
 
@@ -107,7 +126,7 @@ def test_unknown_category_and_bad_per_category(tmp_path):
 def test_methods_put_the_baseline_first_and_reject_unknown_names():
     assert parse_methods("prompt-lookup, none,hf-generate") == ["none", "prompt-lookup", "hf-generate"]
     assert parse_methods("draft-model,draft-model") == ["none", "draft-model"]  # baseline added once
-    with pytest.raises(BenchError, match="unknown method 'medusa'; choose from: none, .*hf-assisted"):
+    with pytest.raises(BenchError, match=r"unknown method 'medusa'; choose from: none, .*hf-assisted"):
         parse_methods("none,medusa")
 
 
@@ -118,18 +137,35 @@ def test_cli_reports_user_errors_in_one_line(tmp_path, capsys):
     assert code == 2 and err.startswith("error: ") and "line 1" in err and err.count("\n") == 1
 
 
-def test_cli_requires_prompts_and_json():
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["bench", "--json", "x.json"])
+def test_cli_bench_options():
     args = build_parser().parse_args(["bench", "--prompts", "p.jsonl", "--json", "o.json", "--no-warmup"])
     assert args.warmup is False and args.hf_dtype_plain == "fp32" and args.hf_dtype_assisted == "auto"
+    assert args.func is harness.run_bench and str(args.prompts) == "p.jsonl" and str(args.json_out) == "o.json"
+
+
+# ----------------------------------------------------------------------------- packaged prompts
+def test_packaged_dev_prompts_load():
+    prompts = load_prompts(PACKAGED_PROMPTS)
+    assert len(prompts) == 240 and len(categories_in_order(prompts)) == 13
+    assert all(p.question_id % 2 == 0 for p in prompts)  # the dev half: even question ids
+    assert (PACKAGED_PROMPTS.parent / "LICENSE-spec-bench.txt").read_text().lstrip().startswith("Apache License")
+
+
+def test_bench_without_prompts_or_json_uses_the_packaged_prompts():
+    args = build_parser().parse_args(["bench", "--per-category", "1"])
+    assert args.prompts is None and args.json_out is None
+    assert prompts_path(args.prompts) == PACKAGED_PROMPTS
+    prompts = prompts_from_args(args)
+    assert len(prompts) == 13 and len(categories_in_order(prompts)) == 13  # the first of each category
+    assert prompts_path("mine.jsonl").name == "mine.jsonl"
 
 
 def test_output_directory_is_checked_before_models_load(tmp_path):
     with pytest.raises(BenchError, match="does not exist"):
-        harness.check_output_path(tmp_path / "missing" / "o.json", "--json")
+        check_output_path(tmp_path / "missing" / "o.json", "--json")
     with pytest.raises(BenchError, match="is a directory"):
-        harness.check_output_path(tmp_path, "--json")
+        check_output_path(tmp_path, "--json")
+    check_output_path(None, "--json")  # not given: nothing to check
 
 
 # ----------------------------------------------------------------------------- exactness
@@ -209,7 +245,7 @@ def test_mismatch_index_is_recorded():
 def test_unknown_counts_make_the_aggregate_unknown():
     records = [rec("none", 1, "qa", 5, 1.0, 4, 4, 0, 0), rec("x", 1, "qa", 5, 1.0, None, None)]
     mark_exactness(records)
-    row = [r for r in aggregate(records, ["none", "x"], ["qa"]) if r["method"] == "x"][0]
+    row = next(r for r in aggregate(records, ["none", "x"], ["qa"]) if r["method"] == "x")
     assert row["mean_accepted_tokens"] is None and row["target_forwards"] is None and row["speedup"] == 1.0
 
 
@@ -246,7 +282,7 @@ def test_markdown_has_overall_and_category_tables():
 class FakeTarget:
     """Logits depend only on the context length: even -> top-2 gap 2.0, odd -> gap 0.05."""
 
-    LOGITS = [[3.0, 1.0, 0.0, -1.0], [0.0, 1.0, 0.95, 0.0]]
+    LOGITS = ((3.0, 1.0, 0.0, -1.0), (0.0, 1.0, 0.95, 0.0))
 
     def __init__(self):
         self.model = self
@@ -257,8 +293,9 @@ class FakeTarget:
         pass
 
     def forward(self, ids, last_only=False):
-        import torch
         from types import SimpleNamespace
+
+        import torch
 
         self.calls += 1
         return SimpleNamespace(logits=torch.tensor([self.LOGITS[len(ids) % 2]]))
@@ -271,7 +308,7 @@ def test_mismatch_gaps_flag_only_real_disagreements():
     mark_exactness(records)
     target, warnings = FakeTarget(), []
     prompt_ids = {1: [1, 1, 1], 2: [1, 1]}  # context lengths at the mismatches: 3 + 1 = 4, 2 + 1 = 3
-    found = harness.analyse_mismatches(records, prompt_ids, target, 0.1, warnings.append)
+    found = analyse_mismatches(records, prompt_ids, target, 0.1, warnings.append)
     assert [(m["method"], m["question_id"], m["index"]) for m in found] == [("a", 1, 1), ("b", 1, 1), ("a", 2, 1)]
     assert found[0]["top2_gap"] == pytest.approx(2.0) and found[0]["near_tie"] is False
     assert found[0]["method_token_gap"] == pytest.approx(3.0 - 0.0)
@@ -284,7 +321,7 @@ def test_mismatch_gaps_flag_only_real_disagreements():
 def test_mismatch_where_a_sequence_ended_compares_eos():
     records = [rec("none", 1, "qa", 1, 1.0, tokens=[5]), rec("a", 1, "qa", 2, 1.0, tokens=[5, 2])]
     mark_exactness(records)
-    found = harness.analyse_mismatches(records, {1: [1, 1]}, FakeTarget(), 0.1, lambda _: None)
+    found = analyse_mismatches(records, {1: [1, 1]}, FakeTarget(), 0.1, lambda _: None)
     assert found[0]["baseline_token"] is None and found[0]["method_token"] == 2  # none stopped at EOS
 
 
@@ -344,8 +381,6 @@ def test_run_order_interleaves_prompts_and_rotates_methods(monkeypatch, order):
 
     from rich.console import Console
 
-    from specdraft.bench.peers import Outcome
-
     calls = []
 
     def fake_runner(method, args, speculator, peers):
@@ -359,7 +394,7 @@ def test_run_order_interleaves_prompts_and_rotates_methods(monkeypatch, order):
             return [0]
 
     monkeypatch.setattr(harness, "make_runner", fake_runner)
-    prompts = [harness.BenchPrompt(i, "c", f"p{i}") for i in (1, 2, 3, 4)]
+    prompts = [BenchPrompt(i, "c", f"p{i}") for i in (1, 2, 3, 4)]
     ids = {p.question_id: [p.question_id] for p in prompts}
     saves = []
     args = argparse.Namespace(warmup=True, max_new_tokens=3, order=order)
@@ -378,3 +413,34 @@ def test_run_order_interleaves_prompts_and_rotates_methods(monkeypatch, order):
     assert set(rss) == {"none", "a", "b"}
     mark_exactness(records)
     assert all(r.exact for r in records)
+
+
+# ----------------------------------------------------------------------------- machine facts
+def test_cpu_info_names_the_model_and_only_known_flags():
+    info = cpu_info()
+    assert info["model"] and set(info["vector_flags"]) <= set(CPU_FLAGS)
+    assert list(info["vector_flags"]) == [f for f in CPU_FLAGS if f in info["vector_flags"]]  # in CPU_FLAGS' order
+
+
+def test_kernel_path_is_none_when_the_kernels_are_unavailable_or_too_old(monkeypatch):
+    from specdraft.bench import machine
+    from specdraft.kernels import KernelUnavailable
+
+    def unavailable():
+        raise KernelUnavailable("no compiler")
+
+    monkeypatch.setattr(machine, "gguf_ops", unavailable)
+    assert gguf_kernel_path() is None
+    monkeypatch.setattr(machine, "gguf_ops", lambda: object())  # a build without kernel_path()
+    assert gguf_kernel_path() is None
+    monkeypatch.setattr(machine, "gguf_ops", lambda: type("Ops", (), {"kernel_path": lambda self: "avx512-vnni"})())
+    assert gguf_kernel_path() == "avx512-vnni"
+
+
+def test_machine_line_names_cpu_flags_and_kernel_path():
+    info = dict(cpu=dict(model="AMD EPYC 9B45", logical_cpus=4, vector_flags=["avx2", "avx512f", "avx512_vnni"]),
+                gguf_kernel_path="avx512-vnni", torch="2.13.0", torch_threads=4)
+    line = machine_line(info)
+    assert line.startswith("machine: AMD EPYC 9B45 (4 logical CPUs; flags: avx2, avx512f, avx512_vnni)")
+    assert "GGUF kernel path: avx512-vnni" in line
+    assert "GGUF kernel path: none" in machine_line(dict(info, gguf_kernel_path=None))

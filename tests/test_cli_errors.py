@@ -205,7 +205,7 @@ def test_auto_format_without_a_gguf_file_falls_back(capsys, tiny_dir):
 
 
 def test_cli_offers_every_weight_format():
-    from specdraft import cli
     from specdraft.models.quant import WEIGHT_FORMATS
+    from specdraft.options import FORMATS
 
-    assert cli._FORMATS == ["auto", *WEIGHT_FORMATS]
+    assert FORMATS == ["auto", *WEIGHT_FORMATS]

@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from specdraft.bench import harness
+from specdraft.bench import methods
 from specdraft.bench.llama_cpp import LlamaCppRunner
 from specdraft.errors import SpecdraftError
 
@@ -47,9 +47,9 @@ def test_runner_without_the_package_is_a_clear_error(monkeypatch):
 
 
 def test_bench_knows_the_method():
-    assert "llama-cpp" in harness.known_methods()
-    assert harness.parse_methods("llama-cpp") == ["none", "llama-cpp"]
-    assert not harness.needs_our_draft(["none", "llama-cpp"])
+    assert "llama-cpp" in methods.known_methods()
+    assert methods.parse_methods("llama-cpp") == ["none", "llama-cpp"]
+    assert not methods.needs_our_draft(["none", "llama-cpp"])
 
 
 @pytest.mark.slow

@@ -9,18 +9,18 @@ import json
 import sys
 from pathlib import Path
 
-BASELINE = "none"
+from .records import BASELINE
 
 
 def draw(results: list[dict], path: Path, title: str = "") -> None:
     """results: the report's flat rows (method, category, speedup, mean_accepted_tokens, ...)."""
-    import matplotlib
+    import matplotlib  # only --chart needs it, and the backend must be set before pyplot loads
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
     methods = list(dict.fromkeys(r["method"] for r in results))
-    categories = list(dict.fromkeys(r["category"] for r in results if r["category"] != "overall")) + ["overall"]
+    categories = [*dict.fromkeys(r["category"] for r in results if r["category"] != "overall"), "overall"]
     cell = {(r["method"], r["category"]): r for r in results}
     shown = [m for m in methods if m != BASELINE]
 

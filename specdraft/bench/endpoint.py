@@ -16,7 +16,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+from rich.console import Console
+from rich.progress import Progress
+
 from ..errors import SpecdraftError
+from .prompts import categories_in_order, prompts_from_args
+from .records import ratio, sum_known
+from .report import check_output_path, report_location, write_text
 
 
 class EndpointError(SpecdraftError):
@@ -71,29 +78,21 @@ def stream_one(client, url: str, model: str | None, text: str, max_tokens: int) 
 
 
 def summarise(method: str, category: str, timings: list[Timing]) -> dict:
-    from .harness import _sum_known, ratio
-
     n = sum(t.new_tokens for t in timings)
     secs = sum(t.seconds for t in timings)
     ttfts = [t.ttft for t in timings if t.ttft is not None]
     decode = sum(t.seconds - t.ttft for t in timings if t.ttft is not None)
-    forwards = _sum_known(timings, "target_forwards")
+    forwards = sum_known(timings, "target_forwards")
     return dict(method=method, category=category, tokens_per_s=ratio(n, secs), speedup=None,
                 decode_tokens_per_s=ratio(n - len(ttfts), decode), decode_speedup=None,
                 ttft_s=ratio(sum(ttfts), len(ttfts)),
-                mean_accepted_tokens=ratio(_sum_known(timings, "step_tokens"), forwards),
-                acceptance_rate=ratio(_sum_known(timings, "accepted"), _sum_known(timings, "drafted")),
+                mean_accepted_tokens=ratio(sum_known(timings, "step_tokens"), forwards),
+                acceptance_rate=ratio(sum_known(timings, "accepted"), sum_known(timings, "drafted")),
                 exact_match_rate=None, prompts=len(timings), new_tokens=n, seconds=secs, target_forwards=forwards)
 
 
 def run_endpoint(args) -> int:
-    import httpx
-    from rich.console import Console
-    from rich.progress import Progress
-
-    from .harness import categories_in_order, check_output_path, load_prompts, parse_list, select_prompts, write_text
-
-    prompts = select_prompts(load_prompts(args.prompts), parse_list(args.categories), args.per_category)
+    prompts = prompts_from_args(args)
     check_output_path(args.json_out, "--json")
     base = args.endpoint.rstrip("/")
     url = base + "/chat/completions"
@@ -115,9 +114,10 @@ def run_endpoint(args) -> int:
     rows.append(summarise(method, "overall", timings))
     report = dict(config=dict(endpoint=base, model=args.endpoint_model, max_new_tokens=args.max_new_tokens),
                   results=rows, prompts=[t.__dict__ for t in timings])
-    write_text(Path(args.json_out), json.dumps(report, indent=1) + "\n")
+    if args.json_out is not None:
+        write_text(Path(args.json_out), json.dumps(report, indent=1) + "\n")
     o = rows[-1]
+    where = report_location(args.json_out)
     console.print(f"{method}: {o['new_tokens']} tokens in {o['seconds']:.1f} s, {o['tokens_per_s']:.2f} tok/s, "
-                  f"time to first token {o['ttft_s'] if o['ttft_s'] is None else round(o['ttft_s'], 2)} s; "
-                  f"report: {args.json_out}")
+                  f"time to first token {o['ttft_s'] if o['ttft_s'] is None else round(o['ttft_s'], 2)} s; {where}")
     return 0

@@ -16,7 +16,8 @@ import os
 import torch
 
 from ..errors import SpecdraftError
-from .peers import Outcome, strip_eos
+from .peers import strip_eos
+from .records import Outcome
 
 NAME = "llama-cpp"
 

@@ -16,14 +16,18 @@ first verification and so has no separate prefill forward to leave out.
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import torch
+from transformers import AutoModelForCausalLM, GenerationConfig
+from transformers.utils import logging as tlog
 
 from ..errors import ModelFileError
+from ..pipeline import DTYPES, resolve_dtype
+from .records import Outcome
 
 PROMPT_LOOKUP_TOKENS = 10  # tokens per prompt-lookup draft, transformers' documented example value
 
@@ -47,18 +51,6 @@ PEERS: dict[str, PeerSpec] = {
 }
 
 
-@dataclass
-class Outcome:
-    """What one generation produced, in the fields every method can fill (None = not known)."""
-
-    token_ids: list[int]  # new tokens, EOS excluded
-    target_forwards: int | None
-    step_tokens: int | None  # tokens committed by those forwards
-    drafted: int | None
-    accepted: int | None
-    prefill_seconds: float | None = None  # only our engine times its prefill separately
-
-
 def clean_generation_config(eos_ids: list[int]):
     """A generation config with nothing but EOS/padding set.
 
@@ -66,16 +58,12 @@ def clean_generation_config(eos_ids: list[int]):
     transformers fills every unset value from it, so the peer would not decode what our greedy
     engine decodes. Starting from a blank config leaves only transformers' global defaults.
     """
-    from transformers import GenerationConfig
-
     return GenerationConfig(eos_token_id=list(eos_ids), pad_token_id=eos_ids[0])
 
 
 @contextmanager
 def quiet_transformers() -> Iterator[None]:
     """Silence transformers' tqdm bars and info logs, which would tear through our progress bar."""
-    from transformers.utils import logging as tlog
-
     was_enabled = tlog.is_progress_bar_enabled()
     verbosity = tlog.get_verbosity()
     tlog.disable_progress_bar()
@@ -108,14 +96,10 @@ class PeerModels:
         return self.loaded[key]
 
     def _load(self, path: Path, dtype: str):
-        from transformers import AutoModelForCausalLM
-
-        from ..pipeline import DTYPES, resolve_dtype
-
         try:
             with quiet_transformers():
                 model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[resolve_dtype(dtype)])
-        except Exception as e:  # noqa: BLE001 - user-facing: the directory is not a loadable model
+        except Exception as e:  # user-facing: the directory is not a loadable model, whatever transformers raised
             raise ModelFileError(f"transformers cannot load {path} ({type(e).__name__}: "
                                  f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
         model.eval()

@@ -1,0 +1,49 @@
+"""The options of ``specdraft bench`` (the model and speculation options come from :mod:`specdraft.options`)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..config import GenerationConfig
+from ..options import DTYPES
+from .llama_cpp import NAME as LLAMA_CPP
+from .mismatches import DEFAULT_TIE_GAP
+from .peers import PEERS
+
+
+def add_bench_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompts", default=None, type=Path,
+                   help="Spec-Bench prompts, JSON lines with question_id, category, turns "
+                        "(default: the Spec-Bench dev prompts shipped with specdraft, 240 in 13 categories)")
+    p.add_argument("--methods", default="none,draft-model,prompt-lookup",
+                   help="comma-separated: none, our drafters, the transformers peers "
+                        f"{', '.join(PEERS)} and {LLAMA_CPP} (llama.cpp on the target's GGUF; needs "
+                        "llama-cpp-python) (none always runs first: it is the baseline)")
+    p.add_argument("--max-new-tokens", type=int, default=GenerationConfig.max_new_tokens)
+    p.add_argument("--per-category", type=int, default=None, help="first N prompts of each category (file order)")
+    p.add_argument("--categories", default=None, help="comma-separated categories to keep (default: all)")
+    p.add_argument("--json", dest="json_out", default=None, type=Path,
+                   help="write the full report here (per prompt, mismatches, machine; saved as the run goes)")
+    p.add_argument("--markdown", type=Path, default=None, help="also write Markdown tables here")
+    p.add_argument("--chart", type=Path, default=None,
+                   help="also draw a PNG: speedup per category per method, tokens per target forward")
+    p.add_argument("--order", choices=["interleaved", "by-method"], default="interleaved",
+                   help="interleaved: each prompt runs every method in turn (the order rotating from prompt to "
+                        "prompt), so a machine that slows down for minutes slows every method alike; by-method: "
+                        "all prompts of one method, then the next (loads one peer's models at a time)")
+    p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                   help="run each method once on a short prompt before timing (first calls set up kernels)")
+    p.add_argument("--hf-dtype-plain", choices=DTYPES, default="fp32",
+                   help="dtype of hf-generate (plain HF decoding is fastest in fp32 on the CPUs we measured)")
+    p.add_argument("--hf-dtype-assisted", choices=DTYPES, default="auto",
+                   help="dtype of hf-assisted, target and assistant (auto: bf16 with native bf16, else fp32)")
+    p.add_argument("--hf-dtype-prompt-lookup", choices=DTYPES, default="auto",
+                   help="dtype of hf-prompt-lookup (it verifies blocks, like hf-assisted)")
+    p.add_argument("--endpoint", default=None,
+                   help="time an OpenAI-compatible server instead (base URL, e.g. http://127.0.0.1:8000/v1); "
+                        "--methods is then ignored")
+    p.add_argument("--endpoint-model", default=None, help="the model field sent to --endpoint")
+    p.add_argument("--endpoint-name", default=None, help="the method name of --endpoint in the report")
+    p.add_argument("--endpoint-timeout", type=float, default=600.0, help="seconds per request to --endpoint")
+    p.add_argument("--tie-gap", type=float, default=DEFAULT_TIE_GAP,
+                   help="a mismatch whose top-2 logit gap is below this counts as a rounding tie")

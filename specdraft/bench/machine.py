@@ -1,0 +1,63 @@
+"""Facts about the machine a benchmark ran on: CPU model and flags, GGUF kernel path, threads, memory."""
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import sys
+
+import torch
+import transformers
+
+from ..kernels import KernelUnavailable, gguf_ops
+
+# The CPU flags that decide which kernels run and how fast: AVX2 (the GGUF kernels' baseline),
+# AVX-512 with VNNI (their int8 dot-product path), native bf16, and AMX.
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
+
+
+def peak_rss_mb() -> float:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KiB on Linux
+
+
+def cpu_info() -> dict:
+    """CPU model and which of :data:`CPU_FLAGS` it has (from /proc/cpuinfo on Linux)."""
+    model, flags = None, set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model is None:
+                    model = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass  # not Linux: platform's answer is the best we have
+    model = model or platform.processor() or "unknown"
+    return dict(model=model, logical_cpus=os.cpu_count(), vector_flags=[f for f in CPU_FLAGS if f in flags])
+
+
+def gguf_kernel_path() -> str | None:
+    """The instruction-set path the GGUF kernels take here (e.g. avx2, avx512-vnni); None when the
+    kernels cannot be built on this machine or the build is too old to say."""
+    try:
+        ops = gguf_ops()
+    except KernelUnavailable:
+        return None
+    return ops.kernel_path() if hasattr(ops, "kernel_path") else None
+
+
+def machine_info() -> dict:
+    return dict(torch=torch.__version__, transformers=transformers.__version__, python=platform.python_version(),
+                platform=platform.platform(), cpu=cpu_info(), gguf_kernel_path=gguf_kernel_path(),
+                torch_threads=torch.get_num_threads(), torch_interop_threads=torch.get_num_interop_threads())
+
+
+def machine_line(info: dict) -> str:
+    """``machine_info()`` in one line for the run's header."""
+    cpu = info["cpu"]
+    return (f"machine: {cpu['model']} ({cpu['logical_cpus']} logical CPUs; flags: "
+            f"{', '.join(cpu['vector_flags']) or 'none of ' + ', '.join(CPU_FLAGS)}); "
+            f"GGUF kernel path: {info['gguf_kernel_path'] or 'none'}; torch {info['torch']}, "
+            f"{info['torch_threads']} threads")

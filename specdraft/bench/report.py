@@ -1,0 +1,104 @@
+"""The benchmark's output: Markdown tables, terminal tables, per-method lines, and report files."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rich.table import Table
+
+from .errors import BenchError
+from .records import BASELINE, PromptRecord, ratio, summarise
+
+OVERALL_COLUMNS = ("method", "tokens/s", "speedup", "decode tok/s", "decode speedup", "tokens/forward",
+                   "acceptance", "exact match", "prompts", "new tokens", "seconds")
+
+
+def fmt(value, spec: str = ".2f", suffix: str = "") -> str:
+    return "–" if value is None else f"{value:{spec}}{suffix}"
+
+
+def overall_cells(row: dict) -> list[str]:
+    return [row["method"], fmt(row["tokens_per_s"]), fmt(row["speedup"], ".2f", "x"),
+            fmt(row.get("decode_tokens_per_s")), fmt(row.get("decode_speedup"), ".2f", "x"),
+            fmt(row["mean_accepted_tokens"]), fmt(row["acceptance_rate"], ".0%"), fmt(row["exact_match_rate"], ".0%"),
+            str(row["prompts"]), str(row["new_tokens"]), fmt(row["seconds"], ".1f")]
+
+
+def speedup_grid(results: list[dict], methods: list[str], categories: list[str],
+                 key: str = "speedup") -> list[list[str]]:
+    """Rows of [method, speedup per category..., overall]."""
+    cell = {(r["method"], r["category"]): r.get(key) for r in results}
+    return [[m] + [fmt(cell.get((m, c)), ".2f", "x") for c in [*categories, "overall"]] for m in methods]
+
+
+# ---------------------------------------------------------------------------- Markdown
+def markdown_report(results: list[dict], methods: list[str], categories: list[str]) -> str:
+    overall = [r for r in results if r["category"] == "overall"]
+    lines = ["## Overall", "", _md_row(OVERALL_COLUMNS), _md_rule(len(OVERALL_COLUMNS))]
+    lines += [_md_row(overall_cells(r)) for r in overall]
+    header = ["method", *categories, "overall"]
+    lines += ["", "## Speedup by category", "", _md_row(header), _md_rule(len(header))]
+    lines += [_md_row(row) for row in speedup_grid(results, methods, categories)]
+    lines += ["", "## Decode speedup by category (after the first token; our methods only)", "",
+              _md_row(header), _md_rule(len(header))]
+    lines += [_md_row(row) for row in speedup_grid(results, methods, categories, "decode_speedup")]
+    return "\n".join(lines) + "\n"
+
+
+def _md_row(cells) -> str:
+    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+
+def _md_rule(n: int) -> str:
+    return "|" + "|".join(["---"] + ["---:"] * (n - 1)) + "|"  # numbers right-aligned
+
+
+# ---------------------------------------------------------------------------- terminal
+def print_tables(console, results: list[dict], methods: list[str], categories: list[str]) -> None:
+    table = Table(title="overall")
+    for i, name in enumerate(OVERALL_COLUMNS):
+        table.add_column(name, justify="left" if i == 0 else "right")
+    for row in results:
+        if row["category"] == "overall":
+            table.add_row(*overall_cells(row))
+    console.print(table)
+    grid = Table(title="speedup by category")
+    for i, name in enumerate(["method", *categories, "overall"]):
+        grid.add_column(name, justify="left" if i == 0 else "right")
+    for row in speedup_grid(results, methods, categories):
+        grid.add_row(*row)
+    console.print(grid)
+
+
+def method_line(method: str, recs: list[PromptRecord], baseline_tps: float | None) -> str:
+    """One method's totals in a line, printed as soon as its prompts are done."""
+    row = summarise(method, "overall", recs)
+    speed = ratio(row["tokens_per_s"], baseline_tps) if method != BASELINE else 1.0
+    return (f"{method}: {row['new_tokens']} tokens in {row['seconds']:.1f} s, {fmt(row['tokens_per_s'])} tok/s, "
+            f"speedup {fmt(speed, '.2f', 'x')}, {fmt(row['mean_accepted_tokens'])} tokens/forward")
+
+
+# ---------------------------------------------------------------------------- files
+def check_output_path(path: Path | None, flag: str) -> None:
+    """Fail before any model loads, not after an hour of benchmarking."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise BenchError(f"{flag} {path} is a directory; give a file name")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise BenchError(f"{flag}: directory {parent} does not exist; create it or pick another path")
+    if not os.access(parent, os.W_OK):
+        raise BenchError(f"{flag}: cannot write into {parent}; pick another path")
+
+
+def write_text(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as e:
+        raise BenchError(f"cannot write {path} ({e.strerror}); pick another path") from None
+
+
+def report_location(path: Path | None) -> str:
+    """The last line's pointer to the JSON report (``--json`` is optional)."""
+    return f"report: {path}" if path is not None else "pass --json FILE to keep the full report"

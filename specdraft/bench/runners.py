@@ -1,0 +1,116 @@
+"""One runner per method, all with the same call shape: ``runner(prompt ids, max new tokens) -> Outcome``.
+
+Our methods run on one :class:`~specdraft.pipeline.Speculator` (its target, and its draft model
+when a method needs one); the transformers peers on models that :class:`PeerSetup` loads lazily;
+``llama-cpp`` on the target's GGUF file.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from ..config import GenerationConfig, SamplingConfig, SpecConfig
+from ..models.packaged import (
+    DEFAULT_DRAFT,
+    DEFAULT_TARGET,
+    gguf_file,
+    resolve_model_dir,
+)
+from ..options import spec_from_args, speculator_options
+from ..pipeline import Speculator, check_tokenizers
+from .errors import BenchError
+from .llama_cpp import NAME as LLAMA_CPP
+from .llama_cpp import LlamaCppRunner
+from .methods import needs_our_draft
+from .peers import PEERS, PeerModels, PeerRunner, assistant_key, target_key
+from .records import Outcome, Runner
+
+GREEDY = SamplingConfig()  # temperature 0: the only mode whose outputs can be compared token for token
+
+
+def engine_runner(speculator, spec: SpecConfig) -> Runner:
+    """Our engine for one method; one Engine serves every prompt (stream() resets its state)."""
+    engine = speculator.engine(spec)
+    has_drafter = engine.drafter is not None
+
+    def run(ids: list[int], max_new_tokens: int) -> Outcome:
+        for _ in engine.stream(ids, GREEDY, GenerationConfig(max_new_tokens=max_new_tokens)):
+            pass
+        s = engine.stats
+        drafted, accepted = (s.draft_tokens, s.accepted_tokens) if has_drafter else (None, None)
+        return Outcome(list(engine.token_ids), s.target_forwards, s.step_tokens, drafted, accepted, s.time_prefill)
+
+    return run
+
+
+@dataclass
+class PeerSetup:
+    """What the transformers peers need: paths, EOS ids, dtypes, and the lazily loaded models."""
+
+    target_path: Path
+    draft_path: Path | None
+    eos_ids: list[int]
+    dtypes: dict[str, str]  # peer name -> dtype
+    models: PeerModels
+
+    def keys_for(self, method: str | None) -> set:
+        if method not in PEERS:
+            return set()
+        dtype = self.dtypes[method]
+        keys = {target_key(self.target_path, dtype)}
+        if PEERS[method].needs_assistant:
+            keys.add(assistant_key(self.draft_path, dtype))
+        return keys
+
+    def runner(self, method: str) -> Runner:
+        dtype = self.dtypes[method]
+        model = self.models.get(target_key(self.target_path, dtype))
+        assistant = (self.models.get(assistant_key(self.draft_path, dtype))
+                     if PEERS[method].needs_assistant else None)
+        return PeerRunner(PEERS[method], model, assistant, self.eos_ids)
+
+
+def timed(runner: Runner, ids: list[int], max_new_tokens: int) -> tuple[Outcome, float]:
+    t0 = time.perf_counter()
+    outcome = runner(ids, max_new_tokens)
+    return outcome, time.perf_counter() - t0
+
+
+def load_speculator(args, methods: list[str]) -> Speculator:
+    """Target (and draft model when a method needs it) with the options `generate` passes too."""
+    return Speculator(args.target, args.draft, dtype=args.dtype, runtime=args.runtime, max_length=args.max_context,
+                      load_draft=needs_our_draft(methods), **speculator_options(args))
+
+
+def peer_setup(args, methods: list[str], speculator) -> PeerSetup | None:
+    """Paths and dtypes for the peers; the draft path resolves here only when hf-assisted runs."""
+    used = [m for m in methods if m in PEERS]
+    if not used:
+        return None
+    draft_path = None
+    if any(PEERS[m].needs_assistant for m in used):
+        draft_path = speculator.draft.path if speculator.draft is not None else _resolve_draft(args, speculator)
+    eos = sorted(speculator.target.eos_ids)
+    if not eos:
+        raise BenchError(f"target {speculator.target.name!r} declares no EOS token; the peers could not stop")
+    return PeerSetup(speculator.target.path, draft_path, eos,
+                     {m: getattr(args, PEERS[m].dtype_option) for m in used}, PeerModels(eos))
+
+
+def _resolve_draft(args, speculator) -> Path:
+    name = args.draft or DEFAULT_DRAFT
+    path = resolve_model_dir(name)
+    check_tokenizers(speculator.tokenizer, AutoTokenizer.from_pretrained(path), speculator.target.name, name)
+    return path
+
+
+def make_runner(method: str, args, speculator, peers: PeerSetup | None) -> Runner:
+    if method in PEERS:
+        return peers.runner(method)
+    if method == LLAMA_CPP:
+        return LlamaCppRunner(gguf_file(args.target or DEFAULT_TARGET), speculator.target.eos_ids,
+                              n_ctx=speculator.target.model.max_length)
+    return engine_runner(speculator, spec_from_args(method, args))

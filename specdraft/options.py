@@ -1,0 +1,64 @@
+"""Command-line options shared by ``specdraft generate``, ``serve``, ``bench`` and ``train-head``.
+
+The model options (which target and draft, their dtype and weight format) and the speculation
+options (k, n-gram lengths, head, ...) are defined once here, with the functions that turn parsed
+arguments into a :class:`SpecConfig` and into Speculator's keyword options. Both ``cli`` and
+``bench`` import this module; it imports neither.
+"""
+from __future__ import annotations
+
+import argparse
+
+from .config import SpecConfig
+
+DTYPES = ["auto", "bf16", "fp32"]
+FORMATS = ["auto", "dense", "int8", "int4", "w8a8", "w8a8-fast", "gguf", "q4k"]  # "auto" + models.quant.WEIGHT_FORMATS
+
+_DEFAULTS_SPEC = SpecConfig()
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default=None,
+                   help="target model: packaged name, HF model dir or .gguf (default: qwen2.5-coder-1.5b)")
+    p.add_argument("--draft", default=None, help="draft model for --method draft-model (default: qwen2.5-coder-0.5b)")
+    p.add_argument("--dtype", default="auto", choices=DTYPES,
+                   help="compute dtype of the models; auto = fp32 on every CPU (the GGUF kernels; exact). bf16 only when "
+                        "asked: its matmuls are not batch-invariant on every CPU, so greedy output may differ from plain")
+    p.add_argument("--target-format", default=None, choices=FORMATS,
+                   help="target weights: auto = gguf (the GGUF file's own Q4_K/Q6_K weights, native kernels) where the "
+                        "kernels build and the model has a GGUF file, else w8a8 (int8 weights and activations); "
+                        "dense = exact --dtype weights")
+    p.add_argument("--draft-format", default=None, choices=FORMATS,
+                   help="draft model weights (auto = q4k: its weights quantized to Q4_K on load for the native kernels, "
+                        "where they build; else w8a8-fast); a draft's numerics never change the output")
+    p.add_argument("--runtime", default="auto", choices=["auto", "native", "hf"],
+                   help="native Llama-family runtime or the transformers adapter")
+    p.add_argument("--max-context", type=int, default=4096, help="KV cache capacity in tokens")
+
+
+def add_spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--k", type=int, default=_DEFAULTS_SPEC.k,
+                   help="draft tokens per target forward (default: the drafter's own, see config.DEFAULT_K)")
+    p.add_argument("--min-confidence", type=float, default=_DEFAULTS_SPEC.min_confidence,
+                   help="draft-model, greedy: draft another token only while the product of the draft's "
+                        "probabilities for its guesses so far is at least this")
+    p.add_argument("--ngram-max", type=int, default=_DEFAULTS_SPEC.ngram_max, help="prompt-lookup: longest n-gram matched")
+    p.add_argument("--ngram-min", type=int, default=_DEFAULTS_SPEC.ngram_min, help="prompt-lookup: shortest n-gram matched")
+    p.add_argument("--draft-window", type=int, default=_DEFAULTS_SPEC.draft_window,
+                   help="draft model: see at most this many (latest) prompt tokens, bounding its prefill; "
+                        "0 = all (default: 256 for hybrid, all for draft-model)")
+    p.add_argument("--head", default=_DEFAULTS_SPEC.head,
+                   help="head / hybrid-head: directory of a trained drafting head (default: the one shipped for the target)")
+
+
+def spec_from_args(method: str, args) -> SpecConfig:
+    """The SpecConfig that add_spec_args' options describe (ParameterError when one is invalid)."""
+    return SpecConfig(method=method, k=args.k, ngram_max=args.ngram_max, ngram_min=args.ngram_min,
+                      min_confidence=args.min_confidence, draft_window=args.draft_window,
+                      head=args.head)
+
+
+def speculator_options(args) -> dict:
+    """Options of Speculator that the command line sets only when given."""
+    opts = {"draft_format": args.draft_format, "target_format": args.target_format}
+    return {k: v for k, v in opts.items() if v}
