@@ -20,7 +20,7 @@ from .config import GenerationConfig, SamplingConfig, SpecConfig
 from .drafters import drafter_names, needs_draft_model
 from .errors import ParameterError, SpecdraftError
 from .heads.model import shipped_head_dir
-from .heads.train import add_train_args, train_from_args
+from .heads.command import add_train_args, train_from_args
 from .models.packaged import DEFAULT_TARGET, PACKAGED, resolve_model_dir
 from .options import (
     DTYPES,
@@ -39,7 +39,7 @@ _DEFAULTS_SAMPLING = SamplingConfig()
 
 
 def _methods() -> list[str]:
-    return ["none", *drafter_names()]
+    return drafter_names()  # "none" first
 
 
 class _Parser(argparse.ArgumentParser):
@@ -148,7 +148,7 @@ def _cmd_generate(args) -> int:
     spec = spec_from_args(args.method, args)
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, stop=tuple(args.stop))
-    with_draft = args.method != "none" and needs_draft_model(args.method)
+    with_draft = needs_draft_model(args.method)
     sd = Speculator(args.target, args.draft, dtype=args.dtype, runtime=args.runtime, max_length=args.max_context,
                     load_draft=with_draft, **speculator_options(args))
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
@@ -176,7 +176,7 @@ def _cmd_serve(args) -> int:
     if args.queue_size < 1 or args.request_timeout <= 0 or args.max_body_bytes < 1024 or not 0 < args.port < 65536:
         raise ParameterError("queue-size must be >= 1, request-timeout > 0, max-body-bytes >= 1024, port in 1..65535")
     with_draft = not args.no_draft
-    if not with_draft and args.method != "none" and needs_draft_model(args.method):
+    if not with_draft and needs_draft_model(args.method):
         raise ParameterError(f"--method {args.method} needs the draft model; drop --no-draft or pick none/prompt-lookup")
     sd = Speculator(args.target, args.draft, dtype=args.dtype, runtime=args.runtime, max_length=args.max_context,
                     load_draft=with_draft, **speculator_options(args))

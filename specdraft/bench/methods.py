@@ -10,7 +10,7 @@ from .records import BASELINE
 
 
 def known_methods() -> list[str]:
-    return [BASELINE, *drafter_names(), *PEERS, LLAMA_CPP]
+    return [*drafter_names(), *PEERS, LLAMA_CPP]  # drafter_names starts with none, the baseline
 
 
 def parse_methods(text: str) -> list[str]:

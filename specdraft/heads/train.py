@@ -156,13 +156,3 @@ def _agreement(head: FeatureHead, data: FeatureSet, emb: torch.Tensor, w_head: t
             sums += torch.stack([a.sum() for a in agree])
     return [round(float(x) / len(rows), 4) for x in sums]
 
-
-def __getattr__(name: str):
-    """The command-line entry moved to :mod:`specdraft.heads.command` (it loads a Speculator,
-    a layer above this one); ``heads.train.add_train_args`` / ``train_from_args`` still resolve,
-    lazily, until every caller imports them from there."""
-    if name in ("add_train_args", "train_from_args"):
-        from . import command  # lazily: command imports pipeline, a layer above training
-
-        return getattr(command, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
