@@ -10,7 +10,6 @@ import os
 import sys
 
 import torch
-import uvicorn
 
 from .bench.arguments import add_bench_args
 from .bench.forward_cost import forward_costs
@@ -31,7 +30,6 @@ from .options import (
     speculator_options,
 )
 from .pipeline import Speculator, load_model
-from .server.app import ServerConfig, create_app
 
 _DEFAULTS_SPEC = SpecConfig()
 _DEFAULTS_GEN = GenerationConfig()
@@ -171,6 +169,11 @@ def _cmd_generate(args) -> int:
 
 
 def _cmd_serve(args) -> int:
+    # the web stack (fastapi, uvicorn: ~0.2 s) loads for `serve` only, not at every command's start
+    import uvicorn
+
+    from .server.app import ServerConfig, create_app
+
     args.method = default_method(args)
     spec = spec_from_args(args.method, args)
     if args.queue_size < 1 or args.request_timeout <= 0 or args.max_body_bytes < 1024 or not 0 < args.port < 65536:
