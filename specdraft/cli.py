@@ -18,8 +18,8 @@ from .bench.machine import gguf_kernel_path
 from .config import GenerationConfig, SamplingConfig, SpecConfig
 from .drafters import drafter_names, needs_draft_model
 from .errors import ParameterError, SpecdraftError
-from .heads.model import shipped_head_dir
 from .heads.command import add_train_args, train_from_args
+from .heads.model import shipped_head_dir
 from .models.packaged import DEFAULT_TARGET, PACKAGED, resolve_model_dir
 from .options import (
     DTYPES,

@@ -83,7 +83,8 @@ class SpecConfig:
     # block forward costs ~2 one-token forwards (fp32 on AVX2) a wrong 8-token guess loses time.
     ngram_min: int = 3
     # draft-model, greedy, before the target's forward costs are measured (or with cost_rule
-    # False; with costs the cost rule decides, see drafters.draft_model): run another draft forward only while the draft's probability that all
+    # False; with costs the cost rule decides, see drafters.draft_model): run another draft
+    # forward only while the draft's probability that all
     # its guesses so far are right (the product of their probabilities) is at least this: the
     # next guess pays only if they all pass, and each costs a draft forward (~0.45 of a target
     # forward for the 0.5B draft of the 1.5B target on an AVX2 CPU).

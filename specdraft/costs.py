@@ -163,7 +163,8 @@ class Payoff:
     one-token forwards), against plain decoding's 1 token for 1 forward.
 
     The cost rule cuts drafts that do not pay, but computing even one guess costs something (a
-    head step with its output rows was ~8% of a forward on the AVX2 machine, ~5% with int8 matrices): when the prophet's steps commit less
+    head step with its output rows was ~8% of a forward on the AVX2 machine, ~5% with int8
+    matrices): when the prophet's steps commit less
     per unit of cost than plain steps, it is skipped, run again every EXPLORE-th step to notice
     when the text turns predictable.
     """

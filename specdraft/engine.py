@@ -16,8 +16,8 @@ Every committed token is yielded as a :class:`Piece` that says where it came fro
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 

@@ -6,9 +6,9 @@
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -85,7 +85,7 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
     try:
         config = AutoConfig.from_pretrained(path)
         tokenizer = load_tokenizer(path)
-    except Exception as e:  # noqa: BLE001 - user-facing
+    except Exception as e:
         raise ModelFileError(f"cannot load config/tokenizer from {path} ({type(e).__name__}); "
                              "is it a complete Hugging Face model directory?") from None
     native = runtime == "native" or (runtime == "auto" and config.model_type in SUPPORTED_TYPES)
@@ -137,7 +137,7 @@ def _eos_ids(path: Path, config, tokenizer) -> set[int]:
 
         g = HFGen.from_pretrained(path)
         eos = g.eos_token_id
-    except Exception:  # noqa: BLE001 - generation_config.json is optional
+    except Exception:
         eos = getattr(config, "eos_token_id", None)
     for e in (eos if isinstance(eos, (list, tuple)) else [eos]):
         if e is not None:
@@ -199,7 +199,7 @@ class Speculator:
         msgs = [{**m, "role": "system" if m["role"] == "developer" else m["role"]} for m in messages]
         try:
             text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        except Exception as e:  # noqa: BLE001 - jinja raises on conversations the template rejects
+        except Exception as e:
             raise ParameterError(f"the chat template rejects these messages: {e}") from None
         return tok(text, add_special_tokens=False)["input_ids"]
 

@@ -17,7 +17,7 @@ def call(argv: list[str], capsys) -> tuple[int, str, str]:
     """Run the CLI; argparse's own errors raise SystemExit, which counts as the exit status."""
     try:
         rc = main(argv)
-    except SystemExit as e:  # noqa: PT017
+    except SystemExit as e:
         rc = e.code
     out, err = capsys.readouterr()
     return rc, out, err
@@ -108,7 +108,8 @@ def other_vocab_dir(tmp_path_factory):
 
 def test_generate_runs_on_a_tiny_model(capsys, tiny_dir):
     rc, out, err = call(["generate", "hello", "--target", str(tiny_dir), "--draft", str(tiny_dir), "--dtype", "fp32",
-                         "--method", "draft-model", "--draft-format", "dense", "--max-new-tokens", "8", "--no-chat", "--color", "never",
+                         "--method", "draft-model", "--draft-format", "dense", "--max-new-tokens", "8", "--no-chat",
+                         "--color", "never",
                          "--json"], capsys)
     assert rc == 0, err
     stats = json.loads(out.strip().splitlines()[-1])
@@ -208,4 +209,4 @@ def test_cli_offers_every_weight_format():
     from specdraft.models.quant import WEIGHT_FORMATS
     from specdraft.options import FORMATS
 
-    assert FORMATS == ["auto", *WEIGHT_FORMATS]
+    assert ["auto", *WEIGHT_FORMATS] == FORMATS

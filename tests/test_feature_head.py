@@ -18,7 +18,7 @@ from specdraft.drafters.feature_head import output_weight
 from specdraft.engine import Engine
 from specdraft.errors import ModelFileError
 from specdraft.heads.data import FeatureSet, record
-from specdraft.heads.model import FeatureHead, HeadConfig
+from specdraft.heads.model import FeatureHead
 from specdraft.heads.train import TrainConfig, train_head
 
 PROMPTS = [[5, 17, 33, 2, 5, 17, 33, 8], [41, 5, 17, 60, 3], [9, 9, 1, 70, 12, 30]]

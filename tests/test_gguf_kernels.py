@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from specdraft.kernels import KernelUnavailable, gguf_ops
-from specdraft.models.gguf_weights import (GGUFLinear, QuantTensor, gguf_name, quantize_q4k, unpack_q4k,
-                                           unpack_q6k)
+from specdraft.models.gguf_weights import GGUFLinear, QuantTensor, gguf_name, quantize_q4k, unpack_q4k, unpack_q6k
 
 gguf = pytest.importorskip("gguf")
 from gguf.quants import dequantize  # noqa: E402

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_gguf_kernels import BLOCK_BYTES, quant_tensor, random_blocks
 
 from specdraft.kernels import KernelUnavailable, gguf_ops
 from specdraft.models.gguf_weights import GGUFLinear, QuantTensor, unpack_q4k, unpack_q6k
-
-from test_gguf_kernels import BLOCK_BYTES, quant_tensor, random_blocks
 
 PATHS = ["avx2", "avx512-vnni"]
 # (kind, out, in): O a multiple of 16, of 8 only, of neither (an odd count of 8-row groups, a partial record)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 import types
+from typing import ClassVar
 
 import pytest
 
@@ -15,7 +16,7 @@ from specdraft.errors import SpecdraftError
 
 
 class FakeLlama:
-    calls: list = []
+    calls: ClassVar[list] = []
 
     def __init__(self, model_path, **kw):
         self.kw = kw

@@ -134,9 +134,8 @@ def test_fused_decoder_is_the_layer_loop_bit_for_bit(ops, tmp_path, kind):
     """kernels.Decoder runs every layer in one call; it must compute exactly what the Python
     loop over the same native steps computes: decode steps, blocks, a tree, and past the
     32-row pass of the matrix kernels (qwen2 has q/k/v biases)."""
-    from specdraft.models.llama import LlamaModel
-
     from _tiny import build_hf, save
+    from specdraft.models.llama import LlamaModel
 
     model = LlamaModel.from_dir(save(build_hf(kind, seed=5), tmp_path / "m"), dtype=torch.float32,
                                 max_length=256, weight_format="q4k")

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from _tiny import make_cli_model
-from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdraft import pipeline
-from specdraft.pipeline import Speculator
+from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdraft.errors import TokenizerMismatchError
+from specdraft.pipeline import Speculator
 
 PROMPT = "abcabcabd abcab"
 
@@ -39,7 +39,8 @@ def test_plain_result_is_consistent(sd, plain):
 
 @pytest.mark.parametrize("method", ["draft-model", "prompt-lookup"])
 def test_speculator_methods_equal_plain(sd, plain, method):
-    res = sd.generate(PROMPT, spec=SpecConfig(method=method, k=4, ngram_min=1, min_confidence=0.0, cost_rule=False), gen=GenerationConfig(max_new_tokens=30), chat=False)
+    spec = SpecConfig(method=method, k=4, ngram_min=1, min_confidence=0.0, cost_rule=False)
+    res = sd.generate(PROMPT, spec=spec, gen=GenerationConfig(max_new_tokens=30), chat=False)
     assert res.token_ids == plain.token_ids and res.text == plain.text
     assert res.stats.drafts > 0 and res.stats.draft_tokens > 0
     assert res.origins.count("draft") == res.stats.accepted_tokens

@@ -79,7 +79,7 @@ def assert_same_or_near_tie(model, prompt_ids, expected, got, tolerance):
     gap = top2_gap(model, list(prompt_ids) + expected[:i])
     assert gap < tolerance, (f"outputs differ at token {i} ({expected[i]} vs {got[i]}) although the "
                              f"target's top-2 logit gap there is {gap:.4f}, not a near-tie")
-    warnings.warn(f"outputs differ at token {i} of {len(expected)}, at a near-tie (top-2 gap {gap:.4f})")
+    warnings.warn(f"outputs differ at token {i} of {len(expected)}, at a near-tie (top-2 gap {gap:.4f})", stacklevel=2)
 
 
 # ------------------------------------------------------------------------------------ SmolLM2

@@ -319,7 +319,8 @@ def test_a_running_job_stops_when_cancelled():
 
 # ------------------------------------------------------------------------------ fuzzing
 JSONISH = st.recursive(st.none() | st.booleans() | st.integers(-10**12, 10**12) | st.floats(allow_nan=False)
-                       | st.text(max_size=8), lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
+                       | st.text(max_size=8),
+                       lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
                        max_leaves=6)
 FIELDS = {
     "model": st.sampled_from([MODEL, "other", None, 3]),

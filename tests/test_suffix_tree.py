@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _tiny import FakeTokenizer, build_hf, save
 
+from _tiny import FakeTokenizer, build_hf, save
 from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdraft.drafters import Draft, Drafter, DrafterContext, build_drafter
 from specdraft.drafters.suffix import continuation_tree

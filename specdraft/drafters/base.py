@@ -21,8 +21,8 @@ parents (None = a chain; the engine verifies chains).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 

@@ -60,6 +60,6 @@ def gguf_ops():
         with building:
             return cpp_extension.load(name=f"specdraft_gguf_{key}", sources=[str(p) for p in SOURCES], extra_cflags=FLAGS,
                                       extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
-    except Exception as e:  # noqa: BLE001 - a build failure is reported in one line; callers fall back
+    except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise KernelUnavailable(f"building the GGUF kernels failed ({first}); see {build}") from None

@@ -127,7 +127,7 @@ def _q4k_records(q: np.ndarray, sc: np.ndarray, mn: np.ndarray, d: np.ndarray, d
     return torch.from_numpy(rec.reshape(G, -1))
 
 
-def quantize_q4k(weight: torch.Tensor, chunk: int = 4096) -> "QuantTensor":
+def quantize_q4k(weight: torch.Tensor, chunk: int = 4096) -> QuantTensor:
     """A float matrix [O, in] quantized to Q4_K in the kernel's records, for models without a GGUF
     file of their own (weight format "q4k"): per sub-block of 32 inputs a step and a minimum, both
     6-bit multiples of per-super-block floats, as Q4_K stores them (W ~= d sc q - dmin mn, q in
@@ -185,7 +185,7 @@ class QuantTensor:
     in_features: int
     w: torch.Tensor
 
-    def rows(self, n: int) -> "QuantTensor":
+    def rows(self, n: int) -> QuantTensor:
         """The first n output rows."""
         return QuantTensor(self.kind, n, self.in_features, self.w[:-(-n // GROUP)])
 
@@ -264,7 +264,7 @@ class GGUFTensors:
             # copy-on-write map: torch wants writable memory; nothing writes, so pages stay shared
             flat = np.memmap(pack, dtype=np.uint8, mode="c", offset=8 + n + start, shape=(end - start,))
             self._flat = torch.from_numpy(flat)
-        except Exception:  # noqa: BLE001 - a damaged pack is made again from the GGUF
+        except Exception:
             pack.unlink(missing_ok=True)
             raise ModelFileError(f"the packed copy of {self.path.name} in {pack.parent} was damaged and is "
                                  "removed; run the command again to rebuild it") from None
@@ -279,7 +279,7 @@ class GGUFTensors:
 
         try:
             reader = gguf.GGUFReader(str(self.path))
-        except Exception as e:  # noqa: BLE001 - any parse failure is a file problem
+        except Exception as e:
             raise ModelFileError(f"cannot read GGUF {self.path.name} ({type(e).__name__}); re-create the file") from None
         field = reader.fields.get("general.architecture")
         arch = bytes(field.parts[field.data[0]]).decode() if field is not None else "?"
@@ -350,7 +350,7 @@ class GGUFLinear:
     """A linear layer over one or more GGUF matrices stacked along the outputs (q, k, v may differ
     in type): x [T, in] -> [T, sum of outs]. The activations are quantized once per call."""
 
-    __slots__ = ("parts", "bias", "ops", "in_features")
+    __slots__ = ("bias", "in_features", "ops", "parts")
 
     def __init__(self, parts: list[QuantTensor], bias: torch.Tensor | None = None):
         self.ops = gguf_ops()
@@ -380,7 +380,7 @@ class GGUFLinear:
         """(parts, bias) as kernels.Decoder takes a projection: parts [(4 | 6, records, out)]."""
         return ([(4 if p.kind == "Q4_K" else 6, p.w, p.out_features) for p in self.parts], self.bias)
 
-    def first_rows(self, n: int) -> "GGUFLinear":
+    def first_rows(self, n: int) -> GGUFLinear:
         """The same layer over its first n outputs (one part only: an output head)."""
         assert len(self.parts) == 1 and self.bias is None
         return GGUFLinear([self.parts[0].rows(n)])

@@ -23,13 +23,14 @@ class HFModel:
         self.cache = None
 
     @classmethod
-    def from_dir(cls, path: str | Path, *, dtype=torch.bfloat16, max_length: int = 4096) -> "HFModel":
+    def from_dir(cls, path: str | Path, *, dtype=torch.bfloat16, max_length: int = 4096) -> HFModel:
         from transformers import AutoModelForCausalLM
 
         try:
             model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-        except Exception as e:  # noqa: BLE001 - user-facing: the files are not a loadable model
-            raise ModelFileError(f"transformers cannot load {path} ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+        except Exception as e:
+            first = str(e).splitlines()[0][:200] if str(e) else ""
+            raise ModelFileError(f"transformers cannot load {path} ({type(e).__name__}: {first})") from None
         limit = getattr(model.config, "max_position_embeddings", max_length) or max_length
         return cls(model, min(max_length, limit))
 

@@ -200,7 +200,7 @@ class LazyWeights(dict):
         self._where: dict[str, str] = {}
         for f in files:
             with safe_open(str(f), framework="pt") as fh:
-                for name in fh.keys():
+                for name in fh.keys():  # noqa: SIM118 - safe_open has keys(), no __iter__
                     self._where[name] = str(f)
 
     def __contains__(self, name) -> bool:
@@ -214,11 +214,11 @@ class LazyWeights(dict):
         try:
             with self._open(self._where[name], framework="pt") as fh:
                 return fh.get_tensor(name)
-        except Exception as e:  # noqa: BLE001 - a truncated or corrupt file
+        except Exception as e:
             raise ModelFileError(f"cannot read weight {name!r} ({e}); the file is corrupt, re-create it") from None
 
     def get(self, name: str, default=None):
-        return self[name] if name in self else default
+        return self[name] if name in self else default  # noqa: SIM401 - this is the get() that rule suggests
 
     def pop(self, name: str, default=None):
         self._where.pop(name, None)
@@ -228,7 +228,7 @@ class LazyWeights(dict):
 class _Layer:
     """One decoder layer: norms and linear objects, with q/k/v and gate/up fused."""
 
-    __slots__ = ("ln1", "ln2", "qkv", "o", "gate_up", "down")
+    __slots__ = ("down", "gate_up", "ln1", "ln2", "o", "qkv")
 
     def __init__(self, ln1, ln2, qkv, o, gate_up, down):
         self.ln1, self.ln2 = ln1, ln2  # [H]
@@ -290,7 +290,8 @@ class LlamaModel:
         emb = weights.get("model.embed_tokens.weight")
         # clone(): a tensor read from safetensors maps the whole file; a copy lets the map go
         # (measured: the 2.9 GB file stayed resident behind a 0.45 GB embedding).
-        self.embed = emb.clone() if emb is not None and emb.dtype == torch.bfloat16 else w("model.embed_tokens.weight").clone()  # [V, H]
+        bf16_copy = emb is not None and emb.dtype == torch.bfloat16
+        self.embed = emb.clone() if bf16_copy else w("model.embed_tokens.weight").clone()  # [V, H]
         # Draft models only: logits for the first head_vocab ids alone (BPE vocabularies put
         # frequent tokens first). The output head is the largest matrix of a small model; a
         # draft that cannot propose a rare token loses only that guess, never exactness.
@@ -341,7 +342,7 @@ class LlamaModel:
     @classmethod
     def from_dir(cls, path: str | Path, *, dtype=torch.bfloat16, max_length: int = 4096,
                  weight_format: str = "dense", head_vocab: int | None = None,
-                 gguf=None) -> "LlamaModel":
+                 gguf=None) -> LlamaModel:
         """weight_format "gguf" needs ``gguf``: the gguf_weights.GGUFTensors of the file the
         directory was converted from."""
         from transformers import AutoConfig
@@ -349,7 +350,7 @@ class LlamaModel:
         path = Path(path)
         try:
             config = AutoConfig.from_pretrained(path)
-        except Exception as e:  # noqa: BLE001 - any parse failure is a user-facing file problem
+        except Exception as e:
             raise ModelFileError(f"cannot read {path}/config.json ({type(e).__name__}); is this a model directory?") from None
         if config.model_type not in SUPPORTED_TYPES:
             raise ModelFileError(f"model type {config.model_type!r} is not native; use --runtime hf")
@@ -358,7 +359,7 @@ class LlamaModel:
             raise ModelFileError(f"no *.safetensors weights in {path}; convert or re-download the model")
         try:
             weights = LazyWeights(files)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             raise ModelFileError(f"cannot read weights in {path} ({e}); the file is corrupt, re-create it") from None
         if weight_format == "gguf" and gguf is None:
             raise ModelFileError(f"weight format gguf needs the GGUF file behind {path}: "
@@ -473,7 +474,7 @@ class LlamaModel:
         T = int(ids.shape[0])
         L0 = self.length
         L = L0 + T
-        if L > self.max_length:
+        if self.max_length < L:
             raise ValueError(f"cache overflow: {L} > {self.max_length}")
         if positions is None:
             cos, sin = self.cos[L0:L], self.sin[L0:L]  # [T, hd]

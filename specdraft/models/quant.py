@@ -20,6 +20,7 @@ acceptance.
 from __future__ import annotations
 
 import warnings
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +36,7 @@ class DenseLinear:
     over a block of rows is what makes verifying a draft cheap.
     """
 
-    __slots__ = ("weight", "bias", "packed")
+    __slots__ = ("bias", "packed", "weight")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight = weight  # [out, in]
@@ -73,7 +74,7 @@ def _per_channel_int8(weight: torch.Tensor, chunk: int = 4096) -> tuple[torch.Te
 
 
 class Int8Linear:
-    __slots__ = ("qweight", "scales", "bias", "dtype")
+    __slots__ = ("bias", "dtype", "qweight", "scales")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, dtype: torch.dtype | None = None):
         self.qweight, scales = _per_channel_int8(weight)
@@ -87,7 +88,7 @@ class Int8Linear:
 
 
 class Int4Linear:
-    __slots__ = ("packed", "scales_zeros", "group", "bias", "dtype")
+    __slots__ = ("bias", "dtype", "group", "packed", "scales_zeros")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, group: int = 32,
                  dtype: torch.dtype | None = None):
@@ -130,13 +131,13 @@ class W8A8Linear:
     layers whose inputs have outliers, at the cost of twice the rows (flat for small blocks).
     """
 
-    __slots__ = ("packed", "bias", "passes", "in_features")
+    __slots__ = ("bias", "in_features", "packed", "passes")
 
     GRID = 63.0  # quantization steps per unit of the normalised row
     # Input buffers [rows, in + 2] whose last two columns hold the sentinels, one per input width,
     # shared by every W8A8Linear (calls run one at a time): a row is normalised straight into
     # the buffer, so no per-call concatenation (a copy of the whole block) is needed.
-    _buffers: dict[int, torch.Tensor] = {}
+    _buffers: ClassVar[dict[int, torch.Tensor]] = {}
 
     def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None = None, passes: int = 1,
                  quantized: tuple[torch.Tensor, torch.Tensor] | None = None):
@@ -190,7 +191,7 @@ class W8A8Head(W8A8Linear):
     size, so it too is independent of the block.
     """
 
-    __slots__ = ("qweight", "scales", "refine")
+    __slots__ = ("qweight", "refine", "scales")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, refine: int = 32):
         self.qweight, self.scales = _per_channel_int8(weight)  # [V, in] int8, [V]
