@@ -3,8 +3,13 @@
     python scripts/fused_vs_loop.py qwen2.5-coder-1.5b gguf     # the target
     python scripts/fused_vs_loop.py qwen2.5-coder-0.5b q4k      # the draft
 """
-import time, torch, sys
+import sys
+import time
+
+import torch
+
 from specdraft.pipeline import load_model
+
 name, fmt = sys.argv[1], sys.argv[2]
 m = load_model(name, dtype="fp32", weight_format=fmt, max_length=1024, draft=fmt=="q4k", progress=False).model
 print(type(m).__name__, m.weight_format, m._decoder is not None)

@@ -2,9 +2,13 @@
 
     python scripts/kernel_rows.py
 """
-import time, torch
+import time
+
+import torch
+
 from specdraft.kernels import gguf_ops
 from specdraft.models.gguf_weights import quantize_q4k
+
 ops = gguf_ops()
 torch.manual_seed(0)
 O, I = 17920, 1536

@@ -3,12 +3,15 @@
 
     python scripts/prefill_chunks.py
 """
-import time, torch, sys
+import time
+
+import torch
+
 from specdraft.pipeline import load_model
+
 m = load_model("qwen2.5-coder-1.5b", dtype="fp32", weight_format="gguf", max_length=1024, progress=False).model
 torch.manual_seed(0)
 ids = torch.randint(0, 20000, (320,))
-import cProfile, pstats
 def pre(chunk):
     m.reset()
     t0 = time.perf_counter()
@@ -21,7 +24,8 @@ def pre(chunk):
 for rep in range(2):
     for chunk in (0, 64, 32):
         print(f"chunk={chunk}: {pre(chunk):.2f} s", flush=True)
-from torch.profiler import profile, ProfilerActivity
+from torch.profiler import ProfilerActivity, profile
+
 with profile(activities=[ProfilerActivity.CPU]) as prof:
     pre(0)
 print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))

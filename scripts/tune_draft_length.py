@@ -1,6 +1,9 @@
-import json, time, sys
-from specdraft.pipeline import Speculator
+import json
+import sys
+
 from specdraft.config import *
+from specdraft.pipeline import Speculator
+
 prompts = [json.loads(l) for l in open("../shared/bench/spec_bench_dev.jsonl")]
 bycat = {}
 for p in prompts: bycat.setdefault(p["category"], p)
