@@ -218,6 +218,7 @@ def _cmd_calibrate(args) -> int:
 
     from .bench.forward_cost import forward_cost
     from .errors import ParameterError
+    from .kernels import kernel_path_note
     from .models.packaged import DEFAULT_TARGET
     from .pipeline import load_model
 
@@ -231,6 +232,7 @@ def _cmd_calibrate(args) -> int:
     m = load_model(name, dtype=args.dtype, weight_format=args.format, max_length=args.context + max(blocks) + 1)
     cost = forward_cost(m.model, blocks=blocks, context=args.context, repeats=args.repeats)
     one = cost["seconds"][0]
+    print(f"GGUF kernel path: {kernel_path_note()}")
     for k, sec in zip(cost["tokens"], cost["seconds"]):
         print(f"{k:3d} new tokens: {sec * 1000:8.1f} ms  ({sec / one:.2f}x the first block, {k / sec:7.1f} tok/s)")
     if args.json_out:
