@@ -22,6 +22,9 @@
 //         2k, 2k + 1 of byte i are the top 2 bits of input 16s + 4k + i; sc[s][o] (i8), d[o] (f32).
 //         6.6 bits a weight: decoding is memory-bound and reads fewer bytes than one byte a weight
 //   x     qx [T, in] i8, xs [T, nb] f32, bsums [T, in / 16] i16 (sums of each 16 of qx)
+//
+// These AVX2 kernels are the reference for the other ISA paths (gguf_vnni.cpp: AVX-512 VNNI,
+// gguf_avxvnni.cpp: AVX-VNNI), which give their results bit for bit; gguf_matmul_into picks one.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
