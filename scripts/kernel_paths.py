@@ -1,7 +1,7 @@
 """The GGUF kernels' ISA paths side by side: ms per matrix product for the target's shapes and
 T = 1..64 rows, every path timed in the same run, interleaved (a shared machine drifts), medians.
 
-    python scripts/kernel_paths.py [--rounds 7] [--rows 1,2,4,8,16,32,64] [--shapes qkv,o,...]
+    python scripts/kernel_paths.py [--rounds 7] [--rows 1,2,4,8,16,32,64] [--shapes qkv,o,...] [--threads 1]
 """
 import argparse
 import time
@@ -30,14 +30,21 @@ def main():
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--rows", default="1,2,4,8,16,32,64")
     ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--cold-mb", type=int, default=128, help="weights cycled through per shape (MiB)")
+    ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0: torch's default); 1 on a busy machine")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     ops = gguf_ops()
     paths = ops.kernel_paths()
     print(f"paths {paths}, threads {torch.get_num_threads()}")
     torch.manual_seed(0)
     for name in args.shapes.split(","):
         kind, out_f, in_f = SHAPES[name]
+        # copies enough to overflow the last-level cache (32 MiB here), used in turn: a token's
+        # forward reads every matrix from memory, and so does each call timed here
         qt = weights(kind, out_f, in_f)
+        copies = [qt.w] + [qt.w.clone() for _ in range(-(-args.cold_mb * 2**20 // qt.w.numel()) - 1)]
         f = ops.q4k_matmul if kind == "Q4_K" else ops.q6k_matmul
         for T in (int(t) for t in args.rows.split(",")):
             xq = ops.quantize_q8k(torch.randn(T, in_f))
@@ -48,7 +55,7 @@ def main():
                     f(*xq, qt.w, out_f)  # warm
                     n, t0 = 0, time.perf_counter()
                     while n == 0 or time.perf_counter() - t0 < 0.03:  # >= 30 ms a sample: a call can be 50 us
-                        f(*xq, qt.w, out_f)
+                        f(*xq, copies[n % len(copies)], out_f)
                         n += 1
                     times[p].append((time.perf_counter() - t0) / n)
             med = {p: sorted(v)[len(v) // 2] * 1000 for p, v in times.items()}

@@ -1,4 +1,4 @@
-"""The GGUF kernels' ISA paths (AVX2, AVX-512 VNNI): each against the dequantized reference, each
+"""The GGUF kernels' ISA paths (AVX2, AVX-VNNI, AVX-512 VNNI): each against the dequantized reference, each
 row independent of its block, and every path bit for bit the AVX2 path (the same int32 sums per
 super-block, then the same float steps). A path this CPU lacks is skipped with the reason."""
 from __future__ import annotations
@@ -10,10 +10,10 @@ from test_gguf_kernels import BLOCK_BYTES, quant_tensor, random_blocks
 from specdraft.kernels import KernelUnavailable, gguf_ops
 from specdraft.models.gguf_weights import GGUFLinear, QuantTensor, unpack_q4k, unpack_q6k
 
-PATHS = ["avx2", "avx512-vnni"]
+PATHS = ["avx2", "avx-vnni", "avx512-vnni"]
 # (kind, out, in): O a multiple of 16, of 8 only, of neither (an odd count of 8-row groups, a partial record)
 SHAPES = [("Q4_K", 48, 512), ("Q4_K", 40, 768), ("Q4_K", 13, 256), ("Q6_K", 32, 512), ("Q6_K", 24, 256),
-          ("Q6_K", 21, 768)]
+          ("Q6_K", 21, 768), ("Q4_K", 24, 4096), ("Q6_K", 40, 4096)]  # 16 super-blocks a row and more: pairs of groups at T = 1
 
 
 @pytest.fixture(scope="module")

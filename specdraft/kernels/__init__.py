@@ -1,11 +1,15 @@
 """Native kernels, compiled on first use with torch.utils.cpp_extension and cached.
 
-``gguf_ops()`` returns the compiled module (quantize_q8k, q4k_matmul, q6k_matmul: see
-gguf_matmul.cpp, with an AVX-512 VNNI path in gguf_vnni.cpp picked by CPUID; kernel_path(),
-kernel_paths(), set_kernel_path(name) or SPECDRAFT_KERNEL_PATH=avx2|avx512-vnni|auto choose it; block_attention: see attention.cpp; rms_quantize, swiglu_quantize, rope_cache: see
-layer_ops.cpp; Decoder, every layer in one call: see decoder.cpp; all declared in ops.h) or raises KernelUnavailable with a one-line reason (no AVX2 CPU, no C++
-compiler, build failure). The build takes ~1 minute once per source/torch version; the result lives
-under ``<cache>/ext/``.
+``gguf_ops()`` returns the compiled module, or raises KernelUnavailable with a one-line reason
+(no AVX2 CPU, no C++ compiler, build failure). All ops are declared in ops.h:
+
+- quantize_q8k, q4k_matmul, q6k_matmul: gguf_matmul.cpp (AVX2), with VNNI paths in gguf_vnni.cpp
+  (AVX-512 VNNI) and gguf_avxvnni.cpp (AVX-VNNI) picked by CPUID: kernel_path(), kernel_paths(),
+  set_kernel_path(name), or SPECDRAFT_KERNEL_PATH=avx2|avx-vnni|avx512-vnni|auto;
+- block_attention: attention.cpp; rms_quantize, swiglu_quantize, rope_cache: layer_ops.cpp;
+- Decoder, every layer in one call: decoder.cpp.
+
+The build takes ~1 minute once per source/torch version; the result lives under ``<cache>/ext/``.
 """
 from __future__ import annotations
 
@@ -21,8 +25,9 @@ import torch
 from ..cache import cache_root, console
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / n for n in ("gguf_matmul.cpp", "gguf_vnni.cpp", "attention.cpp", "layer_ops.cpp", "decoder.cpp", "bindings.cpp")]
-HEADERS = [HERE / "ops.h", HERE / "simd.h", HERE / "gguf_common.h"]
+SOURCES = [HERE / n for n in ("gguf_matmul.cpp", "gguf_vnni.cpp", "gguf_avxvnni.cpp", "attention.cpp", "layer_ops.cpp",
+                              "decoder.cpp", "bindings.cpp")]
+HEADERS = [HERE / "ops.h", HERE / "simd.h", HERE / "gguf_common.h", HERE / "gguf_vnni_kernels.h"]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 
 
@@ -63,3 +68,12 @@ def gguf_ops():
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise KernelUnavailable(f"building the GGUF kernels failed ({first}); see {build}") from None
+
+
+def kernel_path_note() -> str:
+    """The ISA path the GGUF kernels take here and those the CPU has, or why there are none."""
+    try:
+        ops = gguf_ops()
+    except KernelUnavailable as e:
+        return f"none ({e})"
+    return f"{ops.kernel_path()} (this CPU: {', '.join(ops.kernel_paths())})"

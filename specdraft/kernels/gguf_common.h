@@ -13,11 +13,12 @@ constexpr int PREFETCH = 2;  // records ahead in the weight stream
 
 // Step s of a record's STEPS (its sub-blocks) prefetches the matching 1 / STEPS of the record
 // PREFETCH records ahead: spread over the record, not one burst at its start (measured, Q6_K
-// 1536 x 8960, one row: 1.3 -> 0.7 ms; hardware prefetching alone: 1.8 ms).
+// 1536 x 8960, one row: 1.3 -> 0.7 ms; hardware prefetching alone: 1.8 ms). skip: bytes to jump
+// where the stream does not go on with the next group's records (two groups read side by side).
 template <int REC, int STEPS>
-inline void prefetch_ahead(const uint8_t* rec, int s) {
+inline void prefetch_ahead(const uint8_t* rec, int s, int64_t skip = 0) {
     constexpr int span = (REC + STEPS - 1) / STEPS;
-    const uint8_t* p = rec + PREFETCH * REC + span * s;
+    const uint8_t* p = rec + PREFETCH * REC + skip + span * s;
     for (int o = 0; o < span + 63; o += 64) _mm_prefetch((const char*)(p + o), _MM_HINT_T0);
 }
 
@@ -44,11 +45,15 @@ inline void over_tiles(int64_t T, F&& f) {
     }
 }
 
-// The AVX-512 VNNI kernels (gguf_vnni.cpp): present in every build, to be called only where
-// cpu_has_avx512_vnni(). y[t, 0 .. O) (row stride ldy) for T rows of quantized x against kind 4
-// (Q4_K) or 6 (Q6_K) records pw [groups, in / 256 * REC]; bit for bit what the AVX2 kernels give.
+// The VNNI kernels (gguf_vnni.cpp: AVX-512, gguf_avxvnni.cpp: AVX-VNNI), present in every build,
+// each to be called only where its cpu_has_ says so. y[t, 0 .. O) (row stride ldy) for T rows of
+// quantized x against kind 4 (Q4_K) or 6 (Q6_K) records pw [groups, in / 256 * REC]; bit for bit
+// what the AVX2 kernels give.
 bool cpu_has_avx512_vnni();
 void vnni_matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, const float* xs,
                  const int16_t* bsums, int64_t T, int64_t in, int64_t O, float* y, int64_t ldy);
+bool cpu_has_avx_vnni();
+void avxvnni_matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, const float* xs,
+                    const int16_t* bsums, int64_t T, int64_t in, int64_t O, float* y, int64_t ldy);
 
 }  // namespace gguf

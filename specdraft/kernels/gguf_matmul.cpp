@@ -22,6 +22,9 @@
 //         2k, 2k + 1 of byte i are the top 2 bits of input 16s + 4k + i; sc[s][o] (i8), d[o] (f32).
 //         6.6 bits a weight: decoding is memory-bound and reads fewer bytes than one byte a weight
 //   x     qx [T, in] i8, xs [T, nb] f32, bsums [T, in / 16] i16 (sums of each 16 of qx)
+//
+// These AVX2 kernels are the reference for the other ISA paths (gguf_vnni.cpp: AVX-512 VNNI,
+// gguf_avxvnni.cpp: AVX-VNNI), which give their results bit for bit; gguf_matmul_into picks one.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -265,19 +268,27 @@ constexpr int64_t ROWS = 32;
 // The kernels' ISA path: chosen once, the best this CPU has, unless SPECDRAFT_KERNEL_PATH names
 // one (read at first use) or set_kernel_path changes it (tests compare the paths on one machine).
 namespace {
-enum Path { AVX2 = 0, AVX512_VNNI = 1 };
-const char* const PATH_NAMES[] = {"avx2", "avx512-vnni"};
+enum Path { AVX2 = 0, AVX_VNNI = 1, AVX512_VNNI = 2, PATHS };  // in order of preference
+const char* const PATH_NAMES[] = {"avx2", "avx-vnni", "avx512-vnni"};
 
-bool path_supported(int p) { return p == AVX2 || (p == AVX512_VNNI && gguf::cpu_has_avx512_vnni()); }
+bool path_supported(int p) {
+    return p == AVX2 || (p == AVX_VNNI && gguf::cpu_has_avx_vnni()) || (p == AVX512_VNNI && gguf::cpu_has_avx512_vnni());
+}
 
 int path_by_name(const std::string& name) {
-    if (name.empty() || name == "auto") return gguf::cpu_has_avx512_vnni() ? AVX512_VNNI : AVX2;
-    for (int p = 0; p < 2; ++p)
+    if (name.empty() || name == "auto") {
+        int best = AVX2;
+        for (int p = 0; p < PATHS; ++p)
+            if (path_supported(p)) best = p;
+        return best;
+    }
+    for (int p = 0; p < PATHS; ++p)
         if (name == PATH_NAMES[p]) {
-            TORCH_CHECK(path_supported(p), "kernel path ", name, " needs a CPU with avx512f/bw/vl and avx512_vnni");
+            TORCH_CHECK(path_supported(p), "this CPU cannot run kernel path ", name,
+                        p == AVX_VNNI ? " (needs avx_vnni)" : " (needs avx512f/bw/vl and avx512_vnni)");
             return p;
         }
-    TORCH_CHECK(false, "unknown kernel path ", name, " (auto, avx2 or avx512-vnni)");
+    TORCH_CHECK(false, "unknown kernel path ", name, " (auto, avx2, avx-vnni or avx512-vnni)");
     return AVX2;
 }
 
@@ -296,7 +307,7 @@ void set_kernel_path(const std::string& name) { active_path() = path_by_name(nam
 
 std::vector<std::string> kernel_paths() {
     std::vector<std::string> out;
-    for (int p = 0; p < 2; ++p)
+    for (int p = 0; p < PATHS; ++p)
         if (path_supported(p)) out.push_back(PATH_NAMES[p]);
     return out;
 }
@@ -316,8 +327,11 @@ void gguf_matmul_into(int64_t kind, const int8_t* qx, const float* xs, const int
         const int8_t* px = qx + c0 * in;
         const float* pxs = xs + c0 * nb;
         float* py = y + c0 * ldy;
-        if (active_path().load() == AVX512_VNNI) {
+        const int path = active_path().load();
+        if (path == AVX512_VNNI) {
             gguf::vnni_matmul(kind, pw, w.size(0), px, pxs, bsums + c0 * (in / 16), n, in, O, py, ldy);
+        } else if (path == AVX_VNNI) {
+            gguf::avxvnni_matmul(kind, pw, w.size(0), px, pxs, bsums + c0 * (in / 16), n, in, O, py, ldy);
         } else if (kind == 4) {
             const int16_t* pbs = bsums + c0 * (in / 16);
             matmul_rows<Q4K_REC>(pw, w.size(0), n, in, O, py, ldy,

@@ -1,0 +1,179 @@
+// The VNNI kernels over GGUF Q4_K / Q6_K records, written once for any vector width. Included
+// inside a namespace by each ISA's source (gguf_vnni.cpp: AVX-512, gguf_avxvnni.cpp: AVX-VNNI),
+// after it defines KERNEL_TARGET (its target attribute) and traits V (one or two 8-row groups a
+// vector, the intrinsics); everything this uses is included there.
+//
+// Bitwise the AVX2 results (gguf_matmul.cpp): per super-block both form the same exact int32 sums
+// (sum_s sc * sum q x; the mins' sum_s mn * sum x), then take the same float steps per (t, o)
+// (cvt, d * xs, fma; dmin * xs, fnmadd), lane for lane. How the integers are got differs:
+// vpdpbusd multiplies 4 unsigned quants by 4 signed x and adds them into an int32 lane. A lane
+// is one output row of one group and a chunk of the record (8 rows x 4 bytes) wants the same 4
+// inputs in every lane, so x is one broadcast dword a vpdpbusd, also with two groups a vector.
+
+// The traits' lane-wise operations, the same for ymm (P _mm256, SI si256) and zmm (_mm512, si512)
+#define VNNI_LANE_OPS(P, SI)                                                                        \
+    KERNEL_TARGET static I bcast4(const int8_t* x) { int32_t v; std::memcpy(&v, x, 4); return P##_set1_epi32(v); } \
+    KERNEL_TARGET static I set1(int32_t v) { return P##_set1_epi32(v); }                            \
+    KERNEL_TARGET static I bytes(char v) { return P##_set1_epi8(v); }                               \
+    KERNEL_TARGET static I zero() { return P##_setzero_##SI(); }                                    \
+    KERNEL_TARGET static I and_(I a, I b) { return P##_and_##SI(a, b); }                            \
+    KERNEL_TARGET static I or_(I a, I b) { return P##_or_##SI(a, b); }                              \
+    KERNEL_TARGET static I srli16(I a, int n) { return P##_srli_epi16(a, n); }                      \
+    KERNEL_TARGET static I slli16(I a, int n) { return P##_slli_epi16(a, n); }                      \
+    KERNEL_TARGET static I add(I a, I b) { return P##_add_epi32(a, b); }                            \
+    KERNEL_TARGET static I mullo(I a, I b) { return P##_mullo_epi32(a, b); }                        \
+    KERNEL_TARGET static F fzero() { return P##_setzero_ps(); }                                     \
+    KERNEL_TARGET static F fset1(float v) { return P##_set1_ps(v); }                                \
+    KERNEL_TARGET static F cvt(I a) { return P##_cvtepi32_ps(a); }                                  \
+    KERNEL_TARGET static F mul(F a, F b) { return P##_mul_ps(a, b); }                               \
+    KERNEL_TARGET static F fmadd(F a, F b, F c) { return P##_fmadd_ps(a, b, c); }                   \
+    KERNEL_TARGET static F fnmadd(F a, F b, F c) { return P##_fnmadd_ps(a, b, c); }
+
+// One group of 8 rows a 256-bit vector: the including source defines YMM_DPBUSD and YMM_DPWSSD
+// (the EVEX or the VEX form of vpdpbusd / vpdpwssd on ymm)
+struct Ymm {
+    static constexpr int GROUPS = 1;
+    using I = __m256i;
+    using F = __m256;
+    KERNEL_TARGET static I load32(const uint8_t* a, const uint8_t*) { return _mm256_loadu_si256((const __m256i*)a); }
+    KERNEL_TARGET static I u8to32(const uint8_t* a, const uint8_t*) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)a)); }
+    KERNEL_TARGET static I i8to32(const uint8_t* a, const uint8_t*) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)a)); }
+    KERNEL_TARGET static I u8to16(const uint8_t* a, const uint8_t*) { return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)a)); }
+    KERNEL_TARGET static F load8f(const uint8_t* a, const uint8_t*) { return _mm256_loadu_ps((const float*)a); }
+    VNNI_LANE_OPS(_mm256, si256)
+    KERNEL_TARGET static I dpbusd(I acc, I u8, I s8) { return YMM_DPBUSD(acc, u8, s8); }
+    KERNEL_TARGET static I dpwssd(I acc, I a, I b) { return YMM_DPWSSD(acc, a, b); }
+    KERNEL_TARGET static void store(float* p, int valid, F v) {
+        if (valid == 8) return _mm256_storeu_ps(p, v);
+        alignas(32) float tmp[8];
+        _mm256_store_ps(tmp, v);
+        std::memcpy(p, tmp, valid * sizeof(float));
+    }
+};
+
+// NT rows of x against V::GROUPS groups of a Q4_K matrix (w0, w1: their nb records, lanes 8k..8k+7
+// are group k's rows), out: y[t0, 8 g0]. Per sub-block of 32 inputs: 8 vpdpbusd a row give each
+// lane its sum q x (|.| <= 32 * 15 * 127, no 16-bit step), one vpmulld applies the row's scale.
+// msum[t, b, k]: sub-blocks 2k, 2k + 1's sums of x as two i16 (the mins' vpdpwssd operand).
+template <class V, int NT>
+KERNEL_TARGET void q4k_rows(const uint8_t* w0, const uint8_t* w1, const int8_t* qx, const float* xs,
+                            const int32_t* msum, int64_t nb, int64_t in, int64_t t0, float* out, int64_t ldy, int valid) {
+    using I = typename V::I;
+    using F = typename V::F;
+    const I low4 = V::bytes(0x0F);
+    F acc[NT];
+    for (int r = 0; r < NT; ++r) acc[r] = V::fzero();
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t *r0 = w0 + b * Q4K_REC, *r1 = w1 + b * Q4K_REC;
+        const int64_t skip = b + PREFETCH < nb ? 0 : (V::GROUPS - 1) * nb * Q4K_REC;  // past its end, a stream goes on in the next pair
+        const int8_t* xb = qx + t0 * in + b * 256;
+        I sum[NT];
+        for (int r = 0; r < NT; ++r) sum[r] = V::zero();
+        for (int s = 0; s < 8; ++s) {  // sub-block s: inputs 32s .. 32s + 31
+            prefetch_ahead<Q4K_REC, 8>(r0, s, skip);
+            if (V::GROUPS == 2) prefetch_ahead<Q4K_REC, 8>(r1, s, skip);
+            const I sc = V::u8to32(r0 + 1024 + 8 * s, r1 + 1024 + 8 * s);
+            I dot[NT];
+            for (int r = 0; r < NT; ++r) dot[r] = V::zero();
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; ++c) {  // inputs 32s + 8c .. + 3 (low nibbles), + 4 .. + 7 (high)
+                const I v = V::load32(r0 + 128 * s + 32 * c, r1 + 128 * s + 32 * c);
+                const I lo = V::and_(v, low4), hi = V::and_(V::srli16(v, 4), low4);
+                for (int r = 0; r < NT; ++r) {
+                    const int8_t* x = xb + r * in + 32 * s + 8 * c;
+                    dot[r] = V::dpbusd(dot[r], lo, V::bcast4(x));
+                    dot[r] = V::dpbusd(dot[r], hi, V::bcast4(x + 4));
+                }
+            }
+            for (int r = 0; r < NT; ++r) sum[r] = V::add(sum[r], V::mullo(dot[r], sc));
+        }
+        I mn[4];  // mins as i16 pairs per row ([pair k][row][2]): one vpdpwssd per pair k
+        for (int k = 0; k < 4; ++k) mn[k] = V::u8to16(r0 + 1088 + 16 * k, r1 + 1088 + 16 * k);
+        const F d = V::load8f(r0 + 1152, r1 + 1152), dmin = V::load8f(r0 + 1184, r1 + 1184);
+        for (int r = 0; r < NT; ++r) {
+            const int32_t* ms = msum + ((t0 + r) * nb + b) * 4;
+            I m = V::zero();
+            for (int k = 0; k < 4; ++k) m = V::dpwssd(m, mn[k], V::set1(ms[k]));
+            const F x = V::fset1(xs[(t0 + r) * nb + b]);
+            acc[r] = V::fmadd(V::cvt(sum[r]), V::mul(d, x), acc[r]);
+            acc[r] = V::fnmadd(V::cvt(m), V::mul(dmin, x), acc[r]);
+        }
+    }
+    for (int r = 0; r < NT; ++r) V::store(out + (t0 + r) * ldy, valid, acc[r]);
+}
+
+// NT rows of x against V::GROUPS groups of a Q6_K matrix, as q4k_rows. Per sub-block of 16
+// inputs: a lane starts at -32 * (the sub-block's sum of x, corr) and 4 vpdpbusd add its sum q x
+// (q in 0..63): sum (q - 32) x, what the AVX2 kernel's 16-bit lanes add up to.
+template <class V, int NT>
+KERNEL_TARGET void q6k_rows(const uint8_t* w0, const uint8_t* w1, const int8_t* qx, const float* xs,
+                            const int32_t* corr, int64_t nb, int64_t in, int64_t t0, float* out, int64_t ldy, int valid) {
+    using I = typename V::I;
+    using F = typename V::F;
+    const I low4 = V::bytes(0x0F), top2 = V::bytes(0x30);
+    F acc[NT];
+    for (int r = 0; r < NT; ++r) acc[r] = V::fzero();
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t *r0 = w0 + b * Q6K_REC, *r1 = w1 + b * Q6K_REC;
+        const int64_t skip = b + PREFETCH < nb ? 0 : (V::GROUPS - 1) * nb * Q6K_REC;
+        const int8_t* xb = qx + t0 * in + b * 256;
+        I sum[NT];
+        for (int r = 0; r < NT; ++r) sum[r] = V::zero();
+        for (int s = 0; s < 16; ++s) {  // sub-block s: inputs 16s .. 16s + 15, quads k of 4 inputs
+            prefetch_ahead<Q6K_REC, 16>(r0, s, skip);
+            if (V::GROUPS == 2) prefetch_ahead<Q6K_REC, 16>(r1, s, skip);
+            const I sc = V::i8to32(r0 + 1536 + 8 * s, r1 + 1536 + 8 * s);
+            const I v0 = V::load32(r0 + 64 * s, r1 + 64 * s), v1 = V::load32(r0 + 64 * s + 32, r1 + 64 * s + 32);
+            const I h = V::load32(r0 + 1024 + 32 * s, r1 + 1024 + 32 * s);
+            // quad k's top 2 bits are bits 2k, 2k + 1 of h's bytes, moved to bits 4, 5
+            const I q[4] = {V::or_(V::and_(v0, low4), V::and_(V::slli16(h, 4), top2)),
+                            V::or_(V::and_(V::srli16(v0, 4), low4), V::and_(V::slli16(h, 2), top2)),
+                            V::or_(V::and_(v1, low4), V::and_(h, top2)),
+                            V::or_(V::and_(V::srli16(v1, 4), low4), V::and_(V::srli16(h, 2), top2))};
+            for (int r = 0; r < NT; ++r) {
+                const int8_t* x = xb + r * in + 16 * s;
+                I p = V::set1(corr[((t0 + r) * nb + b) * 16 + s]);
+                for (int k = 0; k < 4; ++k) p = V::dpbusd(p, q[k], V::bcast4(x + 4 * k));
+                sum[r] = V::add(sum[r], V::mullo(p, sc));
+            }
+        }
+        const F d = V::load8f(r0 + 1664, r1 + 1664);
+        for (int r = 0; r < NT; ++r)
+            acc[r] = V::fmadd(V::cvt(sum[r]), V::mul(d, V::fset1(xs[(t0 + r) * nb + b])), acc[r]);
+    }
+    for (int r = 0; r < NT; ++r) V::store(out + (t0 + r) * ldy, valid, acc[r]);
+}
+
+// y[t, 0 .. O) (row stride ldy) for T rows of quantized x against kind 4 / 6 records pw [groups,
+// nb * REC]: tasks of V::GROUPS groups (an odd last group paired with itself, its copy's lanes
+// not stored) split across threads, each over tiles of up to TILE rows.
+template <class V, int TILE>
+void matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, const float* xs, const int16_t* bsums,
+            int64_t T, int64_t in, int64_t O, float* y, int64_t ldy) {
+    const int64_t nb = in / 256, n16 = T * in / 16, rec = kind == 4 ? Q4K_REC : Q6K_REC;
+    // Q4_K: sub-block pairs' sums of x (two i16 in an int32, as the AVX2 kernel forms them);
+    // Q6_K: -32 * each sub-block's sum of x
+    std::vector<int32_t> aux(kind == 4 ? n16 / 4 : n16);
+    if (kind == 4)
+        for (int64_t u = 0; u < n16 / 4; ++u) {
+            const int16_t* bs = bsums + 4 * u;
+            aux[u] = (int32_t)((uint32_t)(uint16_t)(bs[0] + bs[1]) | (uint32_t)(uint16_t)(bs[2] + bs[3]) << 16);
+        }
+    else
+        for (int64_t u = 0; u < n16; ++u) aux[u] = -32 * (int32_t)bsums[u];
+    const int32_t* pa = aux.data();
+    at::parallel_for(0, (groups + V::GROUPS - 1) / V::GROUPS, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t p = begin; p < end; ++p) {
+            const int64_t g0 = V::GROUPS * p, g1 = g0 + V::GROUPS - 1 < groups ? g0 + V::GROUPS - 1 : g0;
+            const int valid = (int)std::min<int64_t>(O - g0 * GROUP, V::GROUPS * GROUP);
+            const uint8_t *w0 = pw + g0 * nb * rec, *w1 = pw + g1 * nb * rec;
+            over_tiles<TILE>(T, [&](auto nt, int64_t t0) {
+                constexpr int n = decltype(nt)::value;
+                if (kind == 4)
+                    q4k_rows<V, n>(w0, w1, qx, xs, pa, nb, in, t0, y + g0 * GROUP, ldy, valid);
+                else
+                    q6k_rows<V, n>(w0, w1, qx, xs, pa, nb, in, t0, y + g0 * GROUP, ldy, valid);
+            });
+        }
+    });
+}
