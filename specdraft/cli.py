@@ -273,5 +273,15 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def run() -> None:
+    """The ``specdraft`` console script: main(), then exit without the interpreter's teardown of
+    torch and transformers (~0.7 s of every command's wall time, measured on a Zen 5 EPYC). Every
+    file the commands write is closed by then; standard streams are flushed here."""
+    rc = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

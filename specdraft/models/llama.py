@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from ..errors import ModelFileError
 from .base import ModelOutput
-from .gguf_weights import GGUFLinear
+from .gguf_weights import GGUFLinear, RequantizedWeights
 from .quant import fbgemm_available, make_linear
 
 SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
@@ -365,8 +365,6 @@ class LlamaModel:
             raise ModelFileError(f"weight format gguf needs the GGUF file behind {path}: "
                                  "give a packaged model name or a .gguf file, or use another format")
         if weight_format == "q4k":
-            from .gguf_weights import RequantizedWeights
-
             gguf = RequantizedWeights(weights)
         return cls(read_spec(config), weights, config, dtype=dtype, max_length=max_length,
                    weight_format=weight_format, head_vocab=head_vocab,
