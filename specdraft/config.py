@@ -97,6 +97,9 @@ class SpecConfig:
     # size their drafts by cost: head, draft-model, and the copies of hybrid / hybrid-head).
     # False: only min_confidence and k bound a draft.
     cost_rule: bool = True
+    # head / hybrid-head, greedy: draft EAGLE-2 dynamic token trees (several guesses a position)
+    # where the target verifies tree masks; False: one chain of guesses.
+    trees: bool = True
     # head / hybrid-head: the directory of a trained drafting head (head.json + head.safetensors);
     # None = the one shipped for the target, when there is one.
     head: str | None = None

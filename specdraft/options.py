@@ -47,6 +47,8 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-window", type=int, default=_DEFAULTS_SPEC.draft_window,
                    help="draft model: see at most this many (latest) prompt tokens, bounding its prefill; "
                         "0 = all (default: 256 for hybrid, all for draft-model)")
+    p.add_argument("--trees", action=argparse.BooleanOptionalAction, default=_DEFAULTS_SPEC.trees,
+                   help="head / hybrid-head, greedy: draft token trees (EAGLE-2 style) instead of one chain")
     p.add_argument("--head", default=_DEFAULTS_SPEC.head,
                    help="head / hybrid-head: directory of a trained drafting head (default: the one shipped for the target)")
 
@@ -55,7 +57,7 @@ def spec_from_args(method: str, args) -> SpecConfig:
     """The SpecConfig that add_spec_args' options describe (ParameterError when one is invalid)."""
     return SpecConfig(method=method, k=args.k, ngram_max=args.ngram_max, ngram_min=args.ngram_min,
                       min_confidence=args.min_confidence, draft_window=args.draft_window,
-                      head=args.head)
+                      head=args.head, trees=args.trees)
 
 
 def speculator_options(args) -> dict:

@@ -96,6 +96,20 @@ def test_greedy_equals_plain_and_guesses_are_accepted(target, trained, method):
     assert accepted > 0  # the trained head does predict the target
 
 
+def test_greedy_head_drafts_are_branched_trees_and_chains_without(target, trained):
+    _, head, _ = trained
+    drafts = {}
+    for trees in (True, False):
+        e = engine(target, "head", head, trees=trees, k=4)
+        e.drafter.take_features(target.forward(torch.tensor(PROMPTS[0]), need_hidden=True).hidden[-1])
+        drafts[trees] = e.drafter.propose(PROMPTS[0], 4, SamplingConfig(), torch.Generator())
+        target.reset()
+    tree, chain = drafts[True], drafts[False]
+    assert tree.parents is not None and len(set(tree.parents)) < len(tree.parents)  # a node with 2+ children
+    assert all(p < j for j, p in enumerate(tree.parents)) and len(tree) == 4  # k nodes kept, parents first
+    assert chain.parents is None and len(chain) == 4
+
+
 @pytest.mark.parametrize("method", ["head", "hybrid-head"])
 def test_a_bf16_target_drafts_with_the_head(tmp_path, trained, method):
     # the head runs in float32 whatever the target's dtype: its features meet a bf16 target's

@@ -25,6 +25,7 @@ from ..errors import ParameterError
 from ..models.quant import DenseLinear, W8A8Linear
 from .base import Draft, DrafterContext, choose, register
 from .cost_aware import CostAware
+from .trees import best_nodes, judged_confidences, keep_nodes
 
 
 def output_weight(target, n: int) -> torch.Tensor:
@@ -54,6 +55,11 @@ def output_rows(target, n: int):
     return lambda f: dense(f.to(target.dtype)).float()
 
 
+TOPK = 3  # children per expanded node of a head tree
+BEAM = 3  # nodes expanded per round (EAGLE-2: the likeliest of the newest layer)
+MIN_CHANCE = 0.02  # a round whose likeliest node is below this ends the tree
+
+
 class Int8Head:
     """The head's step (heads.model.FeatureHead.forward) with its two matrices in int8 (per output
     channel) and ~14-bit activations (W8A8Linear, 2 passes): 9.4 MB read per step instead of
@@ -73,8 +79,10 @@ class FeatureHeadDrafter(CostAware):
     name = "head"
     uses_features = True
 
-    def __init__(self, target, head, *, min_confidence: float = 0.0):
+    def __init__(self, target, head, *, min_confidence: float = 0.0, trees: bool = False):
         super().__init__()
+        self.trees = trees  # greedy drafts as EAGLE-2 dynamic trees (the target verifies tree masks)
+        self.proposed_tree: tuple[list[int], list[int], list[float]] | None = None
         self.head = head  # heads.model.FeatureHead (fp32, eval)
         self.step = Int8Head(head)  # its step as the drafter runs it
         self.embed = target.embed  # [V, H] the target's token embedding
@@ -104,6 +112,8 @@ class FeatureHeadDrafter(CostAware):
         if costed and not self.payoff.worth_running():
             return Draft()
         draft_cost = self.step_seconds / self.costs.seconds[1] if costed else 0.0  # in one-token forwards
+        if self.trees and sampling.greedy:
+            return self._propose_tree(context, k, costed, draft_cost)
         t0 = time.perf_counter()
         for _ in range(k):
             f = self.step(f, self.embed[tok:tok + 1].float())  # [1, H] predicted next feature
@@ -127,10 +137,59 @@ class FeatureHeadDrafter(CostAware):
         self.proposed_confidences = confidences[:len(tokens)]
         return Draft(tokens, torch.stack(qs) if qs else None)
 
+    def _propose_tree(self, context: list[int], k: int, costed: bool, draft_cost: float) -> Draft:
+        """An EAGLE-2 dynamic tree: each round expands the BEAM likeliest nodes of the newest
+        layer (one batched head step) into their TOPK most confident children; after up to k
+        rounds every node is ranked by its chance of being on the accepted path (the product of
+        calibrated confidences along its branch) and the cost rule keeps the best ones. Children
+        are deterministic guesses (one-hot for the verifier)."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        conf: list[float] = []  # the head's confidence in each node's token
+        chance: list[float] = []  # P(node on the accepted path)
+        feats: list[torch.Tensor] = []  # [H] the feature each node's token was chosen from
+        layer, rounds = [-1], 0  # -1: the root, the newest committed token, chosen from self.feature
+        t0 = time.perf_counter()
+        while layer and rounds < k:
+            f = torch.stack([self.feature if j < 0 else feats[j] for j in layer])  # [B, H]
+            ids = [context[-1] if j < 0 else tokens[j] for j in layer]
+            f = self.step(f, self.embed[ids].float())  # [B, H] the next features
+            top = torch.softmax(self.out(f).float(), -1).topk(TOPK, -1)  # values, indices [B, TOPK]
+            rounds += 1
+            new = []
+            for b, parent in enumerate(layer):
+                up = 1.0 if parent < 0 else chance[parent]
+                for p, tok in zip(top.values[b].tolist(), top.indices[b].tolist()):
+                    tokens.append(tok)
+                    parents.append(parent)
+                    conf.append(p)
+                    chance.append(up * (self.rates.rate(p) if costed else p))
+                    feats.append(f[b])
+                    new.append(len(tokens) - 1)
+            layer = sorted(new, key=lambda j: -chance[j])[:BEAM]
+            if chance[layer[0]] < MIN_CHANCE:  # nothing below here would be worth its verification
+                break
+        self.step_seconds = running_mean(self.step_seconds, (time.perf_counter() - t0) / rounds)
+        ranked = best_nodes(chance, len(tokens))
+        if costed:
+            n = self.costs.choose_length([chance[j] for j in ranked])
+            self.step_cost = self.costs.ratio(n + 1) + draft_cost * rounds
+        else:
+            n = min(k, len(ranked))
+        kept = sorted(ranked[:n])
+        sent_tokens, sent_parents = keep_nodes(tokens, parents, kept)
+        self.proposed_tree = (sent_tokens, sent_parents, [conf[j] for j in kept])
+        return Draft(sent_tokens, parents=sent_parents)
+
     def observe(self, context: list[int], num_accepted: int) -> None:
+        if self.proposed_tree is not None:  # the tree's judged guesses calibrate the confidences
+            self.proposed_confidences = judged_confidences(*self.proposed_tree, context, num_accepted)
+            self.proposed_tree = None
+            num_accepted = min(num_accepted, len(self.proposed_confidences))
         self.learn_from_verdict(num_accepted)  # the feature itself is refreshed by take_features
 
 
 @register("head", needs_head=True)
 def _build(ctx: DrafterContext) -> FeatureHeadDrafter:
-    return FeatureHeadDrafter(ctx.target, ctx.head, min_confidence=ctx.spec.min_confidence)
+    return FeatureHeadDrafter(ctx.target, ctx.head, min_confidence=ctx.spec.min_confidence,
+                              trees=ctx.spec.trees and getattr(ctx.target, "supports_tree", False))

@@ -72,7 +72,8 @@ def _build(ctx: DrafterContext) -> Hybrid:
 @register("hybrid-head", needs_head=True)
 def _build_head(ctx: DrafterContext) -> Hybrid:
     spec = ctx.spec
-    model = FeatureHeadDrafter(ctx.target, ctx.head, min_confidence=spec.min_confidence)
+    model = FeatureHeadDrafter(ctx.target, ctx.head, min_confidence=spec.min_confidence,
+                               trees=spec.trees and getattr(ctx.target, "supports_tree", False))
     model_k = spec.k if spec.k is not None else DEFAULT_K["head"]
     hybrid = Hybrid(model, model_k=model_k, ngram_max=spec.ngram_max, ngram_min=spec.ngram_min)
     hybrid.name = "hybrid-head"

@@ -21,6 +21,7 @@ import torch
 from ..config import SamplingConfig
 from .base import Draft, DrafterContext, register
 from .cost_aware import CostAware
+from .trees import best_nodes, judged_confidences, keep_nodes
 
 OCCURRENCES = 16  # most recent matches merged into the tree
 
@@ -94,27 +95,17 @@ class SuffixTree(CostAware):
                 node = max(kids, key=lambda j: chance[j])
                 keep.append(node)
         else:
-            keep = sorted(range(len(tokens)), key=lambda j: -chance[j])  # a child is never above its parent
+            keep = best_nodes(chance, len(tokens))
         ranked = [chance[j] for j in keep]
         n = self.costs.choose_length(ranked) if self.costs is not None and self.costs.measured else min(k, len(keep))
-        keep = sorted(keep[:n])  # back to an order with parents first
-        index = {j: i for i, j in enumerate(keep)}
-        self.proposed = ([tokens[j] for j in keep], [index.get(parents[j], -1) for j in keep], [cond[j] for j in keep])
-        return Draft(self.proposed[0], parents=self.proposed[1])
+        kept = sorted(keep[:n])
+        sent_tokens, sent_parents = keep_nodes(tokens, parents, kept)
+        self.proposed = (sent_tokens, sent_parents, [cond[j] for j in kept])
+        return Draft(sent_tokens, parents=sent_parents)
 
     def observe(self, context: list[int], num_accepted: int) -> None:
-        if self.proposed is None:
-            return
-        # the judged guesses: the accepted path's nodes, then the likeliest child where it stopped
-        tokens, parents, cond = self.proposed
-        path, node = [], -1
-        for _ in range(num_accepted):
-            tok = context[len(context) - 1 - num_accepted + len(path)]
-            node = next(j for j in range(len(tokens)) if parents[j] == node and tokens[j] == tok)
-            path.append(node)
-        stop = [j for j in range(len(tokens)) if parents[j] == node]
-        judged = [cond[j] for j in path] + ([max(cond[j] for j in stop)] if stop else [])
-        self.rates.record(judged, num_accepted)
+        if self.proposed is not None:
+            self.rates.record(judged_confidences(*self.proposed, context, num_accepted), num_accepted)
         self.proposed = None
 
 

@@ -1,0 +1,34 @@
+"""Helpers for drafters that propose token trees: keeping the best nodes of a tree, and finding
+which of its guesses the verifier judged (for calibrating their confidences)."""
+from __future__ import annotations
+
+
+def keep_nodes(tokens: list[int], parents: list[int], keep: list[int]) -> tuple[list[int], list[int]]:
+    """The subtree of nodes ``keep`` (closed under parents) re-indexed in their original order.
+
+    >>> keep_nodes([7, 8, 9], [-1, -1, 0], [2, 0])
+    ([7, 9], [-1, 0])
+    """
+    keep = sorted(keep)
+    index = {j: i for i, j in enumerate(keep)}
+    return [tokens[j] for j in keep], [index[parents[j]] if parents[j] >= 0 else -1 for j in keep]
+
+
+def best_nodes(chance: list[float], n: int) -> list[int]:
+    """The n nodes most likely to be on the accepted path (a child never before its parent:
+    its chance is at most its parent's, and ties keep the earlier node first)."""
+    return sorted(range(len(chance)), key=lambda j: (-chance[j], j))[:n]
+
+
+def judged_confidences(tokens: list[int], parents: list[int], confidence: list[float], context: list[int],
+                       num_accepted: int) -> list[float]:
+    """The confidences of the guesses the verifier judged: the accepted path's nodes (found from
+    the committed ``context``, whose last num_accepted + 1 tokens the step added), then the most
+    confident child where the path stopped (the first rejection), if it had children."""
+    path, node = [], -1
+    for i in range(num_accepted):
+        tok = context[len(context) - 1 - num_accepted + i]
+        node = next(j for j in range(len(tokens)) if parents[j] == node and tokens[j] == tok)
+        path.append(node)
+    stop = [confidence[j] for j in range(len(tokens)) if parents[j] == node]
+    return [confidence[j] for j in path] + ([max(stop)] if stop else [])
