@@ -98,8 +98,10 @@ class SpecConfig:
     # False: only min_confidence and k bound a draft.
     cost_rule: bool = True
     # head / hybrid-head, greedy: draft EAGLE-2 dynamic token trees (several guesses a position)
-    # where the target verifies tree masks; False: one chain of guesses.
-    trees: bool = True
+    # where the target verifies tree masks; False: one chain of guesses. Off by default: on the
+    # Zen 5 EPYC (bench, 13 prompts) hybrid-head ran 1.04-1.08x plain decoding with trees and 1.16x
+    # with chains (the shipped head's second and third guesses rarely pass; each round costs a step).
+    trees: bool = False
     # head / hybrid-head: the directory of a trained drafting head (head.json + head.safetensors);
     # None = the one shipped for the target, when there is one.
     head: str | None = None

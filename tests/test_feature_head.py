@@ -82,14 +82,17 @@ def test_training_beats_the_untrained_head(target, trained):
     assert agreement(head) > agreement(untrained) + 0.2, (agreement(head), agreement(untrained))
 
 
+@pytest.mark.parametrize("trees", [False, True])
 @pytest.mark.parametrize("method", ["head", "hybrid-head"])
-def test_greedy_equals_plain_and_guesses_are_accepted(target, trained, method):
+def test_greedy_equals_plain_and_guesses_are_accepted(target, trained, method, trees):
     _, head, _ = trained
     assert needs_head(method)
     accepted = 0
     for prompt in PROMPTS:
         plain, _ = generate(target, "none", prompt)
-        ids, stats = generate(target, method, prompt, head)
+        e = engine(target, method, head, trees=trees)
+        e.generate(prompt, SamplingConfig(), GenerationConfig(max_new_tokens=40))
+        ids, stats = list(e.token_ids), e.stats
         assert ids == plain
         assert stats.drafts > 0 and stats.draft_tokens > 0
         accepted += stats.accepted_tokens

@@ -169,6 +169,10 @@ class FeatureHeadDrafter(CostAware):
             layer = sorted(new, key=lambda j: -chance[j])[:BEAM]
             if chance[layer[0]] < MIN_CHANCE:  # nothing below here would be worth its verification
                 break
+            if costed:  # another round only while this layer's best node would be sent
+                ranked = sorted(chance, reverse=True)
+                if chance[layer[0]] < ranked[max(self.costs.best_length(ranked, draft_cost * rounds) - 1, 0)]:
+                    break
         self.step_seconds = running_mean(self.step_seconds, (time.perf_counter() - t0) / rounds)
         ranked = best_nodes(chance, len(tokens))
         if costed:
