@@ -9,7 +9,7 @@ import torch
 from _tiny import FakeTokenizer, build_hf, save
 from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdraft.drafters import Draft, Drafter, DrafterContext, build_drafter
-from specdraft.drafters.suffix import continuation_tree
+from specdraft.drafters.suffix import HISTORY, continuation_tree
 from specdraft.engine import Engine, tree_layout
 from specdraft.models.llama import LlamaModel
 
@@ -26,6 +26,25 @@ def test_continuation_tree_counts_branches():
                     (7, 3): 0.5}
     assert all(parents[j] < j for j in range(len(tokens)))
     assert continuation_tree([1, 2, 3], depth=2, ngram_max=2, ngram_min=1) == ([], [], [])
+
+
+def test_earlier_requests_feed_the_tree():
+    ctx = [9, 1, 2]  # "1 2" never occurred before in this context
+    assert continuation_tree(ctx, depth=2, ngram_max=2, ngram_min=2) == ([], [], [])
+    earlier = [torch.tensor([5, 1, 2, 3, 4]), torch.tensor([1, 2, 7])]
+    tokens, parents, cond = continuation_tree(ctx, depth=2, ngram_max=2, ngram_min=2, others=earlier)
+    assert (tokens, parents, cond) == ([3, 4, 7], [-1, 0, -1], [0.5, 1.0, 0.5])
+
+
+def test_history_keeps_the_newest_sequences():
+    from specdraft.drafters.suffix import History
+
+    h = History(max_sequences=2)
+    h.update(1, [1, 2])
+    h.update(2, [3])
+    h.update(1, [1, 2, 5])  # a growing sequence stays one entry, now the newest
+    h.update(3, [4])
+    assert [t.tolist() for t in h.others(3)] == [[1, 2, 5]]  # 2 was the oldest: dropped
 
 
 def test_tree_layout():
@@ -51,6 +70,7 @@ def target(request, tmp_path_factory):
 
 
 def run(target, method, sampling=SamplingConfig(), n=48):
+    HISTORY.clear()  # earlier runs' sequences would change the drafts (a seeded sample with them)
     spec = SpecConfig(method=method, k=6, ngram_min=1, cost_rule=False)
     drafter = build_drafter(method, DrafterContext(spec=spec, target=target, draft_model=None))
     engine = Engine(target, FakeTokenizer(), drafter, spec)

@@ -16,6 +16,8 @@ Example, k = 3: context ``a b x a b y a b`` -> suffix ``a b`` was followed by ``
 """
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from ..config import SamplingConfig
@@ -26,32 +28,79 @@ from .trees import best_nodes, judged_confidences, keep_nodes
 OCCURRENCES = 16  # most recent matches merged into the tree
 
 
+class History:
+    """Token sequences of this process's requests (the server's history), for suffix drafting
+    across requests: every suffix drafter keeps its sequence here as it grows (keyed by the
+    drafter), and looks up its own suffix in the others. Oldest sequences go first beyond
+    ``max_sequences``. Greedy output never depends on it; a seeded sampled output may (the
+    drafts change which random draws verification makes), while its distribution does not."""
+
+    def __init__(self, max_sequences: int = 64):
+        self.max_sequences = max_sequences
+        self._seqs: dict[int, torch.Tensor] = {}  # key -> [n] int64, in insertion order
+
+    def update(self, key: int, context: list[int]) -> None:
+        self._seqs.pop(key, None)
+        self._seqs[key] = torch.tensor(context, dtype=torch.int64)
+        while len(self._seqs) > self.max_sequences:
+            del self._seqs[next(iter(self._seqs))]
+
+    def others(self, key: int) -> list[torch.Tensor]:
+        """The other sequences, newest first."""
+        return [seq for k, seq in reversed(self._seqs.items()) if k != key]
+
+    def clear(self) -> None:
+        self._seqs.clear()
+
+
+HISTORY = History()  # shared by the suffix drafters of one process
+_KEYS = itertools.count()
+
+
+def _matches(seq: torch.Tensor, gram: torch.Tensor) -> list[int]:
+    """Start positions of what follows each occurrence of ``gram`` in seq, newest first (only
+    occurrences followed by a token: a context's own suffix is not one of them)."""
+    n, end = gram.numel(), seq.numel()
+    if end - n < 1:
+        return []
+    windows = seq[:end - 1].unfold(0, n, 1)  # [end - n, n]
+    hits = (windows == gram).all(-1).nonzero().flatten()
+    return (hits + n).flip(0).tolist()
+
+
 def continuation_tree(context: list[int], depth: int, ngram_max: int, ngram_min: int,
-                      occurrences: int = OCCURRENCES) -> tuple[list[int], list[int], list[float]]:
+                      occurrences: int = OCCURRENCES, others: list[torch.Tensor] = ()
+                      ) -> tuple[list[int], list[int], list[float]]:
     """(tokens, parents, conditional) of the trie of continuations (up to ``depth`` tokens) after
-    the longest suffix n-gram's earlier occurrences; conditional[j] = count(j) / count(parent).
-    Nodes are in breadth-first order (parents before children); empty when nothing matches."""
+    the longest suffix n-gram's occurrences, in the context first (newest first) and then in
+    ``others`` (earlier requests); conditional[j] = count(j) / count(parent). Parents come before
+    their children; empty when nothing matches."""
     n_ctx = len(context)
     if n_ctx < 2 or depth <= 0:
         return [], [], []
     ids = torch.tensor(context, dtype=torch.int64)
+    found: list[list[int]] = []  # the continuations, up to `occurrences`
     for n in range(min(ngram_max, n_ctx - 1), ngram_min - 1, -1):
-        windows = ids[:-1].unfold(0, n, 1)  # [n_ctx - n, n]
-        hits = (windows == ids[n_ctx - n:]).all(-1).nonzero().flatten()
-        hits = hits[hits < n_ctx - n]  # not the suffix itself
-        if hits.numel():
-            starts = (hits[-occurrences:] + n).tolist()
+        gram = ids[n_ctx - n:]
+        for seq in [ids, *others]:
+            for start in _matches(seq, gram):
+                found.append(seq[start:start + depth].tolist())
+                if len(found) >= occurrences:
+                    break
+            if len(found) >= occurrences:
+                break
+        if found:
             break
-    else:
+    if not found:
         return [], [], []
     # trie: node -> {token: child}; counts per node; root = -1
     children: dict[int, dict[int, int]] = {-1: {}}
-    counts: dict[int, int] = {-1: len(starts)}
+    counts: dict[int, int] = {-1: len(found)}
     tokens: list[int] = []
     parents: list[int] = []
-    for s in starts:
+    for continuation in found:
         node = -1
-        for tok in context[s:s + depth]:
+        for tok in continuation:
             nxt = children[node].get(tok)
             if nxt is None:
                 nxt = len(tokens)
@@ -62,7 +111,6 @@ def continuation_tree(context: list[int], depth: int, ngram_max: int, ngram_min:
                 counts[nxt] = 0
             counts[nxt] += 1
             node = nxt
-    # breadth-first order keeps every parent before its children (insertion order already does)
     conditional = [counts[j] / counts[parents[j]] for j in range(len(tokens))]
     return tokens, parents, conditional
 
@@ -75,11 +123,14 @@ class SuffixTree(CostAware):
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min
         self.trees = trees  # False: the best branch only, as a chain (a target without tree masks)
-        self.proposed: tuple[list[int], list[int], list[float]] | None = None  # tokens, parents, conditional chances
+        self.proposed: tuple[list[int], list[int], list[float]] | None = None
+        self.key = next(_KEYS)  # this drafter's sequence in HISTORY  # tokens, parents, conditional chances
 
     def propose(self, context: list[int], k: int, sampling: SamplingConfig,
                 generator: torch.Generator) -> Draft:
-        tokens, parents, cond = continuation_tree(context, k, self.ngram_max, self.ngram_min)
+        HISTORY.update(self.key, context)
+        tokens, parents, cond = continuation_tree(context, k, self.ngram_max, self.ngram_min,
+                                                  others=HISTORY.others(self.key))
         if not tokens:
             return Draft()
         chance = []  # P(node on the accepted path) = product of calibrated chances along its branch
