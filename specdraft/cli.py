@@ -14,6 +14,7 @@ import torch
 from .bench.arguments import add_bench_args
 from .bench.forward_cost import forward_costs
 from .bench.harness import run_bench
+from .bench.kernel_cost import kernel_costs
 from .bench.machine import gguf_kernel_path
 from .config import GenerationConfig, SamplingConfig, SpecConfig
 from .drafters import drafter_names, needs_draft_model
@@ -119,6 +120,9 @@ def _add_calibrate(sub) -> None:
     c.add_argument("--context", type=int, default=300, help="tokens already in the KV cache")
     c.add_argument("--blocks", default="1,2,4,8,16,32", help="comma-separated numbers of new tokens")
     c.add_argument("--repeats", type=int, default=5, help="timed forwards per block (median reported)")
+    c.add_argument("--kernels", default=None, metavar="PATHS",
+                   help="time the GGUF kernels alone instead of a model: every matrix product of the default target's "
+                        "shapes over random weights, per ISA path (comma-separated, or 'all' this CPU has); no model needed")
     c.add_argument("--json", dest="json_out", default=None, help="also write {tokens, seconds, ...} here")
 
 
@@ -213,6 +217,8 @@ def _cmd_calibrate(args) -> int:
         raise ParameterError(f"--blocks must be comma-separated integers, got {args.blocks!r}") from None
     if not blocks or min(blocks) < 1 or args.context < 1 or args.repeats < 1:
         raise ParameterError("blocks, context and repeats must be >= 1")
+    if args.kernels:
+        return _calibrate_kernels(args, blocks)
     candidates = _calibrate_candidates(args.format, args.dtype)
     name = args.model or DEFAULT_TARGET
     models = {label: load_model(name, dtype=dt, weight_format=fmt, max_length=args.context + max(blocks) + 1).model
@@ -240,6 +246,22 @@ def _cmd_calibrate(args) -> int:
         report = reports[candidates[0][0]] if len(reports) == 1 else {"formats": reports}
         with open(args.json_out, "w") as f:
             json.dump(report, f, indent=1)
+            f.write("\n")
+    return 0
+
+
+def _calibrate_kernels(args, blocks: tuple[int, ...]) -> int:
+    """calibrate --kernels: the default target's matrix products per ISA path, no model loaded."""
+    paths, costs = kernel_costs(args.kernels, blocks=blocks, repeats=args.repeats)
+    print(f"GGUF matrix products of the default target's shapes, {torch.get_num_threads()} threads (ms; x one token)")
+    print("tokens " + "".join(f"{p:>22s}" for p in paths))
+    for i, k in enumerate(blocks):
+        cells = (f"{costs[p]['seconds'][i] * 1000:10.1f} ({costs[p]['seconds'][i] / costs[p]['seconds'][0]:5.2f}x)"
+                 for p in paths)
+        print(f"{k:6d} " + "".join(f"{c:>22s}" for c in cells))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"threads": torch.get_num_threads(), "paths": costs}, f, indent=1)
             f.write("\n")
     return 0
 

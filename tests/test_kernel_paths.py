@@ -1,4 +1,4 @@
-"""The GGUF kernels' ISA paths (AVX2, AVX-VNNI, AVX-512 VNNI): each against the dequantized reference, each
+"""The GGUF kernels' ISA paths (AVX2, AVX-VNNI, AVX-512 VNNI, AMX-INT8): each against the dequantized reference, each
 row independent of its block, and every path bit for bit the AVX2 path (the same int32 sums per
 super-block, then the same float steps). A path this CPU lacks is skipped with the reason."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from test_gguf_kernels import BLOCK_BYTES, quant_tensor, random_blocks
 from specdraft.kernels import KernelUnavailable, gguf_ops
 from specdraft.models.gguf_weights import GGUFLinear, QuantTensor, unpack_q4k, unpack_q6k
 
-PATHS = ["avx2", "avx-vnni", "avx512-vnni"]
+PATHS = ["avx2", "avx-vnni", "avx512-vnni", "amx-int8"]
 # (kind, out, in): O a multiple of 16, of 8 only, of neither (an odd count of 8-row groups, a partial record)
 SHAPES = [("Q4_K", 48, 512), ("Q4_K", 40, 768), ("Q4_K", 13, 256), ("Q6_K", 32, 512), ("Q6_K", 24, 256),
           ("Q6_K", 21, 768), ("Q4_K", 24, 4096), ("Q6_K", 40, 4096)]  # 16 super-blocks a row and more: pairs of groups at T = 1
@@ -98,3 +98,18 @@ def test_extreme_blocks_agree_across_paths(ops, path, kind, fill):
     assert (got.double() - expect).abs().max() <= 1e-5 * expect.abs().max()
     ops.set_kernel_path("avx2")
     assert torch.equal(got, matmul(ops, kind, xq, qt))
+
+
+def test_kernel_costs_time_every_asked_path(ops):
+    from specdraft.bench.kernel_cost import kernel_costs
+
+    paths, costs = kernel_costs("all", blocks=(1, 3), shapes=[("Q4_K", 24, 512), ("Q6_K", 16, 256)], repeats=1)
+    assert paths == ops.kernel_paths() and set(costs) == set(paths)
+    for p in paths:
+        assert costs[p]["tokens"] == [1, 3] and len(costs[p]["seconds"]) == 2 and min(costs[p]["seconds"]) > 0
+
+
+def test_calibrate_kernels_refuses_a_path_the_cpu_lacks(ops, capsys):
+    from test_cli_errors import assert_one_line_error, call
+
+    assert_one_line_error(*call(["calibrate", "--kernels", "sse2"], capsys), contains="cannot run sse2")

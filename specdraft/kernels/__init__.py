@@ -3,9 +3,10 @@
 ``gguf_ops()`` returns the compiled module, or raises KernelUnavailable with a one-line reason
 (no AVX2 CPU, no C++ compiler, build failure). All ops are declared in ops.h:
 
-- quantize_q8k, q4k_matmul, q6k_matmul: gguf_matmul.cpp (AVX2), with VNNI paths in gguf_vnni.cpp
-  (AVX-512 VNNI) and gguf_avxvnni.cpp (AVX-VNNI) picked by CPUID: kernel_path(), kernel_paths(),
-  set_kernel_path(name), or SPECDRAFT_KERNEL_PATH=avx2|avx-vnni|avx512-vnni|auto;
+- quantize_q8k, q4k_matmul, q6k_matmul: gguf_matmul.cpp (AVX2), with paths in gguf_vnni.cpp
+  (AVX-512 VNNI), gguf_avxvnni.cpp (AVX-VNNI) and gguf_amx.cpp (AMX-INT8) picked by CPUID:
+  kernel_path(), kernel_paths(), set_kernel_path(name), or
+  SPECDRAFT_KERNEL_PATH=avx2|avx-vnni|avx512-vnni|amx-int8|auto;
 - block_attention: attention.cpp; rms_quantize, swiglu_quantize, rope_cache: layer_ops.cpp;
 - Decoder, every layer in one call: decoder.cpp.
 
@@ -25,9 +26,9 @@ import torch
 from ..cache import cache_root, console
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / n for n in ("gguf_matmul.cpp", "gguf_vnni.cpp", "gguf_avxvnni.cpp", "attention.cpp", "layer_ops.cpp",
-                              "decoder.cpp", "bindings.cpp")]
-HEADERS = [HERE / "ops.h", HERE / "simd.h", HERE / "gguf_common.h", HERE / "gguf_vnni_kernels.h"]
+SOURCES = [HERE / n for n in ("gguf_matmul.cpp", "gguf_vnni.cpp", "gguf_avxvnni.cpp", "gguf_amx.cpp", "attention.cpp",
+                              "layer_ops.cpp", "decoder.cpp", "bindings.cpp")]
+HEADERS = [HERE / "ops.h", HERE / "simd.h", HERE / "gguf_common.h", HERE / "gguf_vnni_kernels.h", HERE / "gguf_zmm.h"]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 
 

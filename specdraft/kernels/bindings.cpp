@@ -4,8 +4,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("quantize_q8k", &quantize_q8k, "x [T, in] float32 -> (qx int8 [T, in'], xs f32 [T, in'/256], bsums i16 [T, in'/16]), in' = in rounded up to 256 (zeros)");
     m.def("q4k_matmul", &q4k_matmul, "Q8_K activations x Q4_K records of 8 rows, out_features -> y [T, O] float32");
     m.def("q6k_matmul", &q6k_matmul, "Q8_K activations x Q6_K weight records, out_features -> y [T, O] float32");
-    m.def("kernel_path", &kernel_path, "the ISA path the Q4_K / Q6_K kernels take: avx2, avx-vnni or avx512-vnni");
-    m.def("set_kernel_path", &set_kernel_path, "force a kernel path (avx2, avx-vnni, avx512-vnni) or auto (the best this CPU has)");
+    m.def("kernel_path", &kernel_path, "the ISA path the Q4_K / Q6_K kernels take: avx2, avx-vnni, avx512-vnni or amx-int8");
+    m.def("set_kernel_path", &set_kernel_path, "force a kernel path (avx2, avx-vnni, avx512-vnni, amx-int8) or auto (the best this CPU has)");
     m.def("kernel_paths", &kernel_paths, "the kernel paths this CPU can run");
     m.def("block_attention", &block_attention, "q [nh, T, hd], k/v cache [nkv, C, hd], length L, mask [T, L] or None -> [T, nh, hd]",
           pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("length"), pybind11::arg("mask") = pybind11::none());

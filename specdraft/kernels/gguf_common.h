@@ -10,6 +10,7 @@ namespace gguf {
 constexpr int Q4K_REC = 1216, Q6K_REC = 1696;  // bytes per super-block record of 8 output rows
 constexpr int GROUP = 8;  // output rows per record
 constexpr int PREFETCH = 2;  // records ahead in the weight stream
+constexpr int AMX_MIN_ROWS = 12;  // rows of x from which the AMX path takes tiles (fewer: AVX-512 VNNI)
 
 // Step s of a record's STEPS (its sub-blocks) prefetches the matching 1 / STEPS of the record
 // PREFETCH records ahead: spread over the record, not one burst at its start (measured, Q6_K
@@ -45,7 +46,7 @@ inline void over_tiles(int64_t T, F&& f) {
     }
 }
 
-// The VNNI kernels (gguf_vnni.cpp: AVX-512, gguf_avxvnni.cpp: AVX-VNNI), present in every build,
+// The VNNI and AMX kernels (gguf_vnni.cpp: AVX-512, gguf_avxvnni.cpp: AVX-VNNI, gguf_amx.cpp: AMX-INT8), present in every build,
 // each to be called only where its cpu_has_ says so. y[t, 0 .. O) (row stride ldy) for T rows of
 // quantized x against kind 4 (Q4_K) or 6 (Q6_K) records pw [groups, in / 256 * REC]; bit for bit
 // what the AVX2 kernels give.
@@ -55,5 +56,8 @@ void vnni_matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* 
 bool cpu_has_avx_vnni();
 void avxvnni_matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, const float* xs,
                     const int16_t* bsums, int64_t T, int64_t in, int64_t O, float* y, int64_t ldy);
+bool cpu_has_amx_int8();
+void amx_matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, const float* xs,
+                const int16_t* bsums, int64_t T, int64_t in, int64_t O, float* y, int64_t ldy);
 
 }  // namespace gguf

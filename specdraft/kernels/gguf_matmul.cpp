@@ -24,7 +24,7 @@
 //   x     qx [T, in] i8, xs [T, nb] f32, bsums [T, in / 16] i16 (sums of each 16 of qx)
 //
 // These AVX2 kernels are the reference for the other ISA paths (gguf_vnni.cpp: AVX-512 VNNI,
-// gguf_avxvnni.cpp: AVX-VNNI), which give their results bit for bit; gguf_matmul_into picks one.
+// gguf_avxvnni.cpp: AVX-VNNI, gguf_amx.cpp: AMX-INT8), which give their results bit for bit; gguf_matmul_into picks one.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -268,11 +268,14 @@ constexpr int64_t ROWS = 32;
 // The kernels' ISA path: chosen once, the best this CPU has, unless SPECDRAFT_KERNEL_PATH names
 // one (read at first use) or set_kernel_path changes it (tests compare the paths on one machine).
 namespace {
-enum Path { AVX2 = 0, AVX_VNNI = 1, AVX512_VNNI = 2, PATHS };  // in order of preference
-const char* const PATH_NAMES[] = {"avx2", "avx-vnni", "avx512-vnni"};
+enum Path { AVX2 = 0, AVX_VNNI = 1, AVX512_VNNI = 2, AMX_INT8 = 3, PATHS };  // in order of preference
+const char* const PATH_NAMES[] = {"avx2", "avx-vnni", "avx512-vnni", "amx-int8"};
+const char* const PATH_NEEDS[] = {"", " (needs avx_vnni)", " (needs avx512f/bw/vl and avx512_vnni)",
+                                  " (needs amx_tile, amx_int8, AVX-512 VNNI and a Linux kernel that grants the tiles)"};
 
 bool path_supported(int p) {
-    return p == AVX2 || (p == AVX_VNNI && gguf::cpu_has_avx_vnni()) || (p == AVX512_VNNI && gguf::cpu_has_avx512_vnni());
+    return p == AVX2 || (p == AVX_VNNI && gguf::cpu_has_avx_vnni()) || (p == AVX512_VNNI && gguf::cpu_has_avx512_vnni()) ||
+           (p == AMX_INT8 && gguf::cpu_has_amx_int8());
 }
 
 int path_by_name(const std::string& name) {
@@ -284,11 +287,10 @@ int path_by_name(const std::string& name) {
     }
     for (int p = 0; p < PATHS; ++p)
         if (name == PATH_NAMES[p]) {
-            TORCH_CHECK(path_supported(p), "this CPU cannot run kernel path ", name,
-                        p == AVX_VNNI ? " (needs avx_vnni)" : " (needs avx512f/bw/vl and avx512_vnni)");
+            TORCH_CHECK(path_supported(p), "this CPU cannot run kernel path ", name, PATH_NEEDS[p]);
             return p;
         }
-    TORCH_CHECK(false, "unknown kernel path ", name, " (auto, avx2, avx-vnni or avx512-vnni)");
+    TORCH_CHECK(false, "unknown kernel path ", name, " (auto, avx2, avx-vnni, avx512-vnni or amx-int8)");
     return AVX2;
 }
 
@@ -328,7 +330,9 @@ void gguf_matmul_into(int64_t kind, const int8_t* qx, const float* xs, const int
         const float* pxs = xs + c0 * nb;
         float* py = y + c0 * ldy;
         const int path = active_path().load();
-        if (path == AVX512_VNNI) {
+        if (path == AMX_INT8) {
+            gguf::amx_matmul(kind, pw, w.size(0), px, pxs, bsums + c0 * (in / 16), n, in, O, py, ldy);
+        } else if (path == AVX512_VNNI) {
             gguf::vnni_matmul(kind, pw, w.size(0), px, pxs, bsums + c0 * (in / 16), n, in, O, py, ldy);
         } else if (path == AVX_VNNI) {
             gguf::avxvnni_matmul(kind, pw, w.size(0), px, pxs, bsums + c0 * (in / 16), n, in, O, py, ldy);

@@ -51,6 +51,27 @@ struct Ymm {
     }
 };
 
+// A Q4_K super-block's closing steps for V::GROUPS groups (records r0, r1): given a row of x's
+// int32 sums sum_s sc sum q x, acc + sum * d x - (sum_s mn * sum x) * dmin x, lane for lane the
+// AVX2 kernel's float steps. The mins come as i16 pairs per row ([pair k][row][2]), one vpdpwssd
+// per pair k against the row's sub-block pair sums ms[k].
+template <class V>
+struct Q4kClose {
+    typename V::I mn[4];
+    typename V::F d, dmin;
+    KERNEL_TARGET Q4kClose(const uint8_t* r0, const uint8_t* r1) {
+        for (int k = 0; k < 4; ++k) mn[k] = V::u8to16(r0 + 1088 + 16 * k, r1 + 1088 + 16 * k);
+        d = V::load8f(r0 + 1152, r1 + 1152), dmin = V::load8f(r0 + 1184, r1 + 1184);
+    }
+    KERNEL_TARGET typename V::F operator()(typename V::F acc, typename V::I sum, const int32_t* ms, float xs) const {
+        typename V::I m = V::zero();
+        for (int k = 0; k < 4; ++k) m = V::dpwssd(m, mn[k], V::set1(ms[k]));
+        const typename V::F x = V::fset1(xs);
+        acc = V::fmadd(V::cvt(sum), V::mul(d, x), acc);
+        return V::fnmadd(V::cvt(m), V::mul(dmin, x), acc);
+    }
+};
+
 // NT rows of x against V::GROUPS groups of a Q4_K matrix (w0, w1: their nb records, lanes 8k..8k+7
 // are group k's rows), out: y[t0, 8 g0]. Per sub-block of 32 inputs: 8 vpdpbusd a row give each
 // lane its sum q x (|.| <= 32 * 15 * 127, no 16-bit step), one vpmulld applies the row's scale.
@@ -87,17 +108,9 @@ KERNEL_TARGET void q4k_rows(const uint8_t* w0, const uint8_t* w1, const int8_t* 
             }
             for (int r = 0; r < NT; ++r) sum[r] = V::add(sum[r], V::mullo(dot[r], sc));
         }
-        I mn[4];  // mins as i16 pairs per row ([pair k][row][2]): one vpdpwssd per pair k
-        for (int k = 0; k < 4; ++k) mn[k] = V::u8to16(r0 + 1088 + 16 * k, r1 + 1088 + 16 * k);
-        const F d = V::load8f(r0 + 1152, r1 + 1152), dmin = V::load8f(r0 + 1184, r1 + 1184);
-        for (int r = 0; r < NT; ++r) {
-            const int32_t* ms = msum + ((t0 + r) * nb + b) * 4;
-            I m = V::zero();
-            for (int k = 0; k < 4; ++k) m = V::dpwssd(m, mn[k], V::set1(ms[k]));
-            const F x = V::fset1(xs[(t0 + r) * nb + b]);
-            acc[r] = V::fmadd(V::cvt(sum[r]), V::mul(d, x), acc[r]);
-            acc[r] = V::fnmadd(V::cvt(m), V::mul(dmin, x), acc[r]);
-        }
+        const Q4kClose<V> close(r0, r1);
+        for (int r = 0; r < NT; ++r)
+            acc[r] = close(acc[r], sum[r], msum + ((t0 + r) * nb + b) * 4, xs[(t0 + r) * nb + b]);
     }
     for (int r = 0; r < NT; ++r) V::store(out + (t0 + r) * ldy, valid, acc[r]);
 }
@@ -144,10 +157,26 @@ KERNEL_TARGET void q6k_rows(const uint8_t* w0, const uint8_t* w1, const int8_t* 
     for (int r = 0; r < NT; ++r) V::store(out + (t0 + r) * ldy, valid, acc[r]);
 }
 
+// The VNNI row kernels as the driver below takes them (another ISA's file brings its own: gguf_amx.cpp)
+template <class V>
+struct VnniRows {
+    static constexpr bool HAS_Q6K = true;
+    template <int NT>
+    KERNEL_TARGET static void q4k(const uint8_t* w0, const uint8_t* w1, const int8_t* qx, const float* xs, const int32_t* msum,
+                                  int64_t nb, int64_t in, int64_t t0, float* out, int64_t ldy, int valid) {
+        q4k_rows<V, NT>(w0, w1, qx, xs, msum, nb, in, t0, out, ldy, valid);
+    }
+    template <int NT>
+    KERNEL_TARGET static void q6k(const uint8_t* w0, const uint8_t* w1, const int8_t* qx, const float* xs, const int32_t* corr,
+                                  int64_t nb, int64_t in, int64_t t0, float* out, int64_t ldy, int valid) {
+        q6k_rows<V, NT>(w0, w1, qx, xs, corr, nb, in, t0, out, ldy, valid);
+    }
+};
+
 // y[t, 0 .. O) (row stride ldy) for T rows of quantized x against kind 4 / 6 records pw [groups,
 // nb * REC]: tasks of V::GROUPS groups (an odd last group paired with itself, its copy's lanes
-// not stored) split across threads, each over tiles of up to TILE rows.
-template <class V, int TILE>
+// not stored) split across threads, each over tiles of up to TILE rows of Rows' kernels.
+template <class V, int TILE, class Rows = VnniRows<V>>
 void matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, const float* xs, const int16_t* bsums,
             int64_t T, int64_t in, int64_t O, float* y, int64_t ldy) {
     const int64_t nb = in / 256, n16 = T * in / 16, rec = kind == 4 ? Q4K_REC : Q6K_REC;
@@ -170,9 +199,9 @@ void matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, c
             over_tiles<TILE>(T, [&](auto nt, int64_t t0) {
                 constexpr int n = decltype(nt)::value;
                 if (kind == 4)
-                    q4k_rows<V, n>(w0, w1, qx, xs, pa, nb, in, t0, y + g0 * GROUP, ldy, valid);
-                else
-                    q6k_rows<V, n>(w0, w1, qx, xs, pa, nb, in, t0, y + g0 * GROUP, ldy, valid);
+                    Rows::template q4k<n>(w0, w1, qx, xs, pa, nb, in, t0, y + g0 * GROUP, ldy, valid);
+                else if constexpr (Rows::HAS_Q6K)
+                    Rows::template q6k<n>(w0, w1, qx, xs, pa, nb, in, t0, y + g0 * GROUP, ldy, valid);
             });
         }
     });

@@ -12,7 +12,7 @@ torch::Tensor q6k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums
 // y[t, 0 .. O) (row stride ldy) for T rows of quantized x of width in against kind 4 (Q4_K) or 6 (Q6_K) records w
 void gguf_matmul_into(int64_t kind, const int8_t* qx, const float* xs, const int16_t* bsums, int64_t T, int64_t in,
                       const torch::Tensor& w, int64_t O, float* y, int64_t ldy);
-// the ISA path those kernels take ("avx2", "avx-vnni", "avx512-vnni"), force one ("auto": the best), those this CPU has
+// the ISA path those kernels take ("avx2", "avx-vnni", "avx512-vnni", "amx-int8"), force one ("auto": the best), those this CPU has
 std::string kernel_path();
 void set_kernel_path(const std::string& name);
 std::vector<std::string> kernel_paths();

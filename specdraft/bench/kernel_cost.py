@@ -1,0 +1,72 @@
+"""The GGUF kernels' cost per ISA path, over k new tokens, with no model on disk.
+
+One "forward" here is every matrix product of the default target (Qwen2.5-Coder-1.5B in Q4_K_M:
+28 layers, hidden 1536, MLP 8960, vocabulary 151936), in layer order, over weights of that size
+in the kernels' record layout (random quants, finite scales: ~1 GB, so the weights stream from
+memory as a real model's do). Attention, norms and Python are left out: this is the part of a
+forward the ISA paths change. Paths are timed interleaved, block by block, as forward_costs
+times models, so a slow phase of the machine hits every path alike.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from ..errors import ParameterError, SpecdraftError
+from ..kernels import KernelUnavailable, gguf_ops
+from ..models.gguf_weights import GROUP, QK, REC, QuantTensor
+
+# (kind, out, in) per layer of Qwen2.5-Coder-1.5B Q4_K_M as the runtime stacks them: q, k (and v
+# where it is Q4_K) in one product, gate and up in one; attn_v and ffn_down alternate Q4_K / Q6_K
+_EVEN = [("Q4_K", 2048, 1536), ("Q4_K", 1536, 1536), ("Q4_K", 17920, 1536), ("Q4_K", 1536, 8960)]
+_ODD = [("Q4_K", 1792, 1536), ("Q6_K", 256, 1536), ("Q4_K", 1536, 1536), ("Q4_K", 17920, 1536), ("Q6_K", 1536, 8960)]
+DEFAULT_TARGET_SHAPES = [s for layer in range(28) for s in (_EVEN if layer % 2 == 0 else _ODD)] + [("Q6_K", 151936, 1536)]
+_SCALES = {"Q4_K": (1152, 1216), "Q6_K": (1664, 1696)}  # byte range of a record's f32 scales (d, dmin)
+
+
+def random_records(kind: str, out_f: int, in_f: int, gen: torch.Generator) -> QuantTensor:
+    """A matrix of random quants in the kernels' layout, its scales small finite floats."""
+    groups, nb = -(-out_f // GROUP), in_f // QK
+    w = torch.randint(0, 256, (groups, nb, REC[kind]), dtype=torch.uint8, generator=gen)
+    lo, hi = _SCALES[kind]
+    w[..., lo:hi] = (torch.rand(groups, nb, (hi - lo) // 4, generator=gen) * 1e-3).view(torch.uint8)
+    return QuantTensor(kind, out_f, in_f, w.reshape(groups, -1))
+
+
+def kernel_costs(spec: str, blocks=(1, 2, 4, 8, 16, 32), shapes=DEFAULT_TARGET_SHAPES, repeats: int = 5,
+                 warmup: int = 1) -> tuple[list[str], dict[str, dict[str, list]]]:
+    """spec: ISA paths, comma-separated, or "all" this CPU has -> (paths, {path: {"tokens": [k...],
+    "seconds": [median time of all products over k rows...]}}); a one-line SpecdraftError where the
+    kernels cannot run or the CPU lacks a path."""
+    try:
+        ops = gguf_ops()
+    except KernelUnavailable as e:
+        raise SpecdraftError(str(e)) from None
+    have = ops.kernel_paths()
+    paths = have if spec == "all" else [p.strip() for p in spec.split(",")]
+    missing = [p for p in paths if p not in have]
+    if missing:
+        raise ParameterError(f"--kernels: this CPU cannot run {', '.join(missing)} (it has {', '.join(have)})")
+    gen = torch.Generator().manual_seed(0)
+    weights = [random_records(kind, o, i, gen) for kind, o, i in shapes]
+    before = ops.kernel_path()
+    out = {p: {"tokens": list(blocks), "seconds": []} for p in paths}
+    try:
+        for k in blocks:
+            xq = {i: ops.quantize_q8k(torch.randn(k, i, generator=gen)) for i in {w.in_features for w in weights}}
+            times: dict[str, list[float]] = {p: [] for p in paths}
+            for r in range(warmup + repeats):
+                for p in paths:
+                    ops.set_kernel_path(p)
+                    t0 = time.perf_counter()
+                    for w in weights:
+                        (ops.q4k_matmul if w.kind == "Q4_K" else ops.q6k_matmul)(*xq[w.in_features], w.w, w.out_features)
+                    if r >= warmup:
+                        times[p].append(time.perf_counter() - t0)
+            for p in paths:
+                out[p]["seconds"].append(statistics.median(times[p]))
+    finally:
+        ops.set_kernel_path(before)
+    return paths, out
