@@ -14,7 +14,7 @@
 // q [nh, T, hd] f32 contiguous; k, v [nkv, C, hd] f32 (the whole cache, C >= L; rows contiguous);
 // L = cache length including the T new rows (row t sits at position L - T + t);
 // mask [T, L] bool (true = may attend) or none (causal). -> [T, nh, hd] (the layout the output
-// projection reads). hd % 8 == 0.
+// projection reads). hd % 16 == 0.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -49,17 +49,42 @@ inline __m256 dot8(const float* q, const float* const* k, int64_t hd) {
     return _mm256_add_ps(lo, hi);
 }
 
-// out[0 .. 8 NV) = sum_i e[i] * v[key(i)][0 .. 8 NV), keys in list order
-template <int NV, typename Key>
-inline void weighted_sum(const float* e, int64_t n, Key key, float* out) {
-    __m256 acc[NV];
-    for (int m = 0; m < NV; ++m) acc[m] = _mm256_setzero_ps();
+// out[h][0 .. 16) = sum_i e[h][i] * v[key(i)][0 .. 16) for H heads at once, keys in list order:
+// each key's 16 values are loaded once for the H heads (a group's heads share the cache), and
+// every head's lanes take the steps they take alone (one fma a key, in key order)
+template <int H, typename Key>
+inline void weighted_sum16(const float* const* e, int64_t n, Key key, float* const* out) {
+    __m256 acc[H][2];
+    for (int h = 0; h < H; ++h) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; ++i) {
-        const __m256 w = _mm256_broadcast_ss(e + i);
         const float* vr = key(i);
-        for (int m = 0; m < NV; ++m) acc[m] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vr + 8 * m), acc[m]);
+        const __m256 v0 = _mm256_loadu_ps(vr), v1 = _mm256_loadu_ps(vr + 8);
+        for (int h = 0; h < H; ++h) {
+            const __m256 w = _mm256_broadcast_ss(e[h] + i);
+            acc[h][0] = _mm256_fmadd_ps(w, v0, acc[h][0]);
+            acc[h][1] = _mm256_fmadd_ps(w, v1, acc[h][1]);
+        }
     }
-    for (int m = 0; m < NV; ++m) _mm256_storeu_ps(out + 8 * m, acc[m]);
+    for (int h = 0; h < H; ++h) {
+        _mm256_storeu_ps(out[h], acc[h][0]);
+        _mm256_storeu_ps(out[h] + 8, acc[h][1]);
+    }
+}
+
+// weighted_sum16 over heads [0, G) in passes of up to 4 (balanced: 6 heads are 3 + 3)
+template <typename Key>
+inline void weighted_sums(const float* const* e, int64_t G, int64_t n, Key key, float* const* out) {
+    const int64_t passes = (G + 3) / 4;
+    for (int64_t p = 0, h0 = 0; p < passes; ++p) {
+        const int64_t H = G / passes + (p < G % passes);
+        switch (H) {
+            case 1: weighted_sum16<1>(e + h0, n, key, out + h0); break;
+            case 2: weighted_sum16<2>(e + h0, n, key, out + h0); break;
+            case 3: weighted_sum16<3>(e + h0, n, key, out + h0); break;
+            default: weighted_sum16<4>(e + h0, n, key, out + h0); break;
+        }
+        h0 += H;
+    }
 }
 
 }  // namespace
@@ -70,7 +95,7 @@ torch::Tensor block_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
     TORCH_CHECK(k.dtype() == torch::kFloat32 && v.dtype() == torch::kFloat32 && k.dim() == 3 && v.dim() == 3,
                 "k, v: float32 [nkv, C, hd]");
     const int64_t nh = q.size(0), T = q.size(1), hd = q.size(2), nkv = k.size(0);
-    TORCH_CHECK(hd % 8 == 0, "head_dim must be a multiple of 8");
+    TORCH_CHECK(hd % 16 == 0, "head_dim must be a multiple of 16");
     TORCH_CHECK(k.sizes() == v.sizes() && k.size(2) == hd && k.stride(2) == 1 && k.stride(1) == hd &&
                 v.stride(2) == 1 && v.stride(1) == hd, "k, v: [nkv, C, hd] with contiguous rows");
     TORCH_CHECK(nkv > 0 && nh % nkv == 0, "query heads must be a multiple of kv heads");
@@ -86,13 +111,16 @@ torch::Tensor block_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
     float* po = out.data_ptr<float>();
     const int64_t g = nh / nkv, ks = k.stride(0), vs = v.stride(0);
     const float scale = 1.0f / std::sqrt((float)hd);
-    at::parallel_for(0, nh * T, 1, [&](int64_t begin, int64_t end) {
+    // a task: one row t and the g query heads of one KV head, which see the same keys: each key
+    // row is read once for all g heads while it sits in L1 (scores and weighted sums alike)
+    at::parallel_for(0, nkv * T, 1, [&](int64_t begin, int64_t end) {
         std::vector<int32_t> idx(L);
-        std::vector<float> s(L + 8);
+        std::vector<float> sbuf(g * (L + 8));
+        std::vector<const float*> e(g);
+        std::vector<float*> o(g), od(g);
         for (int64_t task = begin; task < end; ++task) {
-            const int64_t h = task / T, t = task % T;
-            const float* qr = pq + (h * T + t) * hd;
-            const float *kh = pk + (h / g) * ks, *vh = pv + (h / g) * vs;
+            const int64_t kvh = task / T, t = task % T;
+            const float *kh = pk + kvh * ks, *vh = pv + kvh * vs;
             int64_t n = 0;  // visible keys, in ascending position
             if (pm) {
                 for (int64_t j = 0; j < L; ++j)
@@ -101,9 +129,9 @@ torch::Tensor block_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
                 n = L - T + t + 1;
                 for (int64_t j = 0; j < n; ++j) idx[j] = (int32_t)j;
             }
-            float* o = po + (t * nh + h) * hd;
+            for (int64_t a = 0; a < g; ++a) o[a] = po + (t * nh + kvh * g + a) * hd;
             if (n == 0) {  // sees nothing (not produced by the engine): zeros, as a defined answer
-                std::fill(o, o + hd, 0.0f);
+                for (int64_t a = 0; a < g; ++a) std::fill(o[a], o[a] + hd, 0.0f);
                 continue;
             }
             const int64_t n8 = (n + 7) / 8 * 8;
@@ -111,28 +139,36 @@ torch::Tensor block_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
             for (int64_t i = 0; i < n8; i += 8) {
                 const float* kr[8];
                 for (int j = 0; j < 8; ++j) kr[j] = kh + idx[i + j < n ? i + j : 0] * hd;  // padding: any key, masked below
-                _mm256_storeu_ps(&s[i], _mm256_mul_ps(dot8(qr, kr, hd), sc));
+                for (int64_t a = 0; a < g; ++a)
+                    _mm256_storeu_ps(&sbuf[a * (L + 8) + i], _mm256_mul_ps(dot8(pq + ((kvh * g + a) * T + t) * hd, kr, hd), sc));
             }
-            for (int64_t i = n; i < n8; ++i) s[i] = -INFINITY;
-            __m256 mx = _mm256_set1_ps(-INFINITY);
-            for (int64_t i = 0; i < n8; i += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(&s[i]));
-            const __m256 m = _mm256_set1_ps(hmax(mx));
-            __m256 sum = _mm256_setzero_ps();
-            for (int64_t i = 0; i < n8; i += 8) {
-                __m256 e = simd::exp(_mm256_sub_ps(_mm256_loadu_ps(&s[i]), m));
-                if (i + 8 > n) {  // padding lanes contribute nothing
-                    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-                    e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i)), lane)));
+            std::vector<float> inv(g);
+            for (int64_t a = 0; a < g; ++a) {  // softmax numerators in place, and 1 / their sum
+                float* s = &sbuf[a * (L + 8)];
+                for (int64_t i = n; i < n8; ++i) s[i] = -INFINITY;
+                __m256 mx = _mm256_set1_ps(-INFINITY);
+                for (int64_t i = 0; i < n8; i += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(&s[i]));
+                const __m256 m = _mm256_set1_ps(hmax(mx));
+                __m256 sum = _mm256_setzero_ps();
+                for (int64_t i = 0; i < n8; i += 8) {
+                    __m256 ex = simd::exp(_mm256_sub_ps(_mm256_loadu_ps(&s[i]), m));
+                    if (i + 8 > n) {  // padding lanes contribute nothing
+                        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                        ex = _mm256_and_ps(ex, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i)), lane)));
+                    }
+                    _mm256_storeu_ps(&s[i], ex);
+                    sum = _mm256_add_ps(sum, ex);
                 }
-                _mm256_storeu_ps(&s[i], e);
-                sum = _mm256_add_ps(sum, e);
+                inv[a] = 1.0f / hsum(sum);
+                e[a] = s;
             }
-            const float inv = 1.0f / hsum(sum);
-            auto key = [&](int64_t i) { return vh + idx[i] * hd; };
-            int64_t d0 = 0;
-            for (; d0 + 64 <= hd; d0 += 64) weighted_sum<8>(s.data(), n, [&](int64_t i) { return key(i) + d0; }, o + d0);
-            for (; d0 < hd; d0 += 8) weighted_sum<1>(s.data(), n, [&](int64_t i) { return key(i) + d0; }, o + d0);
-            for (int64_t d = 0; d < hd; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d), _mm256_set1_ps(inv)));
+            for (int64_t d0 = 0; d0 < hd; d0 += 16) {
+                for (int64_t a = 0; a < g; ++a) od[a] = o[a] + d0;
+                weighted_sums(e.data(), g, n, [&](int64_t i) { return vh + idx[i] * hd + d0; }, od.data());
+            }
+            for (int64_t a = 0; a < g; ++a)
+                for (int64_t d = 0; d < hd; d += 8)
+                    _mm256_storeu_ps(o[a] + d, _mm256_mul_ps(_mm256_loadu_ps(o[a] + d), _mm256_set1_ps(inv[a])));
         }
     });
     return out;
