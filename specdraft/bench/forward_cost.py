@@ -3,7 +3,7 @@
 Speculative decoding pays when checking k guesses costs little more than decoding one token.
 This measures exactly that on the current machine: the median time of a forward over k new
 tokens on top of a KV cache of ``context`` tokens. Several models (one model in several weight
-formats) are timed interleaved, block by block, so a slow phase of a shared machine hits them
+formats) and all block sizes are timed round robin, so a slow phase of a shared machine hits them
 alike and their ratios hold.
 """
 from __future__ import annotations
@@ -26,19 +26,18 @@ def forward_costs(models: dict[str, object], blocks=DEFAULT_BLOCKS, context: int
     for m in models.values():
         m.reset()
         m.forward(prefix, last_only=True)
-    out = {label: {"tokens": list(blocks), "seconds": []} for label in models}
-    for k in blocks:
-        ids = torch.randint(0, vocab, (k,), generator=gen)
-        times: dict[str, list[float]] = {label: [] for label in models}
-        for r in range(warmup + repeats):
+    ids = {k: torch.randint(0, vocab, (k,), generator=gen) for k in blocks}
+    times: dict[tuple[str, int], list[float]] = {(label, k): [] for label in models for k in blocks}
+    for r in range(warmup + repeats):  # round robin over blocks too: a phase of the machine hits every ratio alike
+        for k in blocks:
             for label, m in models.items():
                 m.rollback(context)
                 t0 = time.perf_counter()
-                m.forward(ids)
+                m.forward(ids[k])
                 if r >= warmup:
-                    times[label].append(time.perf_counter() - t0)
-        for label in models:
-            out[label]["seconds"].append(statistics.median(times[label]))
+                    times[label, k].append(time.perf_counter() - t0)
+    out = {label: {"tokens": list(blocks), "seconds": [statistics.median(times[label, k]) for k in blocks]}
+           for label in models}
     for m in models.values():
         m.rollback(context)
     return out

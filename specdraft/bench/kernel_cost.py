@@ -4,8 +4,8 @@ One "forward" here is every matrix product of the default target (Qwen2.5-Coder-
 28 layers, hidden 1536, MLP 8960, vocabulary 151936), in layer order, over weights of that size
 in the kernels' record layout (random quants, finite scales: ~1 GB, so the weights stream from
 memory as a real model's do). Attention, norms and Python are left out: this is the part of a
-forward the ISA paths change. Paths are timed interleaved, block by block, as forward_costs
-times models, so a slow phase of the machine hits every path alike.
+forward the ISA paths change. Paths and block sizes are timed round robin, as forward_costs
+times models, so a slow phase of the machine hits every path and ratio alike.
 """
 from __future__ import annotations
 
@@ -52,21 +52,19 @@ def kernel_costs(spec: str, blocks=(1, 2, 4, 8, 16, 32), shapes=DEFAULT_TARGET_S
     gen = torch.Generator().manual_seed(0)
     weights = [random_records(kind, o, i, gen) for kind, o, i in shapes]
     before = ops.kernel_path()
-    out = {p: {"tokens": list(blocks), "seconds": []} for p in paths}
+    xq = {k: {i: ops.quantize_q8k(torch.randn(k, i, generator=gen)) for i in {w.in_features for w in weights}}
+          for k in blocks}
+    times: dict[tuple[str, int], list[float]] = {(p, k): [] for p in paths for k in blocks}
     try:
-        for k in blocks:
-            xq = {i: ops.quantize_q8k(torch.randn(k, i, generator=gen)) for i in {w.in_features for w in weights}}
-            times: dict[str, list[float]] = {p: [] for p in paths}
-            for r in range(warmup + repeats):
+        for r in range(warmup + repeats):  # round robin over blocks and paths
+            for k in blocks:
                 for p in paths:
                     ops.set_kernel_path(p)
                     t0 = time.perf_counter()
                     for w in weights:
-                        (ops.q4k_matmul if w.kind == "Q4_K" else ops.q6k_matmul)(*xq[w.in_features], w.w, w.out_features)
+                        (ops.q4k_matmul if w.kind == "Q4_K" else ops.q6k_matmul)(*xq[k][w.in_features], w.w, w.out_features)
                     if r >= warmup:
-                        times[p].append(time.perf_counter() - t0)
-            for p in paths:
-                out[p]["seconds"].append(statistics.median(times[p]))
+                        times[p, k].append(time.perf_counter() - t0)
     finally:
         ops.set_kernel_path(before)
-    return paths, out
+    return paths, {p: {"tokens": list(blocks), "seconds": [statistics.median(times[p, k]) for k in blocks]} for p in paths}
