@@ -16,8 +16,8 @@ default so a new drafter writes only what it needs:
   the prefill and after every verification (before ``observe``).
 
 Plain decoding is the empty drafter, registered as "none". A draft carries optional per-token
-probabilities q (None = deterministic, treated as one-hot by the verifier) and optional tree
-parents (None = a chain; the engine verifies chains).
+probabilities q (None = deterministic, treated as one-hot by the verifier), optional tree
+parents (None = a chain) and optionally the drafter's own rating of each node (``chances``).
 """
 from __future__ import annotations
 
@@ -36,6 +36,9 @@ class Draft:
     tokens: list[int] = field(default_factory=list)  # [K] draft token ids
     probs: torch.Tensor | None = None  # [K, V] q per position after sampling transforms, or None
     parents: list[int] | None = None  # [K] tree parent index (-1 = root), or None for a chain
+    # [K] P(node on the accepted path) as the drafter judges it (its calibrated confidences), or
+    # None; the engine ignores it, drafters that merge others' proposals rank nodes by it
+    chances: list[float] | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)

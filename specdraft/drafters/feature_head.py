@@ -135,7 +135,7 @@ class FeatureHeadDrafter(CostAware):
             tokens, qs = tokens[:n], qs[:n]
             self.step_cost = self.costs.ratio(n + 1) + draft_cost * len(confidences)
         self.proposed_confidences = confidences[:len(tokens)]
-        return Draft(tokens, torch.stack(qs) if qs else None)
+        return Draft(tokens, torch.stack(qs) if qs else None, chances=cumulative[:len(tokens)])
 
     def _propose_tree(self, context: list[int], k: int, costed: bool, draft_cost: float) -> Draft:
         """An EAGLE-2 dynamic tree: each round expands the BEAM likeliest nodes of the newest
@@ -183,7 +183,7 @@ class FeatureHeadDrafter(CostAware):
         kept = sorted(ranked[:n])
         sent_tokens, sent_parents = keep_nodes(tokens, parents, kept)
         self.proposed_tree = (sent_tokens, sent_parents, [conf[j] for j in kept])
-        return Draft(sent_tokens, parents=sent_parents)
+        return Draft(sent_tokens, parents=sent_parents, chances=[chance[j] for j in kept])
 
     def observe(self, context: list[int], num_accepted: int) -> None:
         if self.proposed_tree is not None:  # the tree's judged guesses calibrate the confidences

@@ -23,7 +23,7 @@ import torch
 from ..config import SamplingConfig
 from .base import Draft, DrafterContext, register
 from .cost_aware import CostAware
-from .trees import best_nodes, judged_confidences, keep_nodes
+from .trees import best_branch, best_nodes, judged_confidences, keep_nodes, sent_nodes
 
 OCCURRENCES = 16  # most recent matches merged into the tree
 
@@ -123,8 +123,8 @@ class SuffixTree(CostAware):
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min
         self.trees = trees  # False: the best branch only, as a chain (a target without tree masks)
-        self.proposed: tuple[list[int], list[int], list[float]] | None = None
-        self.key = next(_KEYS)  # this drafter's sequence in HISTORY  # tokens, parents, conditional chances
+        self.proposed: tuple[list[int], list[int], list[float]] | None = None  # tokens, parents, conditional chances
+        self.key = next(_KEYS)  # this drafter's sequence in HISTORY
 
     def propose(self, context: list[int], k: int, sampling: SamplingConfig,
                 generator: torch.Generator) -> Draft:
@@ -137,22 +137,12 @@ class SuffixTree(CostAware):
         for j, c in enumerate(cond):
             up = 1.0 if parents[j] < 0 else chance[parents[j]]
             chance.append(up * self.rates.rate(c))
-        if not self.trees:  # the most likely branch: follow the likeliest child down
-            keep, node = [], -1
-            while True:
-                kids = [j for j in range(len(tokens)) if parents[j] == node]
-                if not kids:
-                    break
-                node = max(kids, key=lambda j: chance[j])
-                keep.append(node)
-        else:
-            keep = best_nodes(chance, len(tokens))
-        ranked = [chance[j] for j in keep]
-        n = self.costs.choose_length(ranked) if self.costs is not None and self.costs.measured else min(k, len(keep))
-        kept = sorted(keep[:n])
+        # a target without tree masks gets the likeliest branch as a chain
+        keep = best_nodes(chance, len(tokens)) if self.trees else best_branch(parents, chance)
+        kept = sent_nodes(keep, chance, k, self.costs)
         sent_tokens, sent_parents = keep_nodes(tokens, parents, kept)
         self.proposed = (sent_tokens, sent_parents, [cond[j] for j in kept])
-        return Draft(sent_tokens, parents=sent_parents)
+        return Draft(sent_tokens, parents=sent_parents, chances=[chance[j] for j in kept])
 
     def observe(self, context: list[int], num_accepted: int) -> None:
         if self.proposed is not None:

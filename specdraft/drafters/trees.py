@@ -32,6 +32,29 @@ def best_nodes(chance: list[float], n: int) -> list[int]:
     return sorted(range(len(chance)), key=lambda j: (-chance[j], j))[:n]
 
 
+def sent_nodes(keep: list[int], chance: list[float], k: int, costs) -> list[int]:
+    """The nodes to send, in tree order: the first n of ``keep`` (ranked, likeliest first), n
+    chosen by the engine's measured forward costs (costs.ForwardCosts.choose_length: expected
+    committed tokens per unit of cost) or, while nothing is measured (or cost_rule is off), k."""
+    n = costs.choose_length([chance[j] for j in keep]) if costs is not None and costs.measured else min(k, len(keep))
+    return sorted(keep[:n])
+
+
+def best_branch(parents: list[int], chance: list[float]) -> list[int]:
+    """The likeliest branch as a chain: from the root, the likeliest child at every node.
+
+    >>> best_branch([-1, -1, 0, 1], [0.3, 0.6, 0.2, 0.5])
+    [1, 3]
+    """
+    keep, node = [], -1
+    while True:
+        kids = [j for j in range(len(parents)) if parents[j] == node]
+        if not kids:
+            return keep
+        node = max(kids, key=lambda j: chance[j])
+        keep.append(node)
+
+
 def judged_confidences(tokens: list[int], parents: list[int], confidence: list[float], context: list[int],
                        num_accepted: int) -> list[float]:
     """The confidences of the guesses the verifier judged: the accepted path's nodes (found from

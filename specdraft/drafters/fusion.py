@@ -1,0 +1,124 @@
+"""Several prophets in one tree: every component drafter proposes, the proposals merge into one
+token tree (shared prefixes merged), and the target verifies it in one forward.
+
+Each component rates its own nodes: P(node on the accepted path), from its confidences
+calibrated online by how often its guesses of that confidence passed (``Draft.chances``). A
+merged node takes the best rating any component gave it; the nodes are ranked by it and the
+engine's measured forward costs pick how many to send (trees.sent_nodes). So the budget goes,
+step by step, to the components whose guesses are passing in this context. Each component then
+observes how far the accepted path ran along its own proposal, and learns from that alone.
+
+Drafts are sent as deterministic guesses (one-hot for the verifier), also when a component
+sampled its guesses: verification against a one-hot draft is exact whatever chose the token, so
+a node two components share needs no common q.
+
+Example: suffix proposes ``a b`` and ``a c`` (a tree), the head the chain ``a b d``: one tree
+a -> (b -> d, c), whose ``a`` and ``b`` carry the better of the two ratings.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..config import SamplingConfig
+from .base import Draft, Drafter, DrafterContext, register
+from .feature_head import FeatureHeadDrafter
+from .suffix import SuffixTree
+from .trees import best_branch, best_nodes, keep_nodes, sent_nodes
+
+
+def merge_drafts(drafts: list[Draft]) -> tuple[list[int], list[int], list[float]]:
+    """(tokens, parents, chance) of the trie of every draft's nodes, parents before children; a
+    node's chance is the best any draft gave it (a draft without chances rates its nodes 0: sent
+    only where nothing else competes).
+
+    >>> merge_drafts([Draft([1, 2], chances=[0.5, 0.2]), Draft([1, 3], parents=[-1, -1], chances=[0.7, 0.1])])
+    ([1, 2, 3], [-1, 0, -1], [0.7, 0.2, 0.1])
+    """
+    tokens: list[int] = []
+    parents: list[int] = []
+    chance: list[float] = []
+    index: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node
+    for d in drafts:
+        own = d.parents if d.parents is not None else list(range(-1, len(d) - 1))  # a chain
+        rated = d.chances if d.chances is not None else [0.0] * len(d)
+        merged: list[int] = []  # this draft's node j -> merged node
+        for tok, parent, c in zip(d.tokens, own, rated):
+            key = (merged[parent] if parent >= 0 else -1, tok)
+            node = index.get(key)
+            if node is None:
+                node = index[key] = len(tokens)
+                tokens.append(tok)
+                parents.append(key[0])
+                chance.append(c)
+            else:
+                chance[node] = max(chance[node], c)
+            merged.append(node)
+    return tokens, parents, chance
+
+
+def matched_depth(draft: Draft, accepted: list[int]) -> int:
+    """How many of the accepted tokens the draft had proposed, along one of its branches."""
+    own = draft.parents if draft.parents is not None else list(range(-1, len(draft) - 1))
+    node, depth = -1, 0
+    for tok in accepted:
+        node = next((j for j in range(len(draft)) if own[j] == node and draft.tokens[j] == tok), None)
+        if node is None:
+            break
+        depth += 1
+    return depth
+
+
+class Fusion(Drafter):
+    name = "fusion"
+
+    def __init__(self, components: list[Drafter], trees: bool = True):
+        self.components = components
+        self.uses_features = any(c.uses_features for c in components)
+        self.trees = trees  # False: the likeliest branch only, as a chain (a target without tree masks)
+        self.costs = None  # costs.ForwardCosts from the engine (cost_rule)
+        self.proposals: list[Draft] = []  # each component's draft this step, until observed
+        self.accepted_by = [0] * len(components)  # accepted tokens each component had proposed
+
+    def use_costs(self, costs) -> None:
+        self.costs = costs
+        for c in self.components:
+            c.use_costs(costs)
+
+    def begin(self, prompt: list[int]) -> None:
+        for c in self.components:
+            c.begin(prompt)
+        self.accepted_by = [0] * len(self.components)
+
+    def take_features(self, hidden: torch.Tensor) -> None:
+        for c in self.components:
+            if c.uses_features:
+                c.take_features(hidden)
+
+    def propose(self, context: list[int], k: int, sampling: SamplingConfig,
+                generator: torch.Generator) -> Draft:
+        self.proposals = [c.propose(context, k, sampling, generator) for c in self.components]
+        tokens, parents, chance = merge_drafts(self.proposals)
+        if not tokens:
+            return Draft()
+        keep = best_nodes(chance, len(tokens)) if self.trees else best_branch(parents, chance)
+        kept = sent_nodes(keep, chance, k, self.costs)
+        sent_tokens, sent_parents = keep_nodes(tokens, parents, kept)
+        return Draft(sent_tokens, parents=sent_parents if self.trees else None, chances=[chance[j] for j in kept])
+
+    def observe(self, context: list[int], num_accepted: int) -> None:
+        accepted = context[len(context) - 1 - num_accepted:len(context) - 1]
+        for i, (c, d) in enumerate(zip(self.components, self.proposals or [Draft()] * len(self.components))):
+            m = matched_depth(d, accepted)
+            self.accepted_by[i] += m
+            # the component sees the step as its own: its first m guesses passed, and the next
+            # committed token is the one the target chose where its proposal left the path
+            c.observe(context[:len(context) - num_accepted + m], m)
+        self.proposals = []
+
+
+@register("fusion", needs_head=True)
+def _build(ctx: DrafterContext) -> Fusion:
+    trees = getattr(ctx.target, "supports_tree", False)
+    suffix = SuffixTree(ctx.spec.ngram_max, ctx.spec.ngram_min, trees=trees)
+    head = FeatureHeadDrafter(ctx.target, ctx.head, min_confidence=ctx.spec.min_confidence, trees=ctx.spec.trees and trees)
+    return Fusion([suffix, head], trees=trees)
