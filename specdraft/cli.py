@@ -1,4 +1,5 @@
-"""The command line: ``specdraft generate``, ``serve``, ``bench``, ``train-head``, ``calibrate``, ``models``.
+"""The command line: ``specdraft generate``, ``serve``, ``bench``, ``train-head``, ``calibrate``, ``models``,
+``index``.
 
 User errors print one line (``error: ...``) and exit with status 2; no traceback.
 """
@@ -31,6 +32,7 @@ from .options import (
     speculator_options,
 )
 from .pipeline import Speculator, load_model
+from .retrieval.command import add_index_args
 
 _DEFAULTS_SPEC = SpecConfig()
 _DEFAULTS_GEN = GenerationConfig()
@@ -51,7 +53,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="specdraft", description="Lossless speculative decoding, CPU first.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for add in (_add_generate, _add_serve, _add_bench, _add_train_head, _add_calibrate, _add_models):
+    for add in (_add_generate, _add_serve, _add_bench, _add_train_head, _add_calibrate, _add_models, _add_index):
         add(sub)  # each sets its subcommand's func, which main() calls
     return parser
 
@@ -131,6 +133,11 @@ def _add_models(sub) -> None:
     m.set_defaults(func=_cmd_models)
     m.add_argument("action", choices=["list", "prepare"])
     m.add_argument("names", nargs="*")
+
+
+def _add_index(sub) -> None:
+    x = sub.add_parser("index", help="build a retrieval index of text files (for --method retrieval), or describe one")
+    add_index_args(x)
 
 
 def default_method(args) -> str:
