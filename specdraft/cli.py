@@ -194,6 +194,7 @@ def _cmd_serve(args) -> int:
         raise ParameterError(f"--method {args.method} needs the draft model; drop --no-draft or pick none/prompt-lookup")
     sd = Speculator(args.target, args.draft, dtype=args.dtype, runtime=args.runtime, max_length=args.max_context,
                     load_draft=with_draft, **speculator_options(args))
+    sd.engine(spec)  # the default method's drafter, built once here: a bad --index or --head fails now, not per request
     config = ServerConfig(model_name=args.model_name or sd.target.name, spec=spec, max_waiting=args.queue_size,
                           request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes)
     print(f"serving {config.model_name} on http://{args.host}:{args.port} (method {spec.method}; chat page at /)",

@@ -1,6 +1,7 @@
-"""Retrieval datastores: the bounded-depth suffix sort and the datastore's longest-match lookup
+"""Retrieval drafting: the bounded-depth suffix sort and the datastore's longest-match lookup
 against brute force, the index on disk (round trip, corrupt files, another tokenizer refused),
-and building from files."""
+building from files, and the drafter's trees and chains exact under greedy on tiny targets with
+the speculative path taken (a datastore that holds the text lets drafts pass)."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _tiny import ALPHABET, save_char_tokenizer
+from _tiny import ALPHABET, FakeTokenizer, save_char_tokenizer, tree_target
+from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdraft.drafters import DrafterContext, build_drafter
+from specdraft.drafters.retrieval import RetrievalTree
+from specdraft.engine import Engine
 from specdraft.errors import IndexFileError, ParameterError, TokenizerMismatchError
 from specdraft.retrieval.build import BENCH_DATA, BuildConfig, build_index, find_files
 from specdraft.retrieval.datastore import (
@@ -218,3 +223,74 @@ def test_rebuilding_in_place_replaces_the_index(corpus, tmp_path):
     build_index(BuildConfig((str(root),)), tmp_path / "index", tokenizer, "tiny")
     build_index(BuildConfig((str(root / "a.py"),)), tmp_path / "index", tokenizer, "tiny")
     assert Datastore.open(tmp_path / "index").header["documents"] == 1
+
+
+# ----------------------------------------------------------------------------- the drafter
+
+# repetitive, with branching continuations after "5 17" (as in test_suffix_tree)
+PROMPT = [5, 17, 33, 2, 5, 17, 40, 8, 41, 5, 17, 33, 3, 5, 17, 60, 9, 5, 17, 33, 2, 5, 17]
+
+
+@pytest.fixture(scope="module", params=["dense", "q4k"])
+def target(request, tmp_path_factory):
+    model = tree_target(request.param, tmp_path_factory.mktemp("retrieval") / "target")
+    save_char_tokenizer(model.source_dir)  # the tokenizer.json an index is checked against
+    return model
+
+
+def generate(target, drafter, n=40):
+    spec = SpecConfig(method="retrieval" if drafter else "none", k=6, cost_rule=False, index="unused")
+    engine = Engine(target, FakeTokenizer(), drafter, spec)
+    engine.generate(PROMPT, SamplingConfig(), GenerationConfig(max_new_tokens=n))
+    return list(engine.token_ids), engine.stats
+
+
+def index_for(target, directory: Path, documents: list[list[int]]) -> str:
+    ident = TokenizerId.of(target.source_dir / "tokenizer.json", 96)
+    write_datastore(directory, [np.array(d, dtype=np.int32) for d in documents], ident, "tiny", [])
+    return str(directory)
+
+
+def test_greedy_retrieval_trees_equal_plain_decoding(target, tmp_path):
+    plain, _ = generate(target, None)
+    # the datastore holds the text, and a variant of it that branches every 5th token
+    variant = [t if i % 5 else (t + 1) % 96 for i, t in enumerate(plain)]
+    index = index_for(target, tmp_path / "index", [PROMPT + plain, PROMPT + variant])
+    spec = SpecConfig(method="retrieval", k=6, cost_rule=False, index=index)
+    drafter = build_drafter("retrieval", DrafterContext(spec=spec, target=target, draft_model=None,
+                                                        target_dir=target.source_dir))
+    ids, stats = generate(target, drafter)
+    assert ids == plain
+    assert drafter.trees and stats.drafts > 0 and stats.accepted_tokens > 0, stats.summary()
+    assert stats.target_forwards < len(plain)  # drafts passed: fewer forwards than tokens
+
+
+def test_greedy_retrieval_chains_and_wrong_guesses_stay_exact(target, tmp_path):
+    plain, _ = generate(target, None)
+    chain = RetrievalTree(Datastore.open(index_for(target, tmp_path / "text", [PROMPT + plain])), trees=False)
+    ids, stats = generate(target, chain)
+    assert ids == plain and stats.accepted_tokens > 0, stats.summary()
+    # a datastore of other text: its guesses fail, the output does not change
+    rng = np.random.default_rng(0)
+    noise = [rng.integers(0, 96, 200).tolist() for _ in range(5)] + [PROMPT + [(t + 7) % 96 for t in plain]]
+    wrong = RetrievalTree(Datastore.open(index_for(target, tmp_path / "noise", noise)))
+    ids, stats = generate(target, wrong)
+    assert ids == plain and stats.draft_tokens > stats.accepted_tokens, stats.summary()
+
+
+def test_the_factory_refuses_another_tokenizer(target, tmp_path):
+    other = tmp_path / "other"
+    save_char_tokenizer(other, shuffle_seed=3)
+    write_datastore(tmp_path / "index", [np.array([1, 2, 3], dtype=np.int32)],
+                    TokenizerId.of(other / "tokenizer.json", 96), "other", [])
+    spec = SpecConfig(method="retrieval", index=str(tmp_path / "index"))
+    with pytest.raises(TokenizerMismatchError):
+        build_drafter("retrieval", DrafterContext(spec=spec, target=target, draft_model=None,
+                                                  target_dir=target.source_dir))
+
+
+def test_method_retrieval_needs_an_index():
+    with pytest.raises(ParameterError, match="--index"):
+        SpecConfig(method="retrieval")
+    with pytest.raises(ParameterError, match="index"):
+        SpecConfig(method="retrieval", index="")
