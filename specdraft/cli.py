@@ -1,4 +1,5 @@
-"""The command line: ``specdraft generate``, ``serve``, ``bench``, ``train-head``, ``calibrate``, ``models``.
+"""The command line: ``specdraft generate``, ``serve``, ``bench``, ``train-head``, ``calibrate``, ``models``,
+``index``.
 
 User errors print one line (``error: ...``) and exit with status 2; no traceback.
 """
@@ -31,6 +32,7 @@ from .options import (
     speculator_options,
 )
 from .pipeline import Speculator, load_model
+from .retrieval.command import add_index_args
 
 _DEFAULTS_SPEC = SpecConfig()
 _DEFAULTS_GEN = GenerationConfig()
@@ -51,7 +53,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="specdraft", description="Lossless speculative decoding, CPU first.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for add in (_add_generate, _add_serve, _add_bench, _add_train_head, _add_calibrate, _add_models):
+    for add in (_add_generate, _add_serve, _add_bench, _add_train_head, _add_calibrate, _add_models, _add_index):
         add(sub)  # each sets its subcommand's func, which main() calls
     return parser
 
@@ -133,6 +135,11 @@ def _add_models(sub) -> None:
     m.add_argument("names", nargs="*")
 
 
+def _add_index(sub) -> None:
+    x = sub.add_parser("index", help="build a retrieval index of text files (for --method retrieval), or describe one")
+    add_index_args(x)
+
+
 def default_method(args) -> str:
     """--method when given, else the best measured method the target allows: hybrid-head where a
     head is shipped for it (1.21x against hybrid's 1.14x on the dev prompts, and no draft model
@@ -187,6 +194,7 @@ def _cmd_serve(args) -> int:
         raise ParameterError(f"--method {args.method} needs the draft model; drop --no-draft or pick none/prompt-lookup")
     sd = Speculator(args.target, args.draft, dtype=args.dtype, runtime=args.runtime, max_length=args.max_context,
                     load_draft=with_draft, **speculator_options(args))
+    sd.engine(spec)  # the default method's drafter, built once here: a bad --index or --head fails now, not per request
     config = ServerConfig(model_name=args.model_name or sd.target.name, spec=spec, max_waiting=args.queue_size,
                           request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes)
     print(f"serving {config.model_name} on http://{args.host}:{args.port} (method {spec.method}; chat page at /)",

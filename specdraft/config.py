@@ -105,6 +105,9 @@ class SpecConfig:
     # head / hybrid-head: the directory of a trained drafting head (head.json + head.safetensors);
     # None = the one shipped for the target, when there is one.
     head: str | None = None
+    # retrieval: the directory of a datastore built by `specdraft index build` (its tokenizer must
+    # be the target's); None = no datastore, which --method retrieval refuses.
+    index: str | None = None
 
     @property
     def draft_len(self) -> int:
@@ -130,6 +133,11 @@ class SpecConfig:
             raise ParameterError(f"draft-window must be an integer >= 0 (0 = whole prompt), got {self.draft_window!r}")
         if self.k is not None and (not isinstance(self.k, int) or isinstance(self.k, bool) or not 1 <= self.k <= 64):
             raise ParameterError(f"k (draft tokens per step) must be an integer in [1, 64], got {self.k!r}")
+        if self.index is not None and (not isinstance(self.index, str) or not self.index):
+            raise ParameterError(f"index must be the directory of a retrieval index, got {self.index!r}")
+        if self.method == "retrieval" and self.index is None:
+            raise ParameterError("method retrieval needs a datastore: pass --index INDEX "
+                                 "(build one with `specdraft index build PATH... -o INDEX`)")
         if not (1 <= self.ngram_min <= self.ngram_max):
             raise ParameterError(
                 f"n-gram sizes must satisfy 1 <= ngram-min <= ngram-max, got {self.ngram_min}, {self.ngram_max}"

@@ -17,7 +17,12 @@ class ModelFileError(SpecdraftError):
 
 
 class TokenizerMismatchError(SpecdraftError):
-    """Target and draft do not share a vocabulary, so draft tokens mean nothing to the target."""
+    """Target and draft (or a retrieval index) do not share a vocabulary, so their tokens mean
+    nothing to the target."""
+
+
+class IndexFileError(SpecdraftError):
+    """A retrieval index (``specdraft index build``) is missing or corrupt."""
 
 
 class ParameterError(SpecdraftError):

@@ -225,7 +225,8 @@ class Speculator:
             raise ParameterError(f"method {spec.method!r} needs a draft model; pass --draft")
         ctx = DrafterContext(spec=spec, target=self.target.model,
                              draft_model=self.draft.model if self.draft else None,
-                             head=self.head(spec.head) if needs_head(spec.method) else None)
+                             head=self.head(spec.head) if needs_head(spec.method) else None,
+                             target_dir=self.target.path)
         drafter = build_drafter(spec.method, ctx)  # "none": the empty drafter
         return Engine(self.target.model, self.tokenizer, drafter, spec, self.target.eos_ids, costs=self._costs)
 
@@ -275,8 +276,8 @@ def generate(prompt: str, **options) -> GenerationResult:
     """One call: load (and keep) the models, generate, return text and statistics.
 
     Options: target, draft, method, k, temperature, top_k, top_p, seed, max_new_tokens, stop,
-    chat, dtype, runtime, target_format, draft_format, and SpecConfig's ngram_max, ngram_min, min_confidence (defaults as in
-    :mod:`specdraft.config`).
+    chat, dtype, runtime, target_format, draft_format, and SpecConfig's ngram_max, ngram_min, min_confidence,
+    index (defaults as in :mod:`specdraft.config`).
     """
     sd, args = _prepare(prompt, **options)
     return sd.generate(**args)

@@ -72,6 +72,27 @@ def save(model, directory: Path) -> Path:
     return directory
 
 
+def tree_target(weight_format: str, directory: Path):
+    """A tiny qwen2 LlamaModel (max_length 256) saved into ``directory`` and loaded dense (fp32, the
+    torch path) or q4k (the native kernels; the test is skipped where they do not build); its
+    ``source_dir`` is ``directory``."""
+    import pytest
+
+    from specdraft.models.llama import LlamaModel
+
+    if weight_format == "q4k":
+        from specdraft.kernels import KernelUnavailable, gguf_ops
+
+        try:
+            gguf_ops()
+        except KernelUnavailable as e:
+            pytest.skip(str(e))
+    d = save(build_hf("qwen2", seed=0), directory)
+    model = LlamaModel.from_dir(d, dtype=torch.float32, max_length=256, weight_format=weight_format)
+    model.source_dir = d
+    return model
+
+
 def load_native(directory: Path, max_length: int = MAX_POS, dtype: torch.dtype = torch.float32):
     from specdraft.models.llama import LlamaModel
 

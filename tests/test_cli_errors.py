@@ -210,3 +210,70 @@ def test_cli_offers_every_weight_format():
     from specdraft.options import FORMATS
 
     assert ["auto", *WEIGHT_FORMATS] == FORMATS
+
+
+# ---------------------------------------------------------------------------- retrieval indexes
+
+@pytest.mark.parametrize("command", [["generate", "hello", "--method", "retrieval"], ["serve", "--method", "retrieval"],
+                                     ["bench", "--methods", "retrieval"]])
+def test_retrieval_without_an_index_gives_one_line(capsys, command):
+    # --target points nowhere: the missing index must be found before any model is looked up
+    rc, out, err = call([*command, "--target", "/nonexistent/model"], capsys)
+    assert_one_line_error(rc, out, err, contains="--index")
+
+
+def build_index_cli(capsys, tmp_path, target) -> str:
+    text = tmp_path / "notes.txt"
+    text.write_text("the cache holds the keys; the cache holds the values; " * 20)
+    index = tmp_path / "index"
+    rc, out, err = call(["index", "build", str(text), "-o", str(index), "--target", str(target)], capsys)
+    assert rc == 0 and "indexed 1 files, 1,080 tokens" in out, out + err
+    return str(index)
+
+
+def test_index_build_then_generate_with_retrieval(capsys, tiny_dir, tmp_path):
+    index = build_index_cli(capsys, tmp_path, tiny_dir)
+    rc, out, err = call(["index", "info", index], capsys)
+    assert rc == 0 and json.loads(out)["tokens"] == 1080
+    rc, out, err = call(["generate", "the cache holds", "--target", str(tiny_dir), "--method", "retrieval",
+                         "--index", index, "--dtype", "fp32", "--max-new-tokens", "8", "--no-chat", "--json"], capsys)
+    assert rc == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["method"] == "retrieval"
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+@pytest.mark.parametrize("damage", ["missing", "corrupt"])
+def test_a_missing_or_corrupt_index_gives_one_line(capsys, tiny_dir, tmp_path, command, damage):
+    index = tmp_path / "nowhere"
+    if damage == "corrupt":
+        index = build_index_cli(capsys, tmp_path, tiny_dir)
+        (tmp_path / "index" / "order.npy").write_bytes(b"\x93NUMPY garbage")
+    args = ["generate", "hello", "--no-chat", "--max-new-tokens", "4"] if command == "generate" else ["serve", "--no-draft"]
+    rc, out, err = call([*args, "--target", str(tiny_dir), "--method", "retrieval", "--index", str(index)], capsys)
+    assert_one_line_error(rc, out, err, contains="index")
+
+
+def test_an_index_of_another_tokenizer_gives_one_line(capsys, tiny_dir, other_vocab_dir, tmp_path):
+    index = build_index_cli(capsys, tmp_path, other_vocab_dir)
+    rc, out, err = call(["generate", "hello", "--target", str(tiny_dir), "--method", "retrieval", "--index", index,
+                         "--no-chat", "--max-new-tokens", "4"], capsys)
+    assert_one_line_error(rc, out, err, contains="another tokenizer")
+
+
+@pytest.mark.parametrize("args, contains", [
+    (["/nonexistent/notes"], "does not exist"),
+    (["NOTES", "--max-tokens", "0"], "max-tokens"),
+    (["NOTES", "--glob", ""], "glob"),
+    (["BENCH"], "benchmark prompts"),
+    (["NOTES", "-o", "NOTES"], "not a retrieval index"),
+])
+def test_index_build_bad_arguments_give_one_line(capsys, tiny_dir, tmp_path, args, contains):
+    from specdraft.retrieval.build import BENCH_DATA
+
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("text")
+    names = {"NOTES": str(tmp_path / "notes"), "BENCH": str(BENCH_DATA)}
+    args = [names.get(a, a) for a in args]
+    out_dir = [] if "-o" in args else ["-o", str(tmp_path / "index")]
+    rc, out, err = call(["index", "build", *args, *out_dir, "--target", str(tiny_dir)], capsys)
+    assert_one_line_error(rc, out, err, contains=contains)

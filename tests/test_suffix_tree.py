@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _tiny import FakeTokenizer, build_hf, save
+from _tiny import FakeTokenizer, tree_target
 from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdraft.drafters import Draft, Drafter, DrafterContext, build_drafter
 from specdraft.drafters.suffix import HISTORY, continuation_tree
@@ -56,17 +56,7 @@ def test_tree_layout():
 @pytest.fixture(scope="module", params=["dense", "q4k"])
 def target(request, tmp_path_factory):
     """A tiny qwen2 on the torch path (dense fp32) and on the native kernels (q4k)."""
-    if request.param == "q4k":
-        from specdraft.kernels import KernelUnavailable, gguf_ops
-
-        try:
-            gguf_ops()
-        except KernelUnavailable as e:
-            pytest.skip(str(e))
-    d = save(build_hf("qwen2", seed=0), tmp_path_factory.mktemp("tree") / "target")
-    model = LlamaModel.from_dir(d, dtype=torch.float32, max_length=256, weight_format=request.param)
-    model.source_dir = d
-    return model
+    return tree_target(request.param, tmp_path_factory.mktemp("tree") / "target")
 
 
 def run(target, method, sampling=SamplingConfig(), n=48):

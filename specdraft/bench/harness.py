@@ -212,7 +212,9 @@ def run_bench(args) -> int:
     # Everything cheap is validated before any model loads.
     methods = parse_methods(args.methods)
     GenerationConfig(max_new_tokens=args.max_new_tokens)
-    spec_from_args("draft-model", args)
+    for method in methods:  # each method's speculation (retrieval: --index given) before any model loads
+        if not is_peer(method):
+            spec_from_args(method, args)
     if not args.tie_gap >= 0:
         raise BenchError(f"--tie-gap must be >= 0, got {args.tie_gap}")
     prompts = prompts_from_args(args)

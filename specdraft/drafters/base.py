@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -87,6 +88,7 @@ class DrafterContext:
     target: object  # the target model (CausalLM)
     draft_model: object | None  # the draft model (CausalLM), when one was loaded
     head: object | None = None  # a trained drafting head (heads.model.FeatureHead), when one was loaded
+    target_dir: Path | None = None  # the target's model directory: its tokenizer.json names the vocabulary
 
 
 DrafterFactory = Callable[[DrafterContext], Drafter]

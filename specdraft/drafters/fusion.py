@@ -12,6 +12,8 @@ Drafts are sent as deterministic guesses (one-hot for the verifier), also when a
 sampled its guesses: verification against a one-hot draft is exact whatever chose the token, so
 a node two components share needs no common q.
 
+Components: ``suffix`` and the head (``head``), and ``retrieval`` where an ``--index`` is given.
+
 Example: suffix proposes ``a b`` and ``a c`` (a tree), the head the chain ``a b d``: one tree
 a -> (b -> d, c), whose ``a`` and ``b`` carry the better of the two ratings.
 """
@@ -20,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from ..config import SamplingConfig
-from .base import Draft, Drafter, DrafterContext, register
+from .base import Draft, Drafter, DrafterContext, build_drafter, register
 from .feature_head import FeatureHeadDrafter
 from .suffix import SuffixTree
 from .trees import best_branch, best_nodes, keep_nodes, sent_nodes
@@ -118,7 +120,11 @@ class Fusion(Drafter):
 
 @register("fusion", needs_head=True)
 def _build(ctx: DrafterContext) -> Fusion:
+    """suffix and the head, and retrieval too where an --index is given."""
     trees = getattr(ctx.target, "supports_tree", False)
     suffix = SuffixTree(ctx.spec.ngram_max, ctx.spec.ngram_min, trees=trees)
     head = FeatureHeadDrafter(ctx.target, ctx.head, min_confidence=ctx.spec.min_confidence, trees=ctx.spec.trees and trees)
-    return Fusion([suffix, head], trees=trees)
+    components: list[Drafter] = [suffix, head]
+    if ctx.spec.index is not None:
+        components.append(build_drafter("retrieval", ctx))
+    return Fusion(components, trees=trees)

@@ -67,3 +67,31 @@ def judged_confidences(tokens: list[int], parents: list[int], confidence: list[f
         path.append(node)
     stop = [confidence[j] for j in range(len(tokens)) if parents[j] == node]
     return [confidence[j] for j in path] + ([max(stop)] if stop else [])
+
+
+def trie_of(continuations: list[list[int]]) -> tuple[list[int], list[int], list[float]]:
+    """(tokens, parents, conditional) of the trie that merges ``continuations`` (token lists that
+    each start at the root); conditional[j] = count(j) / count(parent), the root's count being
+    the number of continuations. Parents come before their children, nodes in order of first sight.
+
+    >>> trie_of([[3, 4], [5, 6], [3, 7]])
+    ([3, 4, 5, 6, 7], [-1, 0, -1, 2, 0], [0.6666666666666666, 0.5, 0.3333333333333333, 1.0, 0.5])
+    """
+    children: dict[int, dict[int, int]] = {-1: {}}  # node -> {token: child}; root = -1
+    counts: dict[int, int] = {-1: len(continuations)}
+    tokens: list[int] = []
+    parents: list[int] = []
+    for continuation in continuations:
+        node = -1
+        for tok in continuation:
+            nxt = children[node].get(tok)
+            if nxt is None:
+                nxt = len(tokens)
+                tokens.append(tok)
+                parents.append(node)
+                children[node][tok] = nxt
+                children[nxt] = {}
+                counts[nxt] = 0
+            counts[nxt] += 1
+            node = nxt
+    return tokens, parents, [counts[j] / counts[parents[j]] for j in range(len(tokens))]
