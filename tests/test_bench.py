@@ -11,7 +11,7 @@ import pytest
 from specdraft.bench import harness
 from specdraft.bench.errors import BenchError
 from specdraft.bench.machine import CPU_FLAGS, cpu_info, gguf_kernel_path, machine_line
-from specdraft.bench.methods import parse_methods
+from specdraft.bench.methods import drop_unavailable, parse_methods
 from specdraft.bench.mismatches import analyse_mismatches
 from specdraft.bench.peers import strip_eos
 from specdraft.bench.prompts import (
@@ -32,6 +32,7 @@ from specdraft.bench.records import (
 )
 from specdraft.bench.report import check_output_path, markdown_report
 from specdraft.cli import build_parser, main
+from specdraft.drafters import drafter_names
 from specdraft.errors import SpecdraftError
 
 
@@ -126,8 +127,31 @@ def test_unknown_category_and_bad_per_category(tmp_path):
 def test_methods_put_the_baseline_first_and_reject_unknown_names():
     assert parse_methods("prompt-lookup, none,hf-generate") == ["none", "prompt-lookup", "hf-generate"]
     assert parse_methods("draft-model,draft-model") == ["none", "draft-model"]  # baseline added once
-    with pytest.raises(BenchError, match=r"unknown method 'medusa'; choose from: none, .*hf-assisted"):
+    with pytest.raises(BenchError, match=r"unknown method 'medusa'; choose from: all, none, .*hf-assisted"):
         parse_methods("none,medusa")
+
+
+def test_all_expands_to_every_registered_method_and_peers_may_follow():
+    ours = drafter_names()
+    assert ours[0] == "none" and {"draft-model", "prompt-lookup", "suffix", "head"} <= set(ours)
+    assert parse_methods("all") == ours
+    assert parse_methods("prompt-lookup,all") == ["none", "prompt-lookup"] + [m for m in ours[1:] if m != "prompt-lookup"]
+    assert parse_methods("all,llama-cpp,hf-generate") == [*ours, "llama-cpp", "hf-generate"]
+    with pytest.raises(BenchError, match=r"unknown method 'everything'; choose from: all, none, "):
+        parse_methods("everything")
+
+
+def test_all_skips_methods_that_cannot_run_but_a_named_one_stays(tmp_path):
+    import argparse
+
+    no_head = argparse.Namespace(target=str(tmp_path / "my-model"), head=None)  # no head is shipped for it
+    methods, skipped = drop_unavailable(parse_methods("all,hf-generate"), "all,hf-generate", no_head)
+    assert set(skipped) == {"head", "hybrid-head"} and "pass --head DIR" in skipped["head"]
+    assert methods == [m for m in parse_methods("all,hf-generate") if m not in skipped]
+    named, skipped = drop_unavailable(parse_methods("all,head"), "all,head", no_head)
+    assert "head" in named and set(skipped) == {"hybrid-head"}  # asked for by name: it fails with its own error
+    with_head = argparse.Namespace(target=str(tmp_path / "my-model"), head=str(tmp_path / "head"))
+    assert drop_unavailable(parse_methods("all"), "all", with_head) == (drafter_names(), {})
 
 
 def test_cli_reports_user_errors_in_one_line(tmp_path, capsys):

@@ -16,7 +16,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    help="Spec-Bench prompts, JSON lines with question_id, category, turns "
                         "(default: the Spec-Bench dev prompts shipped with specdraft, 240 in 13 categories)")
     p.add_argument("--methods", default="none,draft-model,prompt-lookup",
-                   help="comma-separated: none, our drafters, the transformers peers "
+                   help="comma-separated: none, our drafters (all = every one of them; one that cannot run with "
+                        "these options, such as head without a drafting head, is skipped with the reason), "
+                        "the transformers peers "
                         f"{', '.join(PEERS)} and {LLAMA_CPP} (llama.cpp on the target's GGUF; needs "
                         "llama-cpp-python) (none always runs first: it is the baseline)")
     p.add_argument("--max-new-tokens", type=int, default=GenerationConfig.max_new_tokens)

@@ -60,7 +60,7 @@ from .chart import draw
 from .endpoint import run_endpoint
 from .errors import BenchError
 from .machine import machine_info, machine_line, peak_rss_mb
-from .methods import BASELINE, is_peer, parse_methods
+from .methods import ALL, BASELINE, drop_unavailable, is_peer, parse_methods
 from .mismatches import analyse_mismatches
 from .peers import PEERS
 from .prompts import (
@@ -210,7 +210,7 @@ def run_bench(args) -> int:
         return run_endpoint(args)
 
     # Everything cheap is validated before any model loads.
-    methods = parse_methods(args.methods)
+    methods, skipped = drop_unavailable(parse_methods(args.methods), args.methods, args)
     GenerationConfig(max_new_tokens=args.max_new_tokens)
     spec_from_args("draft-model", args)
     if not args.tie_gap >= 0:
@@ -221,15 +221,18 @@ def run_bench(args) -> int:
     check_output_path(args.markdown, "--markdown")
     check_output_path(args.chart, "--chart")
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)  # no 80-column wrap in logs
-    if BASELINE not in (parse_list(args.methods) or []):
+    named = parse_list(args.methods) or []
+    if BASELINE not in named and ALL not in named:
         console.print("note: added method none (plain decoding): it is the baseline of speedups and exactness")
+    for method, why in skipped.items():
+        console.print(f"note: skipped method {method}: {why}")
 
     speculator = load_speculator(args, methods)
     peers = peer_setup(args, methods, speculator)
     prompt_ids = {p.question_id: speculator.encode_prompt(p.text) for p in prompts}
     check_context(prompt_ids, args.max_new_tokens, speculator.target.model.max_length)
 
-    config = run_config(args, methods, speculator, peers)
+    config = dict(run_config(args, methods, speculator, peers), skipped_methods=skipped)
     console.print(machine_line(config["machine"]))
 
     def save(records, rss, mismatches=None) -> list[dict]:
