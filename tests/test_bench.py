@@ -586,3 +586,16 @@ def test_engine_runner_seeds_each_prompt_from_the_run_seed_and_the_prompt():
     run([1, 2], 4), run([1, 3], 4), run([1, 2], 4)
     assert seeds == [prompt_seed(11, [1, 2]), prompt_seed(11, [1, 3]), prompt_seed(11, [1, 2])]
     assert seeds[0] != seeds[1]
+
+
+def test_endpoint_requests_carry_the_sampling_settings():
+    from specdraft.bench.endpoint import request_body
+    from specdraft.bench.sampled import prompt_seed
+    from specdraft.config import SamplingConfig
+
+    greedy = request_body("m", "hi", 8, SamplingConfig())
+    assert greedy["temperature"] == 0 and "seed" not in greedy and "top_p" not in greedy and greedy["model"] == "m"
+    body = request_body(None, "hi", 8, SamplingConfig(temperature=0.7, top_p=0.9, seed=1))
+    assert (body["temperature"], body["top_p"], body["seed"]) == (0.7, 0.9, prompt_seed(1, "hi"))
+    assert "top_k" not in body and "model" not in body  # top_k is not OpenAI's: sent only when asked for
+    assert request_body(None, "hi", 8, SamplingConfig(temperature=0.7, top_k=20, seed=1))["top_k"] == 20

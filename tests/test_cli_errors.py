@@ -196,6 +196,12 @@ def test_bench_bad_sampling_and_methods_give_one_line(capsys, args, contains):
     assert_one_line_error(rc, out, err, contains=contains)
 
 
+def test_bench_endpoint_rejects_bad_sampling_before_connecting(capsys):
+    rc, out, err = call(["bench", "--endpoint", "http://127.0.0.1:9/v1", "--per-category", "1",
+                         "--temperature", "0.7", "--top-p", "2"], capsys)
+    assert_one_line_error(rc, out, err, contains="top-p")
+
+
 def test_head_method_without_a_head_gives_one_line(capsys, tiny_dir):
     rc, out, err = call(["generate", "hello", "--target", str(tiny_dir), "--method", "head", "--no-chat",
                          "--max-new-tokens", "4"], capsys)
