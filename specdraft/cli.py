@@ -17,7 +17,7 @@ from .bench.forward_cost import forward_costs
 from .bench.harness import run_bench
 from .bench.kernel_cost import kernel_costs
 from .bench.machine import gguf_kernel_path
-from .config import GenerationConfig, SamplingConfig, SpecConfig
+from .config import GenerationConfig, SpecConfig
 from .drafters import drafter_names, needs_draft_model
 from .errors import ParameterError, SpecdraftError
 from .heads.command import add_train_args, train_from_args
@@ -27,7 +27,9 @@ from .options import (
     DTYPES,
     FORMATS,
     add_model_args,
+    add_sampling_args,
     add_spec_args,
+    sampling_from_args,
     spec_from_args,
     speculator_options,
 )
@@ -36,7 +38,6 @@ from .retrieval.command import add_index_args
 
 _DEFAULTS_SPEC = SpecConfig()
 _DEFAULTS_GEN = GenerationConfig()
-_DEFAULTS_SAMPLING = SamplingConfig()
 
 
 def _methods() -> list[str]:
@@ -67,10 +68,7 @@ def _add_generate(sub) -> None:
                         "target, else draft-model)")
     add_model_args(g)
     add_spec_args(g)
-    g.add_argument("--temperature", type=float, default=_DEFAULTS_SAMPLING.temperature, help="0 = greedy")
-    g.add_argument("--top-k", type=int, default=_DEFAULTS_SAMPLING.top_k)
-    g.add_argument("--top-p", type=float, default=_DEFAULTS_SAMPLING.top_p)
-    g.add_argument("--seed", type=int, default=None)
+    add_sampling_args(g)
     g.add_argument("--max-new-tokens", type=int, default=_DEFAULTS_GEN.max_new_tokens)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
@@ -155,7 +153,7 @@ def _cmd_generate(args) -> int:
     args.method = default_method(args)
     # Validate cheap things before loading any model.
     spec = spec_from_args(args.method, args)
-    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    sampling = sampling_from_args(args)
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, stop=tuple(args.stop))
     with_draft = needs_draft_model(args.method)
     sd = Speculator(args.target, args.draft, dtype=args.dtype, runtime=args.runtime, max_length=args.max_context,

@@ -1,20 +1,22 @@
 """Command-line options shared by ``specdraft generate``, ``serve``, ``bench`` and ``train-head``.
 
-The model options (which target and draft, their dtype and weight format) and the speculation
-options (k, n-gram lengths, head, ...) are defined once here, with the functions that turn parsed
-arguments into a :class:`SpecConfig` and into Speculator's keyword options. Both ``cli`` and
+The model options (which target and draft, their dtype and weight format), the speculation
+options (k, n-gram lengths, head, ...) and the sampling options (temperature, top-k, top-p, seed)
+are defined once here, with the functions that turn parsed arguments into a :class:`SpecConfig`,
+a :class:`SamplingConfig` and Speculator's keyword options. Both ``cli`` and
 ``bench`` import this module; it imports neither.
 """
 from __future__ import annotations
 
 import argparse
 
-from .config import SpecConfig
+from .config import SamplingConfig, SpecConfig
 
 DTYPES = ["auto", "bf16", "fp32"]
 FORMATS = ["auto", "dense", "int8", "int4", "w8a8", "w8a8-fast", "gguf", "q4k"]  # "auto" + models.quant.WEIGHT_FORMATS
 
 _DEFAULTS_SPEC = SpecConfig()
+_DEFAULTS_SAMPLING = SamplingConfig()
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -53,6 +55,20 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="head / hybrid-head: directory of a trained drafting head (default: the one shipped for the target)")
     p.add_argument("--index", default=_DEFAULTS_SPEC.index, metavar="INDEX",
                    help="retrieval: directory of a datastore built by `specdraft index build` with the target's tokenizer")
+
+
+def add_sampling_args(p: argparse.ArgumentParser, *, seed_default: int | None = _DEFAULTS_SAMPLING.seed,
+                      seed_help: str = "seeds every random draw (default: fresh entropy)") -> None:
+    p.add_argument("--temperature", type=float, default=_DEFAULTS_SAMPLING.temperature, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=_DEFAULTS_SAMPLING.top_k, help="keep the k most likely tokens; 0 = off")
+    p.add_argument("--top-p", type=float, default=_DEFAULTS_SAMPLING.top_p,
+                   help="keep the smallest set of tokens whose mass reaches p; 1 = off")
+    p.add_argument("--seed", type=int, default=seed_default, help=seed_help)
+
+
+def sampling_from_args(args) -> SamplingConfig:
+    """The SamplingConfig that add_sampling_args' options describe (ParameterError when one is invalid)."""
+    return SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
 
 
 def spec_from_args(method: str, args) -> SpecConfig:

@@ -11,7 +11,7 @@ import pytest
 from specdraft.bench import harness
 from specdraft.bench.errors import BenchError
 from specdraft.bench.machine import CPU_FLAGS, cpu_info, gguf_kernel_path, machine_line
-from specdraft.bench.methods import parse_methods
+from specdraft.bench.methods import drop_unavailable, parse_methods
 from specdraft.bench.mismatches import analyse_mismatches
 from specdraft.bench.peers import strip_eos
 from specdraft.bench.prompts import (
@@ -32,6 +32,7 @@ from specdraft.bench.records import (
 )
 from specdraft.bench.report import check_output_path, markdown_report
 from specdraft.cli import build_parser, main
+from specdraft.drafters import drafter_names
 from specdraft.errors import SpecdraftError
 
 
@@ -126,8 +127,33 @@ def test_unknown_category_and_bad_per_category(tmp_path):
 def test_methods_put_the_baseline_first_and_reject_unknown_names():
     assert parse_methods("prompt-lookup, none,hf-generate") == ["none", "prompt-lookup", "hf-generate"]
     assert parse_methods("draft-model,draft-model") == ["none", "draft-model"]  # baseline added once
-    with pytest.raises(BenchError, match=r"unknown method 'medusa'; choose from: none, .*hf-assisted"):
+    with pytest.raises(BenchError, match=r"unknown method 'medusa'; choose from: all, none, .*hf-assisted"):
         parse_methods("none,medusa")
+
+
+def test_all_expands_to_every_registered_method_and_peers_may_follow():
+    ours = drafter_names()
+    assert ours[0] == "none" and {"draft-model", "prompt-lookup", "suffix", "head"} <= set(ours)
+    assert parse_methods("all") == ours
+    assert parse_methods("prompt-lookup,all") == ["none", "prompt-lookup"] + [m for m in ours[1:] if m != "prompt-lookup"]
+    assert parse_methods("all,llama-cpp,hf-generate") == [*ours, "llama-cpp", "hf-generate"]
+    with pytest.raises(BenchError, match=r"unknown method 'everything'; choose from: all, none, "):
+        parse_methods("everything")
+
+
+def test_all_skips_methods_that_cannot_run_but_a_named_one_stays(tmp_path):
+    def bench_args(*extra):
+        return build_parser().parse_args(["bench", "--target", str(tmp_path / "my-model"), *extra])  # no head shipped
+
+    no_head = bench_args()
+    methods, skipped = drop_unavailable(parse_methods("all,hf-generate"), "all,hf-generate", no_head)
+    assert set(skipped) == {"head", "hybrid-head", "fusion", "retrieval"} and "pass --head DIR" in skipped["head"]
+    assert "--index" in skipped["retrieval"]
+    assert methods == [m for m in parse_methods("all,hf-generate") if m not in skipped]
+    named, skipped = drop_unavailable(parse_methods("all,head"), "all,head", no_head)
+    assert "head" in named and set(skipped) == {"hybrid-head", "fusion", "retrieval"}  # asked for by name: it stays
+    with_head = bench_args("--head", str(tmp_path / "head"), "--index", str(tmp_path / "index"))
+    assert drop_unavailable(parse_methods("all"), "all", with_head) == (drafter_names(), {})
 
 
 def test_cli_reports_user_errors_in_one_line(tmp_path, capsys):
@@ -444,3 +470,134 @@ def test_machine_line_names_cpu_flags_and_kernel_path():
     assert line.startswith("machine: AMD EPYC 9B45 (4 logical CPUs; flags: avx2, avx512f, avx512_vnni)")
     assert "GGUF kernel path: avx512-vnni" in line
     assert "GGUF kernel path: none" in machine_line(dict(info, gguf_kernel_path=None))
+
+
+# ----------------------------------------------------------------------------- sampled runs on a tiny model
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from _tiny import make_cli_model
+
+    return make_cli_model(tmp_path_factory.mktemp("bench") / "tiny")
+
+
+@pytest.fixture
+def no_kernel_build(monkeypatch):
+    """The report's machine facts would load the GGUF kernels, which wait (a minute or more) while
+    another process builds them into the shared cache; these dense tiny models never use them."""
+    from specdraft.bench import machine
+    from specdraft.kernels import KernelUnavailable
+
+    def unavailable():
+        raise KernelUnavailable("not loaded by this test")
+
+    monkeypatch.setattr(machine, "gguf_ops", unavailable)
+
+
+def bench_tiny(tiny_dir, tmp_path, capsys, name: str, *options: str) -> tuple[dict, str]:
+    """``specdraft bench`` on two prompts of the tiny model (the draft is the target itself) -> (report, stderr)."""
+    prompts = write_lines(tmp_path, [line(1, "coding", "abc abc abc abc ab"), line(2, "qa", "hello world, hello w")],
+                          "tiny.jsonl")
+    out = tmp_path / f"{name}.json"
+    code = main(["bench", "--prompts", str(prompts), "--target", str(tiny_dir), "--draft", str(tiny_dir),
+                 "--dtype", "fp32", "--target-format", "dense", "--draft-format", "dense", "--max-context", "128",
+                 "--max-new-tokens", "16", "--no-warmup", "--json", str(out), *options])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    return json.loads(out.read_text()), err
+
+
+def tokens_by_run(report: dict) -> dict:
+    return {(p["method"], p["question_id"]): p["token_ids"] for p in report["prompts"]}
+
+
+def test_sampled_bench_runs_every_method_and_marks_exactness_not_applicable(tiny_dir, tmp_path, capsys,
+                                                                            no_kernel_build):
+    md = tmp_path / "r.md"
+    report, err = bench_tiny(tiny_dir, tmp_path, capsys, "all", "--methods", "all", "--temperature", "0.8",
+                             "--top-p", "0.9", "--seed", "5", "--markdown", str(md))
+    # no drafting head is shipped for the tiny model, no --index: all skips those methods and says why
+    assert set(report["config"]["skipped_methods"]) == {"head", "hybrid-head", "fusion", "retrieval"}
+    assert "skipped method head: it needs a drafting head" in err
+    ran = [m for m in drafter_names() if m not in ("head", "hybrid-head", "fusion", "retrieval")]
+    assert report["config"]["methods"] == ran and {r["method"] for r in report["results"]} == set(ran)
+    s = report["config"]["sampling"]
+    assert (s["temperature"], s["top_p"], s["top_k"], s["seed"], s["greedy"]) == (0.8, 0.9, 0, 5, False)
+    assert report["config"]["greedy"] is False and s["exact_match"].startswith("n/a (sampled)")
+    assert all(r["exact_match_rate"] is None for r in report["results"])
+    assert all(p["exact"] is None and p["mismatch_at"] is None for p in report["prompts"])
+    assert report["mismatches"] is None and report["config"]["complete"] is True  # no analysis, not an empty one
+    rows = {r["method"]: r for r in report["results"] if r["category"] == "overall"}
+    # the speculative path ran under sampling: a draft equal to the target passes every guess
+    assert rows["draft-model"]["acceptance_rate"] == 1.0 and rows["draft-model"]["mean_accepted_tokens"] > 1.5
+    assert rows["none"]["mean_accepted_tokens"] == 1.0
+    lines = md.read_text().splitlines()
+    assert lines[2].startswith("Sampled at temperature 0.8, top-k off, top-p 0.9, seed 5")
+    overall = [ln for ln in lines if ln.startswith("| ") and not ln.startswith("| method")][:len(ran)]
+    assert len(overall) == len(ran) and all(ln.split(" | ")[7] == "n/a (sampled)" for ln in overall)
+    assert "%" not in "".join(ln.split(" | ")[7] for ln in overall)
+    assert err.rstrip().splitlines()[-1].startswith("exactness and mismatch analysis: n/a (sampled)")
+
+
+def test_sampled_bench_repeats_with_its_seed_and_draws_with_another(tiny_dir, tmp_path, capsys, no_kernel_build):
+    methods = ["--methods", "none,draft-model,prompt-lookup", "--temperature", "1.0"]
+    first, _ = bench_tiny(tiny_dir, tmp_path, capsys, "a", *methods, "--seed", "7")
+    again, _ = bench_tiny(tiny_dir, tmp_path, capsys, "b", *methods, "--seed", "7", "--order", "by-method")
+    other, _ = bench_tiny(tiny_dir, tmp_path, capsys, "c", *methods, "--seed", "8")
+    greedy, _ = bench_tiny(tiny_dir, tmp_path, capsys, "d", "--methods", "none,draft-model")
+    # the same seed gives the same tokens, whatever order the prompts run in
+    assert tokens_by_run(first) == tokens_by_run(again)
+    assert tokens_by_run(first) != tokens_by_run(other)
+    assert tokens_by_run(first)[("none", 1)] != tokens_by_run(greedy)[("none", 1)]  # it did sample
+    assert greedy["config"]["sampling"]["greedy"] is True and greedy["mismatches"] == []
+    assert all(p["exact"] for p in greedy["prompts"])  # greedy: exactness still checked
+
+
+def test_prompt_seeds_depend_on_the_seed_and_the_prompt_only():
+    from specdraft.bench.sampled import for_prompt, prompt_seed
+    from specdraft.config import SamplingConfig
+
+    assert prompt_seed(3, [1, 2, 3]) == prompt_seed(3, [1, 2, 3])
+    assert len({prompt_seed(3, [1, 2, 3]), prompt_seed(4, [1, 2, 3]), prompt_seed(3, [1, 2, 4]),
+                prompt_seed(3, "abc")}) == 4
+    assert 0 <= prompt_seed(2**40, "x") < 2**31
+    sampled = SamplingConfig(temperature=0.7, top_p=0.9, seed=3)
+    assert for_prompt(sampled, [1, 2, 3]) == SamplingConfig(temperature=0.7, top_p=0.9, seed=prompt_seed(3, [1, 2, 3]))
+    assert for_prompt(SamplingConfig(seed=3), [1, 2, 3]).seed == 3  # greedy draws nothing: left alone
+
+
+def test_engine_runner_seeds_each_prompt_from_the_run_seed_and_the_prompt():
+    from types import SimpleNamespace
+
+    from specdraft.bench.runners import engine_runner
+    from specdraft.bench.sampled import prompt_seed
+    from specdraft.config import SamplingConfig, SpecConfig
+
+    seeds = []
+
+    class Engine:
+        drafter = None
+        stats = SimpleNamespace(target_forwards=1, step_tokens=1, time_prefill=0.0)
+        token_ids = (5,)
+
+        def stream(self, ids, sampling, gen):
+            seeds.append(sampling.seed)
+            return iter(())
+
+    speculator = SimpleNamespace(engine=lambda spec: Engine())
+    run = engine_runner(speculator, SpecConfig(method="none"), SamplingConfig(temperature=0.7, seed=11))
+    run([1, 2], 4), run([1, 3], 4), run([1, 2], 4)
+    assert seeds == [prompt_seed(11, [1, 2]), prompt_seed(11, [1, 3]), prompt_seed(11, [1, 2])]
+    assert seeds[0] != seeds[1]
+
+
+def test_endpoint_requests_carry_the_sampling_settings():
+    from specdraft.bench.endpoint import request_body
+    from specdraft.bench.sampled import prompt_seed
+    from specdraft.config import SamplingConfig
+
+    greedy = request_body("m", "hi", 8, SamplingConfig())
+    assert greedy["temperature"] == 0 and "seed" not in greedy and "top_p" not in greedy and greedy["model"] == "m"
+    body = request_body(None, "hi", 8, SamplingConfig(temperature=0.7, top_p=0.9, seed=1))
+    assert (body["temperature"], body["top_p"], body["seed"]) == (0.7, 0.9, prompt_seed(1, "hi"))
+    assert "top_k" not in body and "model" not in body  # top_k is not OpenAI's: sent only when asked for
+    assert request_body(None, "hi", 8, SamplingConfig(temperature=0.7, top_k=20, seed=1))["top_k"] == 20

@@ -180,6 +180,28 @@ def test_calibrate_bad_arguments_give_one_line(capsys, args, contains):
     assert_one_line_error(rc, out, err, contains=contains)
 
 
+@pytest.mark.parametrize("args, contains", [
+    (["--temperature", "-1"], "temperature"),
+    (["--temperature", "inf"], "temperature"),
+    (["--temperature", "0.7", "--top-p", "0"], "top-p"),
+    (["--temperature", "0.7", "--top-k", "-1"], "top-k"),
+    (["--temperature", "0.7", "--seed", "-3"], "seed"),
+    (["--temperature", "0.7", "--methods", "all,llama-cpp"], "llama-cpp run greedy only"),
+    (["--temperature", "0.7", "--methods", "none,hf-generate,hf-assisted"], "hf-generate, hf-assisted run greedy only"),
+    (["--methods", "all,medusa"], "unknown method 'medusa'"),
+])
+def test_bench_bad_sampling_and_methods_give_one_line(capsys, args, contains):
+    # --target points nowhere: the options must be rejected before any model is looked up.
+    rc, out, err = call(["bench", "--per-category", "1", "--target", "/nonexistent/model", *args], capsys)
+    assert_one_line_error(rc, out, err, contains=contains)
+
+
+def test_bench_endpoint_rejects_bad_sampling_before_connecting(capsys):
+    rc, out, err = call(["bench", "--endpoint", "http://127.0.0.1:9/v1", "--per-category", "1",
+                         "--temperature", "0.7", "--top-p", "2"], capsys)
+    assert_one_line_error(rc, out, err, contains="top-p")
+
+
 def test_head_method_without_a_head_gives_one_line(capsys, tiny_dir):
     rc, out, err = call(["generate", "hello", "--target", str(tiny_dir), "--method", "head", "--no-chat",
                          "--max-new-tokens", "4"], capsys)

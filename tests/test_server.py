@@ -386,6 +386,20 @@ def test_bench_times_an_openai_endpoint(server, tmp_path, capsys):
     assert o["new_tokens"] == sum(p["new_tokens"] for p in report["prompts"])
 
 
+def test_bench_samples_at_an_endpoint_with_the_settings_in_the_report(server, tmp_path, capsys):
+    from specdraft.cli import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"question_id": 1, "category": "a", "turns": [QUESTION[:12]]}) + "\n")
+    out = tmp_path / "r.json"
+    assert main(["bench", "--endpoint", server + "/v1", "--prompts", str(prompts), "--max-new-tokens", "6",
+                 "--json", str(out), "--temperature", "0.7", "--top-p", "0.9", "--top-k", "5", "--seed", "2"]) == 0
+    report = json.loads(out.read_text())  # our server took top_k and the prompt's seed
+    s = report["config"]["sampling"]
+    assert (s["temperature"], s["top_p"], s["top_k"], s["seed"], s["greedy"]) == (0.7, 0.9, 5, 2, False)
+    assert report["results"][-1]["new_tokens"] >= 1 and report["results"][-1]["exact_match_rate"] is None
+
+
 def test_bench_endpoint_unreachable_is_one_line(tmp_path, capsys):
     from specdraft.cli import main
 

@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from ..config import GenerationConfig
-from ..options import DTYPES
+from ..options import DTYPES, add_sampling_args
 from .llama_cpp import NAME as LLAMA_CPP
 from .mismatches import DEFAULT_TIE_GAP
 from .peers import PEERS
@@ -16,10 +16,18 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    help="Spec-Bench prompts, JSON lines with question_id, category, turns "
                         "(default: the Spec-Bench dev prompts shipped with specdraft, 240 in 13 categories)")
     p.add_argument("--methods", default="none,draft-model,prompt-lookup",
-                   help="comma-separated: none, our drafters, the transformers peers "
+                   help="comma-separated: none, our drafters (all = every one of them; one that cannot run with "
+                        "these options, such as head without a drafting head, is skipped with the reason), "
+                        "the transformers peers "
                         f"{', '.join(PEERS)} and {LLAMA_CPP} (llama.cpp on the target's GGUF; needs "
                         "llama-cpp-python) (none always runs first: it is the baseline)")
     p.add_argument("--max-new-tokens", type=int, default=GenerationConfig.max_new_tokens)
+    # Greedy by default (Spec-Bench's protocol); with --temperature > 0 our methods sample, the
+    # peers are refused and exactness does not apply (see bench.sampled). Seed 0 by default so
+    # that two sampled runs of one command draw the same tokens.
+    add_sampling_args(p, seed_default=0,
+                      seed_help="with --temperature > 0: each prompt's generator is seeded from this and the prompt, "
+                                "so a run repeats token for token (default: 0)")
     p.add_argument("--per-category", type=int, default=None, help="first N prompts of each category (file order)")
     p.add_argument("--categories", default=None, help="comma-separated categories to keep (default: all)")
     p.add_argument("--json", dest="json_out", default=None, type=Path,

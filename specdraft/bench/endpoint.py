@@ -1,9 +1,13 @@
 """``specdraft bench --endpoint URL``: time any OpenAI-compatible server (ours, vLLM, llama.cpp).
 
-Each prompt goes to ``URL/chat/completions`` as one user turn, greedy, streaming, with
-``max_tokens`` = --max-new-tokens. Per prompt: the time to the first content chunk, the time to
-the end, and the tokens generated (``usage.completion_tokens`` when the server reports it, else
-the number of content chunks, which is one token per chunk on llama.cpp and on our server).
+Each prompt goes to ``URL/chat/completions`` as one user turn, streaming, with
+``max_tokens`` = --max-new-tokens; greedy, or with --temperature > 0 sampled with ``top_p``,
+``top_k`` (when set; not OpenAI's field, but ours, vLLM's and llama.cpp's servers take it) and a
+``seed`` per prompt from --seed and the prompt's text (see :mod:`specdraft.bench.sampled`).
+
+Per prompt: the time to the first content chunk, the time to the end, and the tokens generated
+(``usage.completion_tokens`` when the server reports it, else the number of content chunks,
+which is one token per chunk on llama.cpp and on our server).
 A specdraft server's ``usage.speculation`` also gives tokens per target forward and acceptance.
 
 The report has the same flat rows as the local benchmark (speedup and exactness are null: there
@@ -20,10 +24,13 @@ import httpx
 from rich.console import Console
 from rich.progress import Progress
 
+from ..config import SamplingConfig
 from ..errors import SpecdraftError
+from ..options import sampling_from_args
 from .prompts import categories_in_order, prompts_from_args
 from .records import ratio, sum_known
 from .report import check_output_path, report_location, write_text
+from .sampled import prompt_seed, sampling_report
 
 
 class EndpointError(SpecdraftError):
@@ -43,12 +50,20 @@ class Timing:
     accepted: int | None = None
 
 
-def stream_one(client, url: str, model: str | None, text: str, max_tokens: int) -> tuple[int, float, float | None, dict | None]:
-    """One streamed request -> (tokens, seconds, ttft, usage or None)."""
-    body = {"messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}}
+def request_body(model: str | None, text: str, max_tokens: int, sampling: SamplingConfig) -> dict:
+    body = {"messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+            "temperature": sampling.temperature, "stream": True, "stream_options": {"include_usage": True}}
+    if not sampling.greedy:
+        body.update(top_p=sampling.top_p, seed=prompt_seed(sampling.seed, text))
+        if sampling.top_k:
+            body["top_k"] = sampling.top_k
     if model:
         body["model"] = model
+    return body
+
+
+def stream_one(client, url: str, body: dict) -> tuple[int, float, float | None, dict | None]:
+    """One streamed request -> (tokens, seconds, ttft, usage or None)."""
     chunks, usage, ttft = 0, None, None
     t0 = time.perf_counter()
     with client.stream("POST", url, json=body) as r:
@@ -92,6 +107,7 @@ def summarise(method: str, category: str, timings: list[Timing]) -> dict:
 
 
 def run_endpoint(args) -> int:
+    sampling = sampling_from_args(args)
     prompts = prompts_from_args(args)
     check_output_path(args.json_out, "--json")
     base = args.endpoint.rstrip("/")
@@ -103,7 +119,8 @@ def run_endpoint(args) -> int:
         with httpx.Client(timeout=args.endpoint_timeout) as client, Progress(console=console) as progress:
             task = progress.add_task(method, total=len(prompts))
             for p in prompts:
-                tokens, secs, ttft, usage = stream_one(client, url, args.endpoint_model, p.text, args.max_new_tokens)
+                body = request_body(args.endpoint_model, p.text, args.max_new_tokens, sampling)
+                tokens, secs, ttft, usage = stream_one(client, url, body)
                 spec = (usage or {}).get("speculation") or {}
                 timings.append(Timing(p.question_id, p.category, tokens, secs, ttft, spec.get("step_tokens"),
                                       spec.get("target_forwards"), spec.get("draft_tokens"), spec.get("accepted_tokens")))
@@ -112,7 +129,8 @@ def run_endpoint(args) -> int:
         raise EndpointError(f"cannot talk to {url} ({type(e).__name__}: {e}); is the server running?") from None
     rows = [summarise(method, c, [t for t in timings if t.category == c]) for c in categories_in_order(prompts)]
     rows.append(summarise(method, "overall", timings))
-    report = dict(config=dict(endpoint=base, model=args.endpoint_model, max_new_tokens=args.max_new_tokens),
+    report = dict(config=dict(endpoint=base, model=args.endpoint_model, max_new_tokens=args.max_new_tokens,
+                              sampling=sampling_report(sampling)),
                   results=rows, prompts=[t.__dict__ for t in timings])
     if args.json_out is not None:
         write_text(Path(args.json_out), json.dumps(report, indent=1) + "\n")

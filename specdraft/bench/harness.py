@@ -4,6 +4,8 @@ The protocol follows Spec-Bench: greedy decoding, batch size 1, the first turn o
 through the target's chat template. Every method gets the same prompts, the same
 max-new-tokens and stops at the same EOS ids. ``none`` (plain decoding by our runtime) runs
 first: speedups are relative to it and every other method's tokens are compared with its tokens.
+With ``--temperature`` > 0 our methods sample instead (each prompt seeded from ``--seed``), the
+peers are refused, and exactness is not applicable (see :mod:`specdraft.bench.sampled`).
 
 Per method and category (and ``overall``):
   tokens_per_s          total new tokens / total seconds (prefill included) over those prompts
@@ -15,7 +17,7 @@ Per method and category (and ``overall``):
   mean_accepted_tokens  tokens committed per target forward (decode/verify forwards; for the
                         transformers peers every target call, see :mod:`specdraft.bench.peers`)
   acceptance_rate       accepted / drafted tokens (null where the method does not say)
-  exact_match_rate      fraction of prompts whose tokens equal ``none``'s
+  exact_match_rate      fraction of prompts whose tokens equal ``none``'s (null when sampled)
 
 A greedy method that disagrees with ``none`` is either wrong or meets a near-tie that rounding
 broke differently (bf16 vs fp32, a block forward vs a one-token forward). To tell which, the
@@ -25,7 +27,8 @@ largest logits there; a gap above ``--tie-gap`` gets a warning line.
 This module runs the benchmark; the pieces it puts together each have their own module:
   arguments   the options of ``specdraft bench``
   prompts     prompt files: reading, validating, selecting (the dev prompts ship in ``data/``)
-  methods     which methods exist, the baseline first
+  methods     which methods exist, the baseline first, and which ``all`` skips
+  sampled     seeds per prompt and the rules of a sampled run
   runners     one runner per method (our engine, transformers peers, llama.cpp)
   records     per-prompt records, exactness against the baseline, aggregation into rows
   mismatches  logit gaps where a method diverges from the baseline
@@ -53,14 +56,14 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from ..config import GenerationConfig
-from ..options import spec_from_args
+from ..config import GenerationConfig, SamplingConfig
+from ..options import sampling_from_args, spec_from_args
 from ..pipeline import resolve_dtype
 from .chart import draw
 from .endpoint import run_endpoint
 from .errors import BenchError
 from .machine import machine_info, machine_line, peak_rss_mb
-from .methods import BASELINE, is_peer, parse_methods
+from .methods import ALL, BASELINE, drop_unavailable, is_peer, parse_methods
 from .mismatches import analyse_mismatches
 from .peers import PEERS
 from .prompts import (
@@ -80,6 +83,7 @@ from .report import (
     write_text,
 )
 from .runners import PeerSetup, Runner, load_speculator, make_runner, peer_setup, timed
+from .sampled import NOT_APPLICABLE, refuse_peers, sampling_report
 
 WARMUP_PROMPT = "Write one sentence about the sea."
 WARMUP_TOKENS = 32  # enough for a prefill and several decode/verify shapes
@@ -92,14 +96,15 @@ def check_context(prompt_ids: dict, max_new_tokens: int, max_length: int, contex
                              f"exceeds the context of {max_length}; raise {context_flag} or lower --max-new-tokens")
 
 
-def run_config(args, methods: list[str], speculator, peers: PeerSetup | None) -> dict:
+def run_config(args, methods: list[str], sampling: SamplingConfig, speculator, peers: PeerSetup | None) -> dict:
     """The report's ``config``: the command, its arguments, the machine, the models and the settings."""
     plain_args = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
     spec = {k: v for k, v in asdict(spec_from_args("draft-model", args)).items() if k != "method"}
     target = speculator.target
     cfg = dict(command=sys.argv[:], args=plain_args, prompts_file=str(prompts_path(args.prompts)),
                date=datetime.now(UTC).isoformat(timespec="seconds"),
-               machine=machine_info(), methods=methods, max_new_tokens=args.max_new_tokens, greedy=True,
+               machine=machine_info(), methods=methods, max_new_tokens=args.max_new_tokens,
+               greedy=sampling.greedy, sampling=sampling_report(sampling),
                target=dict(name=target.name, path=str(target.path), dtype=resolve_dtype(args.dtype),
                            eos_ids=sorted(target.eos_ids)),
                spec=spec, warmup=args.warmup, tie_gap=args.tie_gap)
@@ -210,8 +215,10 @@ def run_bench(args) -> int:
         return run_endpoint(args)
 
     # Everything cheap is validated before any model loads.
-    methods = parse_methods(args.methods)
+    methods, skipped = drop_unavailable(parse_methods(args.methods), args.methods, args)
     GenerationConfig(max_new_tokens=args.max_new_tokens)
+    sampling = sampling_from_args(args)
+    refuse_peers(methods, sampling)
     for method in methods:  # each method's speculation (retrieval: --index given) before any model loads
         if not is_peer(method):
             spec_from_args(method, args)
@@ -223,41 +230,53 @@ def run_bench(args) -> int:
     check_output_path(args.markdown, "--markdown")
     check_output_path(args.chart, "--chart")
     console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)  # no 80-column wrap in logs
-    if BASELINE not in (parse_list(args.methods) or []):
+    named = parse_list(args.methods) or []
+    if BASELINE not in named and ALL not in named:
         console.print("note: added method none (plain decoding): it is the baseline of speedups and exactness")
+    for method, why in skipped.items():
+        console.print(f"note: skipped method {method}: {why}")
 
     speculator = load_speculator(args, methods)
     peers = peer_setup(args, methods, speculator)
     prompt_ids = {p.question_id: speculator.encode_prompt(p.text) for p in prompts}
     check_context(prompt_ids, args.max_new_tokens, speculator.target.model.max_length)
 
-    config = run_config(args, methods, speculator, peers)
+    config = dict(run_config(args, methods, sampling, speculator, peers), skipped_methods=skipped)
     console.print(machine_line(config["machine"]))
 
-    def save(records, rss, mismatches=None) -> list[dict]:
-        """Write the JSON report; partial (no mismatch analysis yet) until the run completes."""
-        mark_exactness(records)
+    def save(records, rss, mismatches=None, complete=False) -> list[dict]:
+        """Write the JSON report; partial (no mismatch analysis yet) until the run completes.
+        A sampled run has no exactness and no mismatch analysis: ``exact`` and ``mismatches`` stay null."""
+        if sampling.greedy:
+            mark_exactness(records)
         results = aggregate(records, methods, categories)
         for row in results:
             if row["category"] == "overall":
                 row["peak_rss_mb_after"] = rss.get(row["method"])  # ru_maxrss only grows: peak so far
-        report = dict(config=dict(config, peak_rss_mb=peak_rss_mb(), complete=mismatches is not None),
-                      results=results, prompts=[r.to_dict() for r in records], mismatches=mismatches or [])
+        report = dict(config=dict(config, peak_rss_mb=peak_rss_mb(), complete=complete),
+                      results=results, prompts=[r.to_dict() for r in records],
+                      mismatches=(mismatches or []) if sampling.greedy else None)
         if args.json_out is not None:
             write_text(args.json_out, json.dumps(report, indent=1) + "\n")
         return results
 
     records, rss = run_all(methods, prompts, prompt_ids, args, speculator, peers, console, save)
-    mismatches = analyse_mismatches(records, prompt_ids, speculator.target, args.tie_gap,
-                                    lambda line: console.print(f"[yellow]warning:[/] {line}"))
-    results = save(records, rss, mismatches)
+    mismatches = []
+    if sampling.greedy:
+        mismatches = analyse_mismatches(records, prompt_ids, speculator.target, args.tie_gap,
+                                        lambda line: console.print(f"[yellow]warning:[/] {line}"))
+    results = save(records, rss, mismatches, complete=True)
     if args.markdown is not None:
-        write_text(args.markdown, markdown_report(results, methods, categories))
+        write_text(args.markdown, markdown_report(results, methods, categories, sampling))
     if args.chart is not None:
-        draw(results, args.chart, f"{speculator.target.name}, {len(prompts)} prompts, {args.max_new_tokens} new tokens")
+        title = f"{speculator.target.name}, {len(prompts)} prompts, {args.max_new_tokens} new tokens"
+        draw(results, args.chart, title if sampling.greedy else f"{title}, temperature {sampling.temperature:g}")
     # Off a terminal (a log file, a pipe) rich assumes 80 columns and truncates the headers.
-    print_tables(Console(width=None if sys.stdout.isatty() else 160), results, methods, categories)
-    near = sum(m["near_tie"] for m in mismatches)
+    print_tables(Console(width=None if sys.stdout.isatty() else 160), results, methods, categories, sampling)
     where = report_location(args.json_out)
+    if not sampling.greedy:
+        console.print(f"exactness and mismatch analysis: {NOT_APPLICABLE}; {where}")
+        return 0
+    near = sum(m["near_tie"] for m in mismatches)
     console.print(f"{len(mismatches)} mismatching generations ({near} at near-ties); {where}")
     return 0

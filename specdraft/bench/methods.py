@@ -1,12 +1,18 @@
 """The methods a bench run can time: ``none`` (the baseline), our drafters, and the peers."""
 from __future__ import annotations
 
-from ..drafters import drafter_names, needs_draft_model
+from ..drafters import drafter_names, needs_draft_model, needs_head
+from ..errors import ParameterError
+from ..heads.model import shipped_head_dir
+from ..models.packaged import DEFAULT_TARGET
+from ..options import spec_from_args
 from .errors import BenchError
 from .llama_cpp import NAME as LLAMA_CPP
 from .peers import PEERS
 from .prompts import parse_list
 from .records import BASELINE
+
+ALL = "all"  # every method of ours: the registered drafters, none included (peers are named one by one)
 
 
 def known_methods() -> list[str]:
@@ -14,13 +20,42 @@ def known_methods() -> list[str]:
 
 
 def parse_methods(text: str) -> list[str]:
-    """Validated method names with the baseline first (added when missing: speedups need it)."""
-    names = parse_list(text) or []
+    """Validated method names with ``all`` expanded and the baseline first (added when missing:
+    speedups need it). ``"all,llama-cpp"`` -> none, every drafter, llama-cpp."""
     valid = known_methods()
-    for name in names:
-        if name not in valid:
-            raise BenchError(f"unknown method {name!r}; choose from: {', '.join(valid)}")
-    return [BASELINE] + [n for n in names if n != BASELINE]
+    names: list[str] = []
+    for name in parse_list(text) or []:
+        if name == ALL:
+            names += drafter_names()
+        elif name in valid:
+            names.append(name)
+        else:
+            raise BenchError(f"unknown method {name!r}; choose from: {ALL}, {', '.join(valid)}")
+    return [BASELINE] + [n for n in dict.fromkeys(names) if n != BASELINE]
+
+
+def drop_unavailable(methods: list[str], text: str, args) -> tuple[list[str], dict[str, str]]:
+    """Drop the methods that ``all`` brought in but that cannot run with these options, each with
+    its reason. A method named on its own stays: the user asked for it, so it fails with its error."""
+    named = set(parse_list(text) or [])
+    skipped = {m: why for m in methods if m not in named and (why := unavailable(m, args)) is not None}
+    return [m for m in methods if m not in skipped], skipped
+
+
+def unavailable(method: str, args) -> str | None:
+    """Why one of our methods cannot run with these options, or None; decided before any model loads."""
+    if is_peer(method):
+        return None
+    try:  # its speculation settings (retrieval: an --index)
+        spec_from_args(method, args)
+    except ParameterError as e:
+        return str(e)
+    if not needs_head(method):
+        return None
+    target = args.target or DEFAULT_TARGET
+    if args.head is None and shipped_head_dir(target) is None:
+        return f"it needs a drafting head and none is shipped for {target!r} (pass --head DIR)"
+    return None
 
 
 def needs_our_draft(methods: list[str]) -> bool:

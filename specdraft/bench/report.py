@@ -6,8 +6,12 @@ from pathlib import Path
 
 from rich.table import Table
 
+from ..config import SamplingConfig
 from .errors import BenchError
 from .records import BASELINE, PromptRecord, ratio, summarise
+from .sampled import NOT_APPLICABLE, sampling_note
+
+GREEDY = SamplingConfig()  # the tables' default: a greedy run, exactness against none
 
 OVERALL_COLUMNS = ("method", "tokens/s", "speedup", "decode tok/s", "decode speedup", "tokens/forward",
                    "acceptance", "exact match", "prompts", "new tokens", "seconds")
@@ -17,10 +21,11 @@ def fmt(value, spec: str = ".2f", suffix: str = "") -> str:
     return "–" if value is None else f"{value:{spec}}{suffix}"
 
 
-def overall_cells(row: dict) -> list[str]:
+def overall_cells(row: dict, sampling: SamplingConfig = GREEDY) -> list[str]:
+    exact = fmt(row["exact_match_rate"], ".0%") if sampling.greedy else NOT_APPLICABLE  # not a misleading "–" or 0%
     return [row["method"], fmt(row["tokens_per_s"]), fmt(row["speedup"], ".2f", "x"),
             fmt(row.get("decode_tokens_per_s")), fmt(row.get("decode_speedup"), ".2f", "x"),
-            fmt(row["mean_accepted_tokens"]), fmt(row["acceptance_rate"], ".0%"), fmt(row["exact_match_rate"], ".0%"),
+            fmt(row["mean_accepted_tokens"]), fmt(row["acceptance_rate"], ".0%"), exact,
             str(row["prompts"]), str(row["new_tokens"]), fmt(row["seconds"], ".1f")]
 
 
@@ -32,10 +37,13 @@ def speedup_grid(results: list[dict], methods: list[str], categories: list[str],
 
 
 # ---------------------------------------------------------------------------- Markdown
-def markdown_report(results: list[dict], methods: list[str], categories: list[str]) -> str:
+def markdown_report(results: list[dict], methods: list[str], categories: list[str],
+                    sampling: SamplingConfig = GREEDY) -> str:
     overall = [r for r in results if r["category"] == "overall"]
-    lines = ["## Overall", "", _md_row(OVERALL_COLUMNS), _md_rule(len(OVERALL_COLUMNS))]
-    lines += [_md_row(overall_cells(r)) for r in overall]
+    note = sampling_note(sampling)
+    lines = ["## Overall", "", *([note[0].upper() + note[1:] + ".", ""] if note else []),
+             _md_row(OVERALL_COLUMNS), _md_rule(len(OVERALL_COLUMNS))]
+    lines += [_md_row(overall_cells(r, sampling)) for r in overall]
     header = ["method", *categories, "overall"]
     lines += ["", "## Speedup by category", "", _md_row(header), _md_rule(len(header))]
     lines += [_md_row(row) for row in speedup_grid(results, methods, categories)]
@@ -54,13 +62,14 @@ def _md_rule(n: int) -> str:
 
 
 # ---------------------------------------------------------------------------- terminal
-def print_tables(console, results: list[dict], methods: list[str], categories: list[str]) -> None:
-    table = Table(title="overall")
+def print_tables(console, results: list[dict], methods: list[str], categories: list[str],
+                 sampling: SamplingConfig = GREEDY) -> None:
+    table = Table(title="overall", caption=sampling_note(sampling))
     for i, name in enumerate(OVERALL_COLUMNS):
         table.add_column(name, justify="left" if i == 0 else "right")
     for row in results:
         if row["category"] == "overall":
-            table.add_row(*overall_cells(row))
+            table.add_row(*overall_cells(row, sampling))
     console.print(table)
     grid = Table(title="speedup by category")
     for i, name in enumerate(["method", *categories, "overall"]):

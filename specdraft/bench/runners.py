@@ -19,7 +19,7 @@ from ..models.packaged import (
     gguf_file,
     resolve_model_dir,
 )
-from ..options import spec_from_args, speculator_options
+from ..options import sampling_from_args, spec_from_args, speculator_options
 from ..pipeline import Speculator, check_tokenizers
 from .errors import BenchError
 from .llama_cpp import NAME as LLAMA_CPP
@@ -27,17 +27,17 @@ from .llama_cpp import LlamaCppRunner
 from .methods import needs_our_draft
 from .peers import PEERS, PeerModels, PeerRunner, assistant_key, target_key
 from .records import Outcome, Runner
+from .sampled import for_prompt
 
-GREEDY = SamplingConfig()  # temperature 0: the only mode whose outputs can be compared token for token
 
-
-def engine_runner(speculator, spec: SpecConfig) -> Runner:
-    """Our engine for one method; one Engine serves every prompt (stream() resets its state)."""
+def engine_runner(speculator, spec: SpecConfig, sampling: SamplingConfig) -> Runner:
+    """Our engine for one method; one Engine serves every prompt (stream() resets its state).
+    Under sampling each prompt gets its own seed (see :mod:`specdraft.bench.sampled`)."""
     engine = speculator.engine(spec)
     has_drafter = engine.drafter is not None
 
     def run(ids: list[int], max_new_tokens: int) -> Outcome:
-        for _ in engine.stream(ids, GREEDY, GenerationConfig(max_new_tokens=max_new_tokens)):
+        for _ in engine.stream(ids, for_prompt(sampling, ids), GenerationConfig(max_new_tokens=max_new_tokens)):
             pass
         s = engine.stats
         drafted, accepted = (s.draft_tokens, s.accepted_tokens) if has_drafter else (None, None)
@@ -113,4 +113,4 @@ def make_runner(method: str, args, speculator, peers: PeerSetup | None) -> Runne
     if method == LLAMA_CPP:
         return LlamaCppRunner(gguf_file(args.target or DEFAULT_TARGET), speculator.target.eos_ids,
                               n_ctx=speculator.target.model.max_length)
-    return engine_runner(speculator, spec_from_args(method, args))
+    return engine_runner(speculator, spec_from_args(method, args), sampling_from_args(args))
