@@ -54,7 +54,8 @@ class ForwardCosts:
         return self.relative.get(tokens) or self.seconds[tokens] / self.seconds[1]
 
     def ratio(self, tokens: int) -> float:
-        """cost(tokens) / cost(1); linear between measured sizes, the prior slope beyond."""
+        """cost(tokens) / cost(1); linear between measured sizes, beyond them the last measured
+        segment's slope (at least the prior's)."""
         if not self.seconds.get(1) or tokens <= 1:
             return 1.0 + PRIOR_SLOPE * (tokens - 1)
         known = sorted(t for t in self.seconds if t <= tokens)
@@ -66,7 +67,14 @@ class ForwardCosts:
             hi = min(above)
             r_lo, r_hi = self._ratio_at(lo), self._ratio_at(hi)
             return r_lo + (r_hi - r_lo) * (tokens - lo) / (hi - lo)
-        return self._ratio_at(lo) + PRIOR_SLOPE * (tokens - lo)
+        # past the largest measured size: the steeper of the prior and the last measured segment
+        # (costs per token only grow with the block on these CPUs; the prior alone let early
+        # trees of 20-30 nodes look nearly free)
+        slope = PRIOR_SLOPE
+        if len(known) >= 2:
+            prev = known[-2]
+            slope = max(slope, (self._ratio_at(lo) - self._ratio_at(prev)) / (lo - prev))
+        return self._ratio_at(lo) + slope * (tokens - lo)
 
     def best_length(self, sure: list[float], draft_cost: float = 0.0, free: int = 0, least: int = 0) -> int:
         """How many of the guesses to send: the n (least..len(sure)) that maximises expected

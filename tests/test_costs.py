@@ -19,7 +19,10 @@ def test_ratio_measured_interpolated_and_beyond():
     c = table(t1=60, t2=68, t4=92)
     assert c.ratio(1) == 1.0 and c.ratio(2) == pytest.approx(68 / 60)
     assert c.ratio(3) == pytest.approx(80 / 60)  # linear between 2 and 4
-    assert c.ratio(6) == pytest.approx(92 / 60 + 2 * PRIOR_SLOPE)  # prior slope past the last measurement
+    assert c.ratio(6) == pytest.approx(92 / 60 + 2 * (92 - 68) / 60 / 2)  # the last segment's slope beyond it
+    flat = table(t1=60, t2=61, t4=62)  # a segment flatter than the prior: the prior's slope
+    assert flat.ratio(8) == pytest.approx(62 / 60 + 4 * PRIOR_SLOPE)
+    assert table(t1=60).ratio(3) == pytest.approx(1 + 2 * PRIOR_SLOPE)  # one size measured: the prior
     assert ForwardCosts().ratio(5) == pytest.approx(1 + 4 * PRIOR_SLOPE)  # nothing measured yet
 
 
