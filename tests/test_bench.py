@@ -590,6 +590,32 @@ def test_engine_runner_seeds_each_prompt_from_the_run_seed_and_the_prompt():
     assert seeds[0] != seeds[1]
 
 
+def test_engine_runner_starts_each_run_without_earlier_answers_in_the_suffix_history():
+    from types import SimpleNamespace
+
+    from specdraft.bench.runners import engine_runner
+    from specdraft.config import SamplingConfig, SpecConfig
+    from specdraft.drafters.suffix import HISTORY
+
+    seen = []
+
+    class Engine:
+        drafter = None
+        stats = SimpleNamespace(target_forwards=1, step_tokens=1, time_prefill=0.0)
+        token_ids = (5,)
+
+        def stream(self, ids, sampling, gen):
+            seen.append([t.tolist() for t in HISTORY.others(-1)])
+            HISTORY.update(len(seen), ids + [5])  # what a suffix drafter leaves behind
+            return iter(())
+
+    HISTORY.update(99, [1, 2, 7])  # another method's answer to the same prompt
+    run = engine_runner(SimpleNamespace(engine=lambda spec: Engine()), SpecConfig(method="suffix"), SamplingConfig())
+    run([1, 2], 4), run([1, 2], 4)
+    assert seen == [[], []]
+    HISTORY.clear()
+
+
 def test_endpoint_requests_carry_the_sampling_settings():
     from specdraft.bench.endpoint import request_body
     from specdraft.bench.sampled import prompt_seed

@@ -13,6 +13,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from ..config import GenerationConfig, SamplingConfig, SpecConfig
+from ..drafters.suffix import HISTORY as SUFFIX_HISTORY
 from ..models.packaged import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,
@@ -31,12 +32,16 @@ from .sampled import for_prompt
 
 
 def engine_runner(speculator, spec: SpecConfig, sampling: SamplingConfig) -> Runner:
-    """Our engine for one method; one Engine serves every prompt (stream() resets its state).
-    Under sampling each prompt gets its own seed (see :mod:`specdraft.bench.sampled`)."""
+    """Our engine for one method; one Engine serves every prompt (stream() resets its state, and
+    the suffix drafters' history of earlier requests is emptied before each). Under sampling each
+    prompt gets its own seed (see :mod:`specdraft.bench.sampled`)."""
     engine = speculator.engine(spec)
     has_drafter = engine.drafter is not None
 
     def run(ids: list[int], max_new_tokens: int) -> Outcome:
+        # every method answers the same prompts: an earlier method's answer in the suffix
+        # drafters' history of requests would give this one away, so each run starts without it
+        SUFFIX_HISTORY.clear()
         for _ in engine.stream(ids, for_prompt(sampling, ids), GenerationConfig(max_new_tokens=max_new_tokens)):
             pass
         s = engine.stats
