@@ -565,14 +565,12 @@ def test_prompt_seeds_depend_on_the_seed_and_the_prompt_only():
     assert for_prompt(SamplingConfig(seed=3), [1, 2, 3]).seed == 3  # greedy draws nothing: left alone
 
 
-def test_engine_runner_seeds_each_prompt_from_the_run_seed_and_the_prompt():
+def fake_engine_runner(on_stream, sampling):
+    """bench.runners.engine_runner over a stand-in engine whose stream(ids, sampling) calls on_stream."""
     from types import SimpleNamespace
 
     from specdraft.bench.runners import engine_runner
-    from specdraft.bench.sampled import prompt_seed
-    from specdraft.config import SamplingConfig, SpecConfig
-
-    seeds = []
+    from specdraft.config import SpecConfig
 
     class Engine:
         drafter = None
@@ -580,37 +578,35 @@ def test_engine_runner_seeds_each_prompt_from_the_run_seed_and_the_prompt():
         token_ids = (5,)
 
         def stream(self, ids, sampling, gen):
-            seeds.append(sampling.seed)
+            on_stream(ids, sampling)
             return iter(())
 
-    speculator = SimpleNamespace(engine=lambda spec: Engine())
-    run = engine_runner(speculator, SpecConfig(method="none"), SamplingConfig(temperature=0.7, seed=11))
+    return engine_runner(SimpleNamespace(engine=lambda spec: Engine()), SpecConfig(method="none"), sampling)
+
+
+def test_engine_runner_seeds_each_prompt_from_the_run_seed_and_the_prompt():
+    from specdraft.bench.sampled import prompt_seed
+    from specdraft.config import SamplingConfig
+
+    seeds = []
+    run = fake_engine_runner(lambda ids, sampling: seeds.append(sampling.seed), SamplingConfig(temperature=0.7, seed=11))
     run([1, 2], 4), run([1, 3], 4), run([1, 2], 4)
     assert seeds == [prompt_seed(11, [1, 2]), prompt_seed(11, [1, 3]), prompt_seed(11, [1, 2])]
     assert seeds[0] != seeds[1]
 
 
 def test_engine_runner_starts_each_run_without_earlier_answers_in_the_suffix_history():
-    from types import SimpleNamespace
-
-    from specdraft.bench.runners import engine_runner
-    from specdraft.config import SamplingConfig, SpecConfig
+    from specdraft.config import SamplingConfig
     from specdraft.drafters.suffix import HISTORY
 
     seen = []
 
-    class Engine:
-        drafter = None
-        stats = SimpleNamespace(target_forwards=1, step_tokens=1, time_prefill=0.0)
-        token_ids = (5,)
-
-        def stream(self, ids, sampling, gen):
-            seen.append([t.tolist() for t in HISTORY.others(-1)])
-            HISTORY.update(len(seen), ids + [5])  # what a suffix drafter leaves behind
-            return iter(())
+    def stream(ids, sampling):
+        seen.append([t.tolist() for t in HISTORY.others(-1)])
+        HISTORY.update(len(seen), ids + [5])  # what a suffix drafter leaves behind
 
     HISTORY.update(99, [1, 2, 7])  # another method's answer to the same prompt
-    run = engine_runner(SimpleNamespace(engine=lambda spec: Engine()), SpecConfig(method="suffix"), SamplingConfig())
+    run = fake_engine_runner(stream, SamplingConfig())
     run([1, 2], 4), run([1, 2], 4)
     assert seen == [[], []]
     HISTORY.clear()
