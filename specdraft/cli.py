@@ -1,4 +1,4 @@
-"""The command line: ``specdraft generate``, ``serve``, ``bench``, ``train-head``, ``calibrate``, ``models``,
+"""The command line: ``specdraft generate``, ``serve``, ``bench``, ``train-drafter``, ``train-head``, ``calibrate``, ``models``,
 ``index``.
 
 User errors print one line (``error: ...``) and exit with status 2; no traceback.
@@ -20,7 +20,7 @@ from .bench.machine import gguf_kernel_path
 from .config import GenerationConfig, SpecConfig
 from .drafters import drafter_names, needs_draft_model
 from .errors import ParameterError, SpecdraftError
-from .heads.command import add_train_args, train_from_args
+from .heads.command import add_export_args, add_train_args, export_from_args, train_from_args
 from .heads.model import shipped_head_dir
 from .models.packaged import DEFAULT_TARGET, PACKAGED, resolve_model_dir
 from .options import (
@@ -54,7 +54,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="specdraft", description="Lossless speculative decoding, CPU first.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for add in (_add_generate, _add_serve, _add_bench, _add_train_head, _add_calibrate, _add_models, _add_index):
+    for add in (_add_generate, _add_serve, _add_bench, _add_train_head, _add_export, _add_calibrate, _add_models,
+                _add_index):
         add(sub)  # each sets its subcommand's func, which main() calls
     return parser
 
@@ -102,10 +103,22 @@ def _add_bench(sub) -> None:
 
 
 def _add_train_head(sub) -> None:
-    t = sub.add_parser("train-head", help="train a drafting head on the target's features (for --method head / hybrid-head)")
+    t = sub.add_parser("train-drafter", help="train a drafter on the target's features: an EAGLE layer "
+                                             "(--method eagle) or the MLP head (--kind mlp)")
     t.set_defaults(func=train_from_args)
     add_train_args(t)
     add_model_args(t)
+    t = sub.add_parser("train-head", help="train the MLP drafting head (train-drafter --kind mlp; "
+                                          "for --method head / hybrid-head / fusion)")
+    t.set_defaults(func=train_from_args)
+    add_train_args(t, kind="mlp")
+    add_model_args(t)
+
+
+def _add_export(sub) -> None:
+    e = sub.add_parser("export", help="write a trained EAGLE drafter in a serving engine's layout (vLLM speculators)")
+    e.set_defaults(func=export_from_args)
+    add_export_args(e)
 
 
 def _add_calibrate(sub) -> None:

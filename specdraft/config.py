@@ -105,6 +105,9 @@ class SpecConfig:
     # head / hybrid-head: the directory of a trained drafting head (head.json + head.safetensors);
     # None = the one shipped for the target, when there is one.
     head: str | None = None
+    # eagle: the directory of a trained EAGLE drafter (`specdraft train-drafter --kind eagle`);
+    # None = the one shipped for the target, when there is one.
+    eagle: str | None = None
     # retrieval: the directory of a datastore built by `specdraft index build` (its tokenizer must
     # be the target's); None = no datastore, which --method retrieval refuses.
     index: str | None = None

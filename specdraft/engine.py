@@ -117,8 +117,8 @@ class Engine:
             features = self.drafter.uses_features  # the drafter reads target hidden states
             out = self.target.forward(torch.tensor(prompt_ids, dtype=torch.int64), last_only=True, need_hidden=features)
             new = [next_token(out.logits[-1], sampling, generator)]
-            if features:
-                self.drafter.take_features(out.hidden[-1])
+            if features:  # every prompt row; the last one chose the first new token
+                self.drafter.take_features(out.hidden)
             origins = [TARGET]
             stats.time_prefill = time.perf_counter() - t_start
             while True:
@@ -172,8 +172,8 @@ class Engine:
                 # 3. Keep the committed context minus its newest token in the target's cache: a
                 # chain rolls back by length, a tree's accepted path moves next to the prefix.
                 n = verdict.num_accepted
-                if features:  # the last committed row produced the newest token
-                    self.drafter.take_features(out.hidden[rows[-1]])
+                if features:  # the committed rows; the last one chose the newest token
+                    self.drafter.take_features(out.hidden[rows])
                 if draft.parents is None:
                     self.target.rollback(len(context) + n)
                 else:

@@ -14,10 +14,10 @@ import torch
 
 from .config import GenerationConfig, SamplingConfig, SpecConfig
 from .costs import ForwardCosts
-from .drafters import DrafterContext, build_drafter, needs_draft_model, needs_head
+from .drafters import DrafterContext, build_drafter, head_kind, needs_draft_model
 from .engine import Engine, Piece
 from .errors import ModelFileError, ParameterError, TokenizerMismatchError
-from .heads.model import FeatureHead, shipped_head_dir
+from .heads.model import load_head, shipped_head_dir
 from .kernels import KernelUnavailable, gguf_ops
 from .metrics import SpecStats
 from .models.gguf_weights import gguf_source
@@ -203,16 +203,18 @@ class Speculator:
             raise ParameterError(f"the chat template rejects these messages: {e}") from None
         return tok(text, add_special_tokens=False)["input_ids"]
 
-    def head(self, directory: str | None = None):
-        """The drafting head in ``directory`` (default: the one shipped for this target), loaded once."""
+    def head(self, directory: str | None = None, kind: str = "mlp"):
+        """The trained drafter of ``kind`` in ``directory`` (default: the one shipped for this
+        target), loaded once."""
 
-        path = directory or shipped_head_dir(self.target.name)
+        path = directory or shipped_head_dir(self.target.name, kind)
         if path is None:
-            raise ParameterError(f"no drafting head is shipped for {self.target.name!r}; train one with "
-                                 "`specdraft train-head --target ...` and pass --head DIR")
+            command = "train-head" if kind == "mlp" else f"train-drafter --kind {kind}"
+            raise ParameterError(f"no {kind} drafter is shipped for {self.target.name!r}; train one with "
+                                 f"`specdraft {command} --target ...` and pass --head DIR")
         heads = self._heads
         if path not in heads:
-            head = FeatureHead.load(path)
+            head = load_head(path, kind)
             hidden = getattr(getattr(self.target.model, "spec", None), "hidden_size", None)
             if hidden != head.cfg.hidden_size:
                 raise ParameterError(f"the drafting head in {path} was trained for hidden size {head.cfg.hidden_size}, "
@@ -225,7 +227,8 @@ class Speculator:
             raise ParameterError(f"method {spec.method!r} needs a draft model; pass --draft")
         ctx = DrafterContext(spec=spec, target=self.target.model,
                              draft_model=self.draft.model if self.draft else None,
-                             head=self.head(spec.head) if needs_head(spec.method) else None,
+                             head=self.head(spec.eagle if kind == "eagle" else spec.head, kind)
+                             if (kind := head_kind(spec.method)) else None,
                              target_dir=self.target.path)
         drafter = build_drafter(spec.method, ctx)  # "none": the empty drafter
         return Engine(self.target.model, self.tokenizer, drafter, spec, self.target.eos_ids, costs=self._costs)

@@ -147,3 +147,40 @@ def make_cli_model(directory: Path, *, seed: int = 0, shuffle_seed: int | None =
     directory = save(build_hf("qwen2", seed=seed), directory)
     save_char_tokenizer(directory, shuffle_seed=shuffle_seed)
     return directory
+
+
+def drafting_engine(target, method, head=None, **spec_kw):
+    """An Engine on a tiny target whose drafter reads a trained head (cost rule off by default:
+    drafts are sent whatever this machine's forward times)."""
+    from specdraft.config import SpecConfig
+    from specdraft.drafters import DrafterContext, build_drafter
+    from specdraft.engine import Engine
+
+    spec_kw.setdefault("cost_rule", False)
+    spec = SpecConfig(method=method, min_confidence=0.0, **spec_kw)
+    drafter = None if method == "none" else build_drafter(method, DrafterContext(spec, target, None, head))
+    return Engine(target, FakeTokenizer(), drafter, spec)
+
+
+def own_texts(target, n: int = 24, length: int = 60) -> list[list[int]]:
+    """n random 6-token prompts each followed by the target's own greedy continuation: what a
+    drafter trained on the target's features learns from."""
+    from specdraft.config import GenerationConfig, SamplingConfig
+
+    gen = torch.Generator().manual_seed(0)
+    seqs = []
+    for _ in range(n):
+        prompt = torch.randint(0, VOCAB, (6,), generator=gen).tolist()
+        e = drafting_engine(target, "none")
+        e.generate(prompt, SamplingConfig(), GenerationConfig(max_new_tokens=length))
+        seqs.append(prompt + list(e.token_ids))
+    return seqs
+
+
+def drafted(target, method, prompt, head=None, sampling=None, n: int = 40, **spec_kw):
+    """(token ids, stats) of ``n`` new tokens of ``prompt`` with drafting_engine's engine."""
+    from specdraft.config import GenerationConfig, SamplingConfig
+
+    e = drafting_engine(target, method, head, **spec_kw)
+    e.generate(prompt, sampling or SamplingConfig(), GenerationConfig(max_new_tokens=n))
+    return list(e.token_ids), e.stats

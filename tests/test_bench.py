@@ -147,12 +147,14 @@ def test_all_skips_methods_that_cannot_run_but_a_named_one_stays(tmp_path):
 
     no_head = bench_args()
     methods, skipped = drop_unavailable(parse_methods("all,hf-generate"), "all,hf-generate", no_head)
-    assert set(skipped) == {"head", "hybrid-head", "fusion", "retrieval"} and "pass --head DIR" in skipped["head"]
+    assert set(skipped) == {"head", "hybrid-head", "fusion", "retrieval", "eagle"} and "pass --head DIR" in skipped["head"]
+    assert "pass --eagle DIR" in skipped["eagle"]
     assert "--index" in skipped["retrieval"]
     assert methods == [m for m in parse_methods("all,hf-generate") if m not in skipped]
     named, skipped = drop_unavailable(parse_methods("all,head"), "all,head", no_head)
-    assert "head" in named and set(skipped) == {"hybrid-head", "fusion", "retrieval"}  # asked for by name: it stays
-    with_head = bench_args("--head", str(tmp_path / "head"), "--index", str(tmp_path / "index"))
+    assert "head" in named and set(skipped) == {"hybrid-head", "fusion", "retrieval", "eagle"}  # asked for by name: it stays
+    with_head = bench_args("--head", str(tmp_path / "head"), "--eagle", str(tmp_path / "eagle"),
+                           "--index", str(tmp_path / "index"))
     assert drop_unavailable(parse_methods("all"), "all", with_head) == (drafter_names(), {})
 
 
@@ -516,9 +518,9 @@ def test_sampled_bench_runs_every_method_and_marks_exactness_not_applicable(tiny
     report, err = bench_tiny(tiny_dir, tmp_path, capsys, "all", "--methods", "all", "--temperature", "0.8",
                              "--top-p", "0.9", "--seed", "5", "--markdown", str(md))
     # no drafting head is shipped for the tiny model, no --index: all skips those methods and says why
-    assert set(report["config"]["skipped_methods"]) == {"head", "hybrid-head", "fusion", "retrieval"}
+    assert set(report["config"]["skipped_methods"]) == {"head", "hybrid-head", "fusion", "retrieval", "eagle"}
     assert "skipped method head: it needs a drafting head" in err
-    ran = [m for m in drafter_names() if m not in ("head", "hybrid-head", "fusion", "retrieval")]
+    ran = [m for m in drafter_names() if m not in ("head", "hybrid-head", "fusion", "retrieval", "eagle")]
     assert report["config"]["methods"] == ran and {r["method"] for r in report["results"]} == set(ran)
     s = report["config"]["sampling"]
     assert (s["temperature"], s["top_p"], s["top_k"], s["seed"], s["greedy"]) == (0.8, 0.9, 0, 5, False)

@@ -299,3 +299,25 @@ def test_index_build_bad_arguments_give_one_line(capsys, tiny_dir, tmp_path, arg
     out_dir = [] if "-o" in args else ["-o", str(tmp_path / "index")]
     rc, out, err = call(["index", "build", *args, *out_dir, "--target", str(tiny_dir)], capsys)
     assert_one_line_error(rc, out, err, contains=contains)
+
+
+def test_eagle_without_a_drafter_or_with_a_head_of_another_kind_gives_one_line(capsys, tiny_dir, tmp_path):
+    rc, out, err = call(["generate", "hello", "--target", str(tiny_dir), "--method", "eagle", "--no-chat",
+                         "--max-new-tokens", "4"], capsys)
+    assert_one_line_error(rc, out, err, contains="train-drafter --kind eagle")
+    (tmp_path / "head.json").write_text('{"hidden_size": 64, "inner": 8, "vocab": 10}')
+    rc, out, err = call(["generate", "hello", "--target", str(tiny_dir), "--method", "eagle", "--no-chat",
+                         "--eagle", str(tmp_path), "--max-new-tokens", "4"], capsys)
+    assert_one_line_error(rc, out, err, contains="holds a 'mlp' drafter")
+
+
+def test_train_drafter_refuses_bad_settings_in_one_line(capsys, tmp_path):
+    rc, out, err = call(["train-drafter", "--out", str(tmp_path), "--epochs", "0"], capsys)
+    assert_one_line_error(rc, out, err, contains="epochs")
+
+
+def test_export_of_a_head_of_another_kind_gives_one_line(capsys, tmp_path):
+    (tmp_path / "head.json").write_text('{"hidden_size": 64, "inner": 8, "vocab": 10}')
+    rc, out, err = call(["export", str(tmp_path), "--out", str(tmp_path / "out")], capsys)
+    assert_one_line_error(rc, out, err, contains="holds a 'mlp' drafter")
+    assert not (tmp_path / "out").exists()

@@ -115,8 +115,12 @@ def test_native_last_only_and_hidden(models, target):
     hf, _ = models["target"]
     target.reset()
     out = target.forward(torch.tensor(PROMPT), last_only=True, need_hidden=True)
-    assert out.logits.shape == (1, VOCAB) and out.hidden.shape == (1, 64)
+    # logits of the last row only; hidden states of every row (feature drafters cache them all)
+    assert out.logits.shape == (1, VOCAB) and out.hidden.shape == (len(PROMPT), 64)
     torch.testing.assert_close(out.logits[0], hf_logits(hf, PROMPT)[-1], atol=1e-4, rtol=0)
+    with torch.no_grad():
+        ref = hf(torch.tensor([PROMPT]), output_hidden_states=True).hidden_states[-1][0]
+    torch.testing.assert_close(out.hidden, ref, atol=1e-4, rtol=0)
 
 
 def test_native_rollback_then_new_tokens(models, target):

@@ -11,11 +11,10 @@ import json
 import pytest
 import torch
 
-from _tiny import VOCAB, FakeTokenizer, build_hf, load_native, save
-from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
-from specdraft.drafters import DrafterContext, build_drafter, needs_head
+from _tiny import VOCAB, build_hf, drafted, drafting_engine, load_native, own_texts, save
+from specdraft.config import GenerationConfig, SamplingConfig
+from specdraft.drafters import needs_head
 from specdraft.drafters.feature_head import output_weight
-from specdraft.engine import Engine
 from specdraft.errors import ModelFileError
 from specdraft.heads.data import FeatureSet, record
 from specdraft.heads.model import FeatureHead
@@ -30,27 +29,17 @@ def target(tmp_path_factory):
 
 
 def engine(target, method, head=None, **spec_kw):
-    spec_kw.setdefault("cost_rule", False)  # drafts sent whatever this machine's forward times
-    spec = SpecConfig(method=method, min_confidence=0.0, ngram_min=1, **spec_kw)
-    drafter = None if method == "none" else build_drafter(method, DrafterContext(spec, target, None, head))
-    return Engine(target, FakeTokenizer(), drafter, spec)
+    return drafting_engine(target, method, head, ngram_min=1, **spec_kw)
 
 
 def generate(target, method, prompt, head=None, sampling=SamplingConfig(), n=40):
-    e = engine(target, method, head)
-    e.generate(prompt, sampling, GenerationConfig(max_new_tokens=n))
-    return list(e.token_ids), e.stats
+    return drafted(target, method, prompt, head, sampling, n, ngram_min=1)
 
 
 @pytest.fixture(scope="module")
 def trained(target):
     """Features recorded on the target's own greedy text for 24 random prompts; a head on them."""
-    gen = torch.Generator().manual_seed(0)
-    seqs = []
-    for _ in range(24):
-        prompt = torch.randint(0, VOCAB, (6,), generator=gen).tolist()
-        ids, _ = generate(target, "none", prompt, n=60)
-        seqs.append(prompt + ids)
+    seqs = own_texts(target)
     data = record(target, seqs)
     cfg = TrainConfig(inner=128, vocab=VOCAB, epochs=30, batch=64, negatives=32, lr=3e-3, holdout=0.2)
     head, report = train_head(data, target.embed, output_weight(target, VOCAB), cfg, log=lambda *a: None)
@@ -104,7 +93,7 @@ def test_greedy_head_drafts_are_branched_trees_and_chains_without(target, traine
     drafts = {}
     for trees in (True, False):
         e = engine(target, "head", head, trees=trees, k=4)
-        e.drafter.take_features(target.forward(torch.tensor(PROMPTS[0]), need_hidden=True).hidden[-1])
+        e.drafter.take_features(target.forward(torch.tensor(PROMPTS[0]), need_hidden=True).hidden)
         drafts[trees] = e.drafter.propose(PROMPTS[0], 4, SamplingConfig(), torch.Generator())
         target.reset()
     tree, chain = drafts[True], drafts[False]

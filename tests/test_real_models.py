@@ -55,10 +55,11 @@ def pair():
     return Speculator(progress=False)
 
 
-def generate(sd, ids, method, *, k=8, sampling=SamplingConfig(), max_new_tokens=NEW_TOKENS, cost_rule=True):
+def generate(sd, ids, method, *, k=8, sampling=SamplingConfig(), max_new_tokens=NEW_TOKENS, cost_rule=True,
+             trees=False):
     """Tests that need drafts to be sent pass cost_rule=False: with it, whether a draft pays
     depends on how this machine timed its forwards (noisy, and different in CI)."""
-    return sd.generate(list(ids), spec=SpecConfig(method=method, k=k, cost_rule=cost_rule), sampling=sampling,
+    return sd.generate(list(ids), spec=SpecConfig(method=method, k=k, cost_rule=cost_rule, trees=trees), sampling=sampling,
                        gen=GenerationConfig(max_new_tokens=max_new_tokens))
 
 
@@ -170,7 +171,7 @@ def pair_plain(pair):
     return out
 
 
-@pytest.mark.parametrize("method", ["draft-model", "prompt-lookup", "head", "hybrid-head"])
+@pytest.mark.parametrize("method", ["draft-model", "prompt-lookup", "head", "hybrid-head", "eagle"])
 @pytest.mark.parametrize("prompt", PAIR_PROMPTS)
 def test_default_pair_greedy_speculative_equals_plain(pair, pair_plain, prompt, method):
     ids, plain = pair_plain[prompt]
@@ -183,13 +184,16 @@ def test_default_pair_greedy_speculative_equals_plain(pair, pair_plain, prompt, 
         assert spec.stats.target_forwards <= plain.stats.target_forwards
 
 
-def test_shipped_head_guesses_are_accepted(pair, pair_plain):
-    """The head shipped for the default target predicts it: some guesses pass on each prompt."""
+@pytest.mark.parametrize("method", ["head", "eagle"])
+def test_shipped_drafter_guesses_are_accepted(pair, pair_plain, method):
+    """The head and the EAGLE layer shipped for the default target predict it: some guesses pass
+    on each prompt, with chains and with trees."""
     for prompt in PAIR_PROMPTS:
         ids, plain = pair_plain[prompt]
-        out = generate(pair, ids, "head", k=4, cost_rule=False)
-        assert out.token_ids == plain.token_ids
-        assert out.stats.accepted_tokens > 0, out.stats.summary()
+        for trees in (False, True):
+            out = generate(pair, ids, method, k=4, cost_rule=False, trees=trees)
+            assert out.token_ids == plain.token_ids
+            assert out.stats.accepted_tokens > 0, out.stats.summary()
 
 
 def test_default_target_runs_its_gguf_weights(pair):

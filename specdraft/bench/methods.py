@@ -1,7 +1,7 @@
 """The methods a bench run can time: ``none`` (the baseline), our drafters, and the peers."""
 from __future__ import annotations
 
-from ..drafters import drafter_names, needs_draft_model, needs_head
+from ..drafters import drafter_names, head_kind, needs_draft_model
 from ..errors import ParameterError
 from ..heads.model import shipped_head_dir
 from ..models.packaged import DEFAULT_TARGET
@@ -50,11 +50,14 @@ def unavailable(method: str, args) -> str | None:
         spec_from_args(method, args)
     except ParameterError as e:
         return str(e)
-    if not needs_head(method):
+    kind = head_kind(method)
+    if kind is None:
         return None
     target = args.target or DEFAULT_TARGET
-    if args.head is None and shipped_head_dir(target) is None:
-        return f"it needs a drafting head and none is shipped for {target!r} (pass --head DIR)"
+    option = "--eagle" if kind == "eagle" else "--head"
+    if getattr(args, option[2:]) is None and shipped_head_dir(target, kind) is None:
+        what = "a drafting head" if kind == "mlp" else f"a trained {kind} drafter"
+        return f"it needs {what} and none is shipped for {target!r} (pass {option} DIR)"
     return None
 
 

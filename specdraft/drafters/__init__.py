@@ -1,15 +1,16 @@
 """Drafters ("prophets"): importing this package registers every built-in drafter."""
-from . import draft_model, feature_head, fusion, hybrid, prompt_lookup, retrieval, suffix  # noqa: F401  (registration side effects)
+from . import draft_model, eagle, feature_head, fusion, hybrid, prompt_lookup, retrieval, suffix  # noqa: F401  (registration side effects)
 from .base import (
                    Draft,
                    Drafter,
                    DrafterContext,
                    build_drafter,
                    drafter_names,
+                   head_kind,
                    needs_draft_model,
                    needs_head,
                    register,
 )
 
-__all__ = ["Draft", "Drafter", "DrafterContext", "build_drafter", "drafter_names", "needs_draft_model", "needs_head",
+__all__ = ["Draft", "Drafter", "DrafterContext", "build_drafter", "drafter_names", "head_kind", "needs_draft_model", "needs_head",
            "register"]

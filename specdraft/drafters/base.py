@@ -11,9 +11,11 @@ default so a new drafter writes only what it needs:
   roll back (a draft model's KV cache) or learn (pass rates, a datastore);
 * ``use_costs(costs)``: the engine's measured forward costs (costs.ForwardCosts), for drafters
   that size their drafts by cost (only when SpecConfig.cost_rule is on);
-* ``take_features(hidden)``, for drafters with ``uses_features = True``: hidden [H] is the
-  target's final-norm hidden state at the row that produced the newest committed token, after
-  the prefill and after every verification (before ``observe``).
+* ``take_features(hidden)``, for drafters with ``uses_features = True``: hidden [n, H] are the
+  target's final-norm hidden states at the rows just committed to its cache, in order (after
+  the prefill every prompt row; after a verification the newest context token's row and the
+  accepted guesses' rows), so the last row is the one that chose the newest committed token.
+  Called before ``observe``.
 
 Plain decoding is the empty drafter, registered as "none". A draft carries optional per-token
 probabilities q (None = deterministic, treated as one-hot by the verifier), optional tree
@@ -98,18 +100,20 @@ DrafterFactory = Callable[[DrafterContext], Drafter]
 class _Entry:
     factory: DrafterFactory
     needs_draft_model: bool  # DrafterContext.draft_model must be loaded
-    needs_head: bool  # DrafterContext.head must be loaded
+    head_kind: str | None  # DrafterContext.head must be loaded, of this kind ("mlp", "eagle")
 
 
 _REGISTRY: dict[str, _Entry] = {}
 
 
 def register(name: str, *, needs_draft_model: bool = False,
-             needs_head: bool = False) -> Callable[[DrafterFactory], DrafterFactory]:
-    """Class/function decorator: make a drafter available under ``name``."""
+             needs_head: bool | str = False) -> Callable[[DrafterFactory], DrafterFactory]:
+    """Class/function decorator: make a drafter available under ``name`` (``needs_head``: True
+    for the MLP head, or the kind of trained drafter it reads, e.g. "eagle")."""
 
     def deco(factory: DrafterFactory) -> DrafterFactory:
-        _REGISTRY[name] = _Entry(factory, needs_draft_model, needs_head)
+        kind = "mlp" if needs_head is True else (needs_head or None)
+        _REGISTRY[name] = _Entry(factory, needs_draft_model, kind)
         return factory
 
     return deco
@@ -126,8 +130,13 @@ def needs_draft_model(name: str) -> bool:
 
 
 def needs_head(name: str) -> bool:
+    return head_kind(name) is not None
+
+
+def head_kind(name: str) -> str | None:
+    """The kind of trained drafter a method reads ("mlp", "eagle"), or None."""
     _check(name)
-    return _REGISTRY[name].needs_head
+    return _REGISTRY[name].head_kind
 
 
 def build_drafter(name: str, ctx: DrafterContext) -> Drafter:

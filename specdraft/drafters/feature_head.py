@@ -84,7 +84,7 @@ class FeatureHeadDrafter(CostAware):
         self.trees = trees  # greedy drafts as EAGLE-2 dynamic trees (the target verifies tree masks)
         self.proposed_tree: tuple[list[int], list[int], list[float]] | None = None
         self.head = head  # heads.model.FeatureHead (fp32, eval)
-        self.step = Int8Head(head)  # its step as the drafter runs it
+        self.step = self.build_step(head)  # its step as the drafter runs it
         self.embed = target.embed  # [V, H] the target's token embedding
         self.vocab = head.cfg.vocab
         self.out = output_rows(target, self.vocab)  # [H] -> [V']
@@ -92,20 +92,36 @@ class FeatureHeadDrafter(CostAware):
         self.feature: torch.Tensor | None = None  # [H] f at the newest committed token's row
         self.step_seconds = 0.0  # running mean seconds of one head guess
 
+    def build_step(self, head):
+        """What ``advance`` runs: the head's step with int8 matrices."""
+        return Int8Head(head)
+
     def begin(self, prompt: list[int]) -> None:
         self.feature = None
 
     def take_features(self, hidden: torch.Tensor) -> None:
-        self.feature = hidden.float()
+        self.feature = hidden[-1].float()  # the row that chose the newest token
+
+    def ready(self) -> bool:
+        """Whether a draft can start (a feature has been seen since ``begin``)."""
+        return self.feature is not None
+
+    def advance(self, nodes: list[int], ids: list[int], parents: list[int], feats: list[torch.Tensor]) -> torch.Tensor:
+        """[B, H] the features predicted from draft nodes (-1: the root) whose tokens are ``ids``
+        [B]; ``parents`` and ``feats`` describe every node drafted so far (node j's token was
+        chosen from feats[j]). The head needs only each node's own feature."""
+        f = torch.stack([self.feature if j < 0 else feats[j] for j in nodes])  # [B, H]
+        return self.step(f, self.embed[ids].float())
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, sampling: SamplingConfig,
                 generator: torch.Generator) -> Draft:
-        if self.feature is None or k <= 0:
+        if not self.ready() or k <= 0:
             return Draft()
-        f = self.feature[None]  # [1, H]
-        tok = context[-1]
+        node, tok = -1, context[-1]  # node -1: the root, the newest committed token
         tokens: list[int] = []
+        parents: list[int] = []
+        feats: list[torch.Tensor] = []  # [H] the feature each node's token was chosen from
         qs: list[torch.Tensor] = []
         p_all_pass, cumulative, confidences = 1.0, [], []  # P(all guesses so far pass), after each guess
         costed = self.costs is not None and self.costs.measured
@@ -116,7 +132,7 @@ class FeatureHeadDrafter(CostAware):
             return self._propose_tree(context, k, costed, draft_cost)
         t0 = time.perf_counter()
         for _ in range(k):
-            f = self.step(f, self.embed[tok:tok + 1].float())  # [1, H] predicted next feature
+            f = self.advance([node], [tok], parents, feats)  # [1, H] predicted next feature
             logits = self.out(f)[0]  # [V']
             tok, q, p = choose(logits, sampling, generator, self.min_confidence > 0.0 or costed)
             confidences.append(p)
@@ -125,6 +141,9 @@ class FeatureHeadDrafter(CostAware):
             if q is not None:
                 qs.append(q)  # [V']
             tokens.append(tok)
+            parents.append(node)
+            feats.append(f[0])
+            node = len(tokens) - 1
             if costed and self.costs.best_length(cumulative, draft_cost) < len(cumulative):
                 break  # this guess does not pay for its share of the verification: stop here
             if p_all_pass < self.min_confidence:  # the guess in hand is still proposed
@@ -151,9 +170,8 @@ class FeatureHeadDrafter(CostAware):
         layer, rounds = [-1], 0  # -1: the root, the newest committed token, chosen from self.feature
         t0 = time.perf_counter()
         while layer and rounds < k:
-            f = torch.stack([self.feature if j < 0 else feats[j] for j in layer])  # [B, H]
             ids = [context[-1] if j < 0 else tokens[j] for j in layer]
-            f = self.step(f, self.embed[ids].float())  # [B, H] the next features
+            f = self.advance(layer, ids, parents, feats)  # [B, H] the next features
             top = torch.softmax(self.out(f).float(), -1).topk(TOPK, -1)  # values, indices [B, TOPK]
             rounds += 1
             new = []

@@ -1,9 +1,13 @@
-"""Trained drafting heads on the target's own features (EAGLE-style, without attention).
+"""Trained drafters on the target's own features: the MLP head and EAGLE's decoder layer.
 
 - ``corpus``: the training text (found on the machine, so nothing is downloaded);
 - ``data``: teacher-forced target forwards that record features and the target's choices;
-- ``model``: the head itself (one MLP step from (feature, token) to the next feature);
-- ``train``: fitting a head to recorded features (tensors in, head out);
-- ``command``: ``specdraft train-head``, the command-line entry (loads the target through the
-  pipeline: a top-layer module, imported only by the CLI).
+- ``model``: the MLP head (one step from (feature, token) to the next feature), and the files
+  every trained drafter is saved in and loaded from;
+- ``train``: fitting the MLP head to recorded features (tensors in, head out);
+- ``eagle``: EAGLE's drafter, one decoder layer attending over the context's features;
+- ``eagle_train``: fitting it with training-time test (it learns from its own predictions);
+- ``export``: an EAGLE drafter in vLLM's speculators layout;
+- ``command``: ``specdraft train-drafter`` / ``train-head`` / ``export``, the command-line
+  entries (they load the target through the pipeline: top-layer modules, imported only by the CLI).
 """

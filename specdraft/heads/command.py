@@ -1,4 +1,4 @@
-"""``specdraft train-head``: the command-line entry for training a drafting head.
+"""``specdraft train-drafter`` / ``train-head``: the command-line entry for training drafters.
 
 A top-layer entry point, beside the CLI: it loads the target through
 :class:`~specdraft.pipeline.Speculator` and reads its output head the way the drafter will
@@ -8,6 +8,8 @@ A top-layer entry point, beside the CLI: it loads the target through
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from pathlib import Path
 
 import torch
@@ -18,12 +20,22 @@ from ..models.registry import DEFAULT_TARGET
 from ..pipeline import Speculator
 from .corpus import chat_requests, default_corpus
 from .data import FeatureSet, concat, encode_corpus, record, record_answers
+from .eagle_train import EagleTrainConfig, TargetShape, train_eagle
 from .train import TrainConfig, train_head
 
+KINDS = ("eagle", "mlp")  # what train-drafter trains: an EAGLE layer, or the MLP head
 
-def add_train_args(p) -> None:
-    """The ``train-head`` options (the model options are added by the CLI)."""
-    p.add_argument("--out", required=True, help="directory to write the head to (head.json + head.safetensors)")
+
+def add_train_args(p, *, kind: str | None = None) -> None:
+    """The ``train-head`` (kind "mlp") or ``train-drafter`` (``--kind``) options; the model options
+    are added by the CLI."""
+    if kind is None:
+        p.add_argument("--kind", choices=KINDS, default="eagle",
+                       help="eagle: one decoder layer over the target's features (method eagle); "
+                            "mlp: the MLP head (methods head, hybrid-head, fusion)")
+    else:
+        p.set_defaults(kind=kind)
+    p.add_argument("--out", required=True, help="directory to write the drafter to (head.json + head.safetensors)")
     p.add_argument("--features", default=None,
                    help="recorded features of the text corpus (.pt): reused when the file exists, "
                         "else recorded and saved there")
@@ -31,16 +43,17 @@ def add_train_args(p) -> None:
                    help="recorded features of the target's own answers (.pt, or several separated by commas): "
                         "each reused when it exists, else recorded (the Nth file on request set N) and saved there")
     p.add_argument("--record-minutes", type=float, default=25.0,
-                   help="time spent teacher-forcing the target over the text corpus")
+                   help="longest time spent teacher-forcing the target over the text corpus")
     p.add_argument("--answer-minutes", type=float, default=22.0,
                    help="time spent letting the target answer generated chat requests (its own words teach best)")
     p.add_argument("--answer-weight", type=int, default=3, help="how many times the answers count against the corpus")
-    p.add_argument("--train-minutes", type=float, default=None, help="stop training after this long")
-    d = TrainConfig()
-    p.add_argument("--epochs", type=int, default=d.epochs)
-    p.add_argument("--inner", type=int, default=d.inner, help="MLP width D")
-    p.add_argument("--vocab", type=int, default=d.vocab, help="the head guesses among the first VOCAB token ids")
-    p.add_argument("--unroll", type=int, default=d.steps_unrolled, help="head steps trained in sequence")
+    p.add_argument("--train-minutes", type=float, default=None,
+                   help="stop training after this long (eagle: a checkpoint in --out resumes it on the next run)")
+    p.add_argument("--epochs", type=int, default=None, help="passes over the data (default: mlp 4, eagle 2)")
+    p.add_argument("--inner", type=int, default=None, help="MLP width (default: 2048)")
+    p.add_argument("--vocab", type=int, default=None, help="the drafter guesses among the first VOCAB token ids")
+    p.add_argument("--unroll", type=int, default=None,
+                   help="drafting steps trained in sequence, each fed the drafter's own prediction (default: 3)")
 
 
 def _recorded(path, what: str, make) -> FeatureSet:
@@ -83,26 +96,84 @@ def _feature_sets(args, sd: Speculator) -> list[tuple[FeatureSet, int]]:
 
 
 def train_from_args(args) -> int:
-    """``specdraft train-head``: record the target's features on text and on its own answers
-    to generated requests, train a head, save it."""
-    if args.epochs < 1 or args.inner < 8 or args.vocab < 2 or args.unroll < 1 or args.answer_weight < 0 \
-            or args.record_minutes < 0 or args.answer_minutes < 0:
-        raise ParameterError("epochs, unroll >= 1, inner >= 8, vocab >= 2; minutes and answer-weight >= 0")
-    cfg = TrainConfig(inner=args.inner, vocab=args.vocab, steps_unrolled=args.unroll, epochs=args.epochs)
+    """``specdraft train-head`` / ``train-drafter``: record the target's features on text and on
+    its own answers to generated requests, train a drafter of ``args.kind``, save it."""
+    for name in ("epochs", "inner", "vocab", "unroll"):
+        value = getattr(args, name)
+        if value is not None and value < {"inner": 8, "vocab": 2}.get(name, 1):
+            raise ParameterError("epochs, unroll >= 1, inner >= 8, vocab >= 2")
+    if args.answer_weight < 0 or args.record_minutes < 0 or args.answer_minutes < 0 or \
+            (args.train_minutes is not None and args.train_minutes <= 0):
+        raise ParameterError("minutes and answer-weight >= 0 (train-minutes > 0)")
+    given = {k: v for k, v in (("epochs", args.epochs), ("inner", args.inner), ("vocab", args.vocab)) if v is not None}
+    if args.kind == "eagle":
+        cfg = EagleTrainConfig(**given, **({"steps": args.unroll} if args.unroll else {}))
+    else:
+        cfg = TrainConfig(**given, **({"steps_unrolled": args.unroll} if args.unroll else {}))
     name = args.target or DEFAULT_TARGET
     opts = {"target_format": args.target_format} if args.target_format else {}
     sd = Speculator(name, dtype=args.dtype, runtime="native", max_length=min(args.max_context, 1024),
                     load_draft=False, **opts)
     target = sd.target.model
     if not hasattr(target, "embed"):
-        raise ParameterError("drafting heads need the native runtime (a Llama-family target)")
+        raise ParameterError("trained drafters need the native runtime (a Llama-family target)")
     sets = _feature_sets(args, sd)
     weight = torch.cat([torch.full((len(fs.starts) - 1,), w) for fs, w in sets])  # [D]
     w_out = output_weight(target, cfg.vocab)  # what the drafter will multiply by
     seconds = None if args.train_minutes is None else args.train_minutes * 60
-    head, report = train_head(concat([fs for fs, _ in sets]), target.embed, w_out, cfg, target_name=name,
-                              doc_weight=weight, seconds=seconds)
-    head.save(args.out)
-    (Path(args.out) / "train.json").write_text(json.dumps({"config": cfg.__dict__, **report}, indent=1) + "\n")
+    data = concat([fs for fs, _ in sets])
+    out = Path(args.out)
+    if args.kind == "eagle":
+        out.mkdir(parents=True, exist_ok=True)
+        checkpoint = out / "checkpoint.pt"
+        head, report = train_eagle(data, target.embed, w_out, TargetShape.of(target.spec), cfg, target_name=name,
+                                   doc_weight=weight, seconds=seconds, checkpoint=checkpoint, init=target.norm)
+        if report["finished"]:
+            checkpoint.unlink(missing_ok=True)
+    else:
+        head, report = train_head(data, target.embed, w_out, cfg, target_name=name, doc_weight=weight,
+                                  seconds=seconds)
+    head.save(out)
+    made_by = "specdraft " + shlex.join(sys.argv[1:])  # the command that made it, for the record
+    (out / "train.json").write_text(json.dumps({"command": made_by, "config": cfg.__dict__, **report}, indent=1) + "\n")
     print(json.dumps(report))
+    return 0
+
+
+def add_export_args(p) -> None:
+    """The ``export`` options."""
+    p.add_argument("drafter", nargs="?", default=None,
+                   help="directory of a trained EAGLE drafter (default: the one shipped for --target)")
+    p.add_argument("--to", choices=("vllm", "sglang", "medusa"), default="vllm",
+                   help="vllm: speculators' eagle layout (config.json + model.safetensors)")
+    p.add_argument("--out", required=True, help="directory to write to")
+    p.add_argument("--target", default=None, help="the drafter's target (default: the default target)")
+    p.add_argument("--verifier", default=None,
+                   help="the target as the serving engine names it (default: its Hugging Face id)")
+
+
+def export_from_args(args) -> int:
+    """``specdraft export``: a trained EAGLE drafter in a serving engine's layout."""
+    from ..models.packaged import resolve_model_dir
+    from ..models.registry import ALIASES, PACKAGED
+    from .export import export
+    from .model import load_head, shipped_head_dir
+
+    name = ALIASES.get(args.target or DEFAULT_TARGET, args.target or DEFAULT_TARGET)
+    directory = args.drafter or shipped_head_dir(name, "eagle")
+    if directory is None:
+        raise ParameterError(f"no EAGLE drafter is shipped for {name!r}; give its directory")
+    head = load_head(directory, "eagle")
+    config_path = resolve_model_dir(name) / "config.json"
+    try:
+        verifier_config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as e:
+        raise ParameterError(f"cannot read the target's {config_path} ({type(e).__name__})") from None
+    if verifier_config.get("hidden_size") != head.cfg.hidden_size:
+        raise ParameterError(f"the drafter in {directory} was trained for hidden size {head.cfg.hidden_size}, "
+                             f"the target {name!r} has {verifier_config.get('hidden_size')}")
+    packaged = PACKAGED.get(name)
+    verifier = args.verifier or (packaged.hf_id if packaged is not None and packaged.hf_id else name)
+    for path in export(head, args.out, args.to, verifier, verifier_config):
+        print(path)
     return 0

@@ -59,35 +59,60 @@ class FeatureHead(torch.nn.Module):
         return f + w2(F.silu(w1(z)))
 
     def save(self, directory: str | Path) -> None:
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().to(torch.bfloat16).contiguous() for k, v in self.state_dict().items()},
-                  str(d / "head.safetensors"))
-        (d / "head.json").write_text(json.dumps(asdict(self.cfg), indent=1) + "\n")
-        (d / "head.safetensors").chmod(0o644)  # safetensors writes 0600; a shipped head must be readable
+        save_drafter(self, directory)
 
     @classmethod
     def load(cls, directory: str | Path) -> FeatureHead:
-        d = Path(directory)
-        try:
-            cfg = HeadConfig(**json.loads((d / "head.json").read_text()))
-            state = load_file(str(d / "head.safetensors"))
-            head = cls(cfg)
-            head.load_state_dict({k: v.float() for k, v in state.items()})
-        except FileNotFoundError:
-            raise ModelFileError(f"no drafting head in {d} (head.json + head.safetensors); "
-                                 "train one with `specdraft train-head` or pass --head DIR") from None
-        except Exception as e:  # user-facing: corrupt or mismatched files
-            raise ModelFileError(f"cannot load the drafting head in {d} ({type(e).__name__}: {str(e)[:120]}); "
-                                 "retrain it with `specdraft train-head`") from None
-        return head.eval()
+        return read_drafter(cls, HeadConfig, directory, what="drafting head", command="train-head")
+
+
+def save_drafter(module: torch.nn.Module, directory: str | Path) -> None:
+    """A trained drafter's files: head.safetensors (bf16 weights) and head.json (its config)."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().to(torch.bfloat16).contiguous() for k, v in module.state_dict().items()},
+              str(d / "head.safetensors"))
+    (d / "head.json").write_text(json.dumps(asdict(module.cfg), indent=1) + "\n")
+    (d / "head.safetensors").chmod(0o644)  # safetensors writes 0600; a shipped drafter must be readable
+
+
+def read_drafter(cls, config_cls, directory: str | Path, *, what: str, command: str):
+    """``cls(config_cls(**head.json))`` with head.safetensors loaded, in eval mode; a one-line
+    ModelFileError naming ``command`` when the files are missing, corrupt or mismatched."""
+    d = Path(directory)
+    try:
+        module = cls(config_cls(**json.loads((d / "head.json").read_text())))
+        module.load_state_dict({k: v.float() for k, v in load_file(str(d / "head.safetensors")).items()})
+    except FileNotFoundError:
+        raise ModelFileError(f"no {what} in {d} (head.json + head.safetensors); "
+                             f"train one with `specdraft {command}` or pass its directory") from None
+    except Exception as e:  # user-facing: corrupt or mismatched files
+        raise ModelFileError(f"cannot load the {what} in {d} ({type(e).__name__}: {str(e)[:120]}); "
+                             f"retrain it with `specdraft {command}`") from None
+    return module.eval()
 
 
 SHIPPED = Path(__file__).parent / "trained"  # heads trained by us, one directory per packaged target
 
 
-def shipped_head_dir(target: str) -> str | None:
-    """The shipped head for a packaged target name (or alias), if there is one."""
+def shipped_head_dir(target: str, kind: str = "mlp") -> str | None:
+    """The shipped drafter of a kind ("mlp": the MLP head; "eagle") for a packaged target name
+    (or alias), if there is one: trained/<target>/ for the MLP head, trained/<target>/<kind>/ else."""
     name = ALIASES.get(target, target)
-    d = SHIPPED / name
+    d = SHIPPED / name if kind == "mlp" else SHIPPED / name / kind
     return str(d) if (d / "head.json").is_file() else None
+
+
+def load_head(directory: str | Path, kind: str = "mlp"):
+    """The trained drafter of ``kind`` in ``directory`` (FeatureHead or heads.eagle.EagleHead);
+    a one-line ModelFileError when the directory holds another kind or nothing readable."""
+    from .eagle import EagleHead
+
+    try:
+        found = json.loads((Path(directory) / "head.json").read_text()).get("kind", "mlp")
+    except (OSError, ValueError, AttributeError):
+        found = kind  # let the loader say what is missing or corrupt
+    if found != kind:
+        raise ModelFileError(f"{directory} holds a {found!r} drafter, but this method reads a {kind!r} one; "
+                             "pass the matching --head DIR")
+    return EagleHead.load(directory) if kind == "eagle" else FeatureHead.load(directory)

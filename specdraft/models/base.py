@@ -34,7 +34,7 @@ class CausalLM(Protocol):
         positions: torch.Tensor | None = None,  # [T] rotary positions; default length + arange(T)
         tree_mask: torch.Tensor | None = None,  # [T, T] bool, new token i may see new token j
         last_only: bool = False,  # compute logits only for the last row (prefill)
-        need_hidden: bool = False,
+        need_hidden: bool = False,  # also return the final-norm hidden states [T, H] (every row)
     ) -> ModelOutput: ...
 
     def rollback(self, length: int) -> None: ...

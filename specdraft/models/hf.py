@@ -59,7 +59,5 @@ class HFModel:
         out = self.model(input_ids=ids[None], past_key_values=self.cache, use_cache=True, position_ids=pos,
                          output_hidden_states=need_hidden, logits_to_keep=1 if last_only else 0)
         self.length += T
-        hidden = out.hidden_states[-1][0] if need_hidden else None
-        if need_hidden and last_only:
-            hidden = hidden[-1:]
+        hidden = out.hidden_states[-1][0] if need_hidden else None  # [T, H] every row
         return ModelOutput(logits=out.logits[0].float(), hidden=hidden)

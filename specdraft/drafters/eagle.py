@@ -1,0 +1,112 @@
+"""EAGLE as the prophet: one trained decoder layer over the target's features (heads.eagle).
+
+The layer keeps its own KV cache of the *real* pairs (f_p, x_{p+1}) of the context: the
+engine hands over the target's features of every committed row (take_features), and the next
+``propose`` runs the layer over the pairs whose next token is now known (a few rows, one
+batched call) and appends them. Its last output is the feature the first guesses are read
+from. Drafting then steps draft nodes: node j at depth d holds (feature its token was chosen
+from, its token) at position n-1+d and attends to the cached real pairs plus its own ancestors'
+steps, the same view training gives it (heads.eagle_train). Draft nodes never enter the cache,
+so nothing has to be rolled back: the committed rows come back as real features.
+
+Chains, EAGLE-2 dynamic trees, the cost rule and sampling are the head drafter's
+(drafters.feature_head); this file supplies only the step.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..heads.eagle import attend
+from ..models.quant import W8A8Linear
+from .base import DrafterContext, register
+from .feature_head import FeatureHeadDrafter
+from .trees import node_depths
+
+
+class EagleDrafter(FeatureHeadDrafter):
+    name = "eagle"
+
+    def __init__(self, target, head, *, min_confidence: float = 0.0, trees: bool = False):
+        super().__init__(target, head, min_confidence=min_confidence, trees=trees)
+        c = head.cfg
+        self.max_length = target.max_length
+        self.k_cache = torch.zeros(self.max_length, c.num_kv_heads, c.head_dim)  # [L, nkv, hd] real pairs
+        self.v_cache = torch.zeros_like(self.k_cache)
+        self.cached = 0  # pairs in the cache: positions 0..cached-1
+        self.pending: list[torch.Tensor] = []  # [m, H] features whose pairs are not cached yet
+        self.node_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # this draft's stepped nodes
+
+    def build_step(self, head) -> dict:
+        """The layer's matrices in int8 (per output channel) with ~14-bit activations: guesses
+        only, the target checks each, so their rounding never changes the output."""
+        return {name: W8A8Linear(lin.weight.detach().float(), None if lin.bias is None else lin.bias.detach(), passes=2)
+                for name, lin in ((n, getattr(head, n)) for n in ("fc", "qkv", "o", "gate_up", "down"))}
+
+    def begin(self, prompt: list[int]) -> None:
+        self.cached, self.pending, self.feature, self.root = 0, [], None, None
+
+    def take_features(self, hidden: torch.Tensor) -> None:
+        self.pending.append(hidden.float())
+        self.feature = hidden[-1]  # ready() and the cost rule read it
+
+    def _layer(self, f: torch.Tensor, ids: list[int], positions: torch.Tensor, keys, values, mask):
+        """The layer over rows (f [R, H], tokens ids [R]) at ``positions`` [R], attending to
+        keys/values [S, nkv, hd] (masked by mask [R, S]) and to the rows' own keys appended after
+        them: returns (h [R, H], k [R, nkv, hd], v [R, nkv, hd])."""
+        head = self.head
+        lin = self.step
+        x = head.inputs(f, self.embed[ids].float(), fc=lin["fc"])  # [R, H]
+        cos, sin = head.rope_tables(positions)
+        q, k, v = head.project(x, cos, sin, qkv=lin["qkv"])
+        o = attend(q, torch.cat([keys, k]), torch.cat([values, v]), mask)
+        return head.finish(x, o, o=lin["o"], gate_up=lin["gate_up"], down=lin["down"]), k, v
+
+    def advance(self, nodes: list[int], ids: list[int], parents: list[int], feats: list[torch.Tensor]) -> torch.Tensor:
+        n = self.cached
+        if nodes == [-1]:  # the root: cache the pairs whose tokens are now known; the last is the root's
+            self.node_kv = {}
+            if not self.pending:  # no forward since the last draft: the same root
+                return self.root
+            f = torch.cat(self.pending)  # [m, H] rows n..n+m-1; their tokens are the next m context tokens
+            self.pending = []
+            m = f.shape[0]
+            ids = self.context[n + 1:n + 1 + m]
+            causal = torch.ones(m, n + m, dtype=torch.bool)
+            causal[:, n:] = torch.ones(m, m, dtype=torch.bool).tril_()
+            h, k, v = self._layer(f, ids, torch.arange(n, n + m), self.k_cache[:n], self.v_cache[:n], causal)
+            self.k_cache[n:n + m], self.v_cache[n:n + m] = k, v
+            self.cached = n + m
+            self.root = h[-1:]
+            return self.root
+        # draft nodes: node j at depth d sits at position (cached - 1) + d and sees the cache,
+        # its ancestors' steps and itself
+        depth = node_depths(parents)
+        stepped = list(self.node_kv)  # nodes stepped earlier in this draft (every ancestor is one)
+        slot = {j: i for i, j in enumerate(stepped)}  # node -> its key's index after the cache
+        rows = len(nodes)
+        mask = torch.zeros(rows, n + len(stepped) + rows, dtype=torch.bool)
+        mask[:, :n] = True
+        for b, j in enumerate(nodes):
+            a = parents[j]
+            while a >= 0:
+                mask[b, n + slot[a]] = True
+                a = parents[a]
+            mask[b, n + len(stepped) + b] = True
+        keys = torch.cat([self.k_cache[:n], *[self.node_kv[s][0][None] for s in stepped]])
+        values = torch.cat([self.v_cache[:n], *[self.node_kv[s][1][None] for s in stepped]])
+        f = torch.stack([feats[j] for j in nodes])
+        positions = torch.tensor([n - 1 + depth[j] for j in nodes])
+        h, k, v = self._layer(f, ids, positions, keys, values, mask)
+        for b, j in enumerate(nodes):
+            self.node_kv[j] = (k[b], v[b])
+        return h
+
+    def propose(self, context, k, sampling, generator):
+        self.context = context  # the root step reads the tokens of the pending pairs from it
+        return super().propose(context, k, sampling, generator)
+
+
+@register("eagle", needs_head="eagle")
+def _build(ctx: DrafterContext) -> EagleDrafter:
+    return EagleDrafter(ctx.target, ctx.head, min_confidence=ctx.spec.min_confidence,
+                        trees=ctx.spec.trees and getattr(ctx.target, "supports_tree", False))

@@ -1,0 +1,271 @@
+"""Fitting an EAGLE layer (heads.eagle) to recorded target features, with training-time test.
+
+A batch holds whole stretches of documents (up to ``chunk`` rows each). Step 0 runs the layer
+over every pair (f_p, x_{p+1}) at once with a causal mask, as the drafter's cache sees the real
+context. Step j > 0 is the j-th guess drafted from each start p: the input is the layer's own
+output of step j-1 with the token x_{p+j+1}, at position p+j, and it attends to
+
+    the real pairs 0..p (step 0's keys, causal)  +  its own chain's keys of steps 1..j
+
+exactly what the drafter attends to when it drafts j tokens past the newest committed one. So
+the layer learns from its own predictions (EAGLE-3's training-time test) for ``steps`` steps.
+
+Each step is scored against the target's next feature f_{p+j+1} (smooth L1) and against the
+target's choice there with a sampled softmax: the target's top candidates (label first) plus
+``negatives`` random ids shared by the batch, read through the target's output head.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ParameterError
+from .data import FeatureSet
+from .eagle import EagleConfig, EagleHead
+
+
+@dataclass(frozen=True)
+class EagleTrainConfig:
+    inner: int = 2048  # MLP width of the layer
+    vocab: int = 32768
+    steps: int = 3  # drafting steps trained (1 = no training-time test)
+    epochs: int = 2
+    rows: int = 1024  # pairs per batch (about)
+    chunk: int = 512  # rows of a document per stretch (longer documents are cut)
+    lr: float = 6e-4
+    weight_decay: float = 0.05  # on the matrices only (norm gains stay free): the data is small
+    negatives: int = 1024
+    reg_weight: float = 0.5  # smooth L1 on features vs cross-entropy
+    step_decay: float = 0.8  # step j's losses weigh step_decay ** j
+    rope_theta: float = 10000.0  # the layer's own RoPE base (positions stay within a few thousand)
+    holdout: float = 0.05
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    """What the layer copies from the target: its attention geometry."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+    @classmethod
+    def of(cls, spec) -> TargetShape:
+        """From a native model's spec (models.llama.LlamaSpec)."""
+        return cls(spec.num_heads, spec.num_kv_heads, spec.head_dim)
+
+
+def stretches(data: FeatureSet, docs: torch.Tensor, chunk: int, weight: torch.Tensor | None = None) -> list[tuple]:
+    """(first row, rows, position of the first row in its document) for the given documents cut
+    into stretches of at most ``chunk`` rows (each listed weight[d] times); stretches shorter
+    than 3 rows teach nothing and are left out."""
+    out = []
+    for d in docs.tolist():
+        s, e = int(data.starts[d]), int(data.starts[d + 1])
+        for a in range(s, e, chunk):
+            n = min(chunk, e - a)
+            if n >= 3:
+                out += [(a, n, a - s)] * (1 if weight is None else int(weight[d]))
+    return out
+
+
+def batches(items: list[tuple], rows: int, generator: torch.Generator) -> list[list[tuple]]:
+    """Stretches grouped by length (little padding), about ``rows`` padded rows a batch, shuffled."""
+    items = sorted(items, key=lambda it: it[1])
+    out, cur = [], []
+    for it in items:
+        if cur and (len(cur) + 1) * it[1] > rows:
+            out.append(cur)
+            cur = []
+        cur.append(it)
+    if cur:
+        out.append(cur)
+    return [out[i] for i in torch.randperm(len(out), generator=generator).tolist()]
+
+
+def _gather(data: FeatureSet, batch: list[tuple]):
+    """Padded tensors of a batch: features [B, T, H] fp32, tokens [B, T], top [B, T, K],
+    positions [B, T], lengths [B]."""
+    T = max(n for _, n, _ in batch)
+    idx = torch.stack([torch.arange(a, a + T).clamp_max(a + n - 1) for a, n, _ in batch])  # [B, T]
+    pos = torch.stack([torch.arange(p0, p0 + T) for _, _, p0 in batch])
+    lengths = torch.tensor([n for _, n, _ in batch])
+    return data.features[idx].float(), data.tokens[idx], data.top[idx], pos, lengths
+
+
+def unrolled(head: EagleHead, feats, tokens, pos, lengths, emb: torch.Tensor, steps: int):
+    """The layer's predictions for every start p and step j: [(h_j [B, P, H], valid_j [B, P])]
+    with P = T - 1 pairs; valid_j: the step's input token and its target exist."""
+    B, T, _ = feats.shape
+    P = T - 1
+    c = head.cfg
+    g = c.num_heads // c.num_kv_heads
+    p_idx = torch.arange(P)
+    causal = p_idx[None, :] <= p_idx[:, None]  # [P(query), P(key)]
+
+    def shifted_tokens(j):  # x_{p+j+1} for every p (padding past the end: repeats the last)
+        return tokens[:, (p_idx + j + 1).clamp_max(T - 1)]
+
+    def split(q):  # [B, P, nh, hd] -> [B, nkv, g, P, hd]
+        return q.view(B, P, c.num_kv_heads, g, c.head_dim).permute(0, 2, 3, 1, 4)
+
+    # step 0: the real pairs (f_p, x_{p+1}) at positions p
+    x = head.inputs(feats[:, :P], emb[shifted_tokens(0)].float())  # [B, P, H]
+    cos, sin = head.rope_tables(pos[:, :P])
+    q, k0, v0 = head.project(x, cos, sin)  # [B, P, nh|nkv, hd]
+    k0, v0 = k0.transpose(1, 2), v0.transpose(1, 2)  # [B, nkv, P, hd]
+    scale = c.head_dim ** -0.5
+    out = []
+    chain_k, chain_v = [], []  # steps 1..j: [B, nkv, P, hd] each, key of chain p at index p
+    h = None
+    for j in range(steps):
+        if j > 0:
+            x = head.inputs(h, emb[shifted_tokens(j)].float())
+            cos, sin = head.rope_tables(pos[:, :P] + j)
+            q, kj, vj = head.project(x, cos, sin)
+            chain_k.append(kj.transpose(1, 2))
+            chain_v.append(vj.transpose(1, 2))
+        qg = split(q)  # [B, nkv, g, P, hd]
+        s_ctx = torch.einsum("bkgpd,bkqd->bkgpq", qg, k0) * scale  # [B, nkv, g, P, P]
+        s_ctx = s_ctx.masked_fill(~causal, float("-inf"))
+        s_chain = [torch.einsum("bkgpd,bkpd->bkgp", qg, kc)[..., None] * scale for kc in chain_k]  # [.., P, 1]
+        w = torch.cat([s_ctx, *s_chain], -1).softmax(-1)
+        att = torch.einsum("bkgpq,bkqd->bkgpd", w[..., :P], v0)
+        for i, vc in enumerate(chain_v):
+            att = att + w[..., P + i, None] * vc[:, :, None]
+        att = att.permute(0, 3, 1, 2, 4).reshape(B, P, c.num_heads, c.head_dim)
+        h = head.finish(x, att)  # [B, P, H]
+        out.append((h, p_idx[None, :] <= lengths[:, None] - j - 2))
+    return out
+
+
+def _loss(head, batch_tensors, emb, w_out, cfg: EagleTrainConfig, vocab: int, negatives: torch.Tensor):
+    feats, tokens, top, pos, lengths = batch_tensors
+    P = feats.shape[1] - 1
+    loss = 0.0
+    for j, (h, valid) in enumerate(unrolled(head, feats, tokens, pos, lengths, emb, cfg.steps)):
+        nxt = (torch.arange(P) + j + 1).clamp_max(P)  # row p+j+1: the target there
+        cand = top[:, nxt]  # [B, P, K], the target's choice first
+        label_ok = valid & (cand[..., 0] < vocab)
+        if not label_ok.any():
+            continue
+        hv, cv = h[label_ok], cand[label_ok]  # [N, H], [N, K]
+        pos_logits = torch.einsum("nh,nkh->nk", hv, w_out[cv.clamp_max(vocab - 1)])
+        pos_logits = pos_logits.masked_fill(cv >= vocab, float("-inf"))
+        neg = (hv @ w_out[negatives].T).masked_fill(negatives[None, :] == cv[:, :1], float("-inf"))
+        ce = F.cross_entropy(torch.cat([pos_logits, neg], -1), torch.zeros(len(hv), dtype=torch.long))
+        reg = F.smooth_l1_loss(hv, feats[:, nxt][label_ok])
+        loss = loss + cfg.step_decay ** j * (ce + cfg.reg_weight * reg)
+    return loss
+
+
+@torch.no_grad()
+def agreement(head: EagleHead, data: FeatureSet, items: list[tuple], emb, w_out, steps: int, vocab: int) -> list[float] | None:
+    """Share of (start, step j) where the layer's greedy guess over the first ``vocab`` ids is the
+    target's choice, given the true tokens before it, per step (None without rows)."""
+    hits, counts = torch.zeros(steps), torch.zeros(steps)
+    for batch in batches(items, 2048, torch.Generator().manual_seed(0)):
+        feats, tokens, top, pos, lengths = _gather(data, batch)
+        P = feats.shape[1] - 1
+        for j, (h, valid) in enumerate(unrolled(head, feats, tokens, pos, lengths, emb, steps)):
+            label = top[:, (torch.arange(P) + j + 1).clamp_max(P), 0]
+            guess = (h @ w_out[:vocab].T).argmax(-1)
+            hits[j] += ((guess == label) & valid).sum()
+            counts[j] += valid.sum()
+    if counts[0] == 0:
+        return None
+    return [round(float(a / max(b, 1)), 4) for a, b in zip(hits, counts)]
+
+
+def train_eagle(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, shape: TargetShape,
+                cfg: EagleTrainConfig = EagleTrainConfig(), *, target_name: str = "", log=print,
+                seconds: float | None = None, doc_weight: torch.Tensor | None = None,
+                checkpoint: str | Path | None = None, init: torch.Tensor | None = None) -> tuple[EagleHead, dict]:
+    """Train an EAGLE layer. emb [V, H]: the target's embedding; w_out [V', H] its output head's
+    first rows (fp32); doc_weight [D]: how often each document counts per epoch; ``checkpoint``:
+    a file the run is saved to every few minutes and resumed from when it exists; ``init`` [H]:
+    the target's final-norm weight, the output gain's start. Returns the layer and its report
+    (held-out agreement per step: every document, and those of the largest weight)."""
+    torch.manual_seed(cfg.seed)
+    H = data.features.shape[1]
+    vocab = min(cfg.vocab, w_out.shape[0])
+    head = EagleHead(EagleConfig(hidden_size=H, num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
+                                 head_dim=shape.head_dim, inner=cfg.inner, vocab=vocab,
+                                 rope_theta=cfg.rope_theta, target=target_name))
+    if init is not None:
+        head.g_out.data.copy_(init.float())
+    w_out = w_out[:vocab].float().contiguous()
+    n_docs = len(data.starts) - 1
+    perm = torch.randperm(n_docs)
+    n_val = max(1, int(n_docs * cfg.holdout)) if n_docs > 1 else 0
+    val_docs, train_docs = perm[:n_val], perm[n_val:]
+    train_items = stretches(data, train_docs, cfg.chunk, doc_weight)
+    t0 = time.perf_counter()
+    steps = _fit(head, data, emb, w_out, train_items, cfg, vocab, log, seconds, checkpoint)
+    head.eval()
+    total = cfg.epochs * len(batches(train_items, cfg.rows, torch.Generator()))
+    report = {"train_pairs": sum(n - 1 for _, n, _ in train_items), "steps": steps, "finished": steps >= total,
+              "seconds": round(time.perf_counter() - t0, 1)}
+    groups = {"val_agreement": val_docs}
+    if doc_weight is not None:
+        groups["val_agreement_weighted_docs"] = val_docs[doc_weight[val_docs] == doc_weight.max()]
+    for key, docs in groups.items():
+        got = agreement(head, data, stretches(data, docs, cfg.chunk), emb, w_out, cfg.steps, vocab)
+        if got is not None:
+            report[key] = got
+    return head, report
+
+
+def _fit(head, data, emb, w_out, items, cfg: EagleTrainConfig, vocab: int, log, seconds, checkpoint) -> int:
+    """AdamW, warm-up then cosine decay over ``cfg.epochs`` passes; saves and resumes ``checkpoint``."""
+    matrices = [p for p in head.parameters() if p.dim() == 2]
+    others = [p for p in head.parameters() if p.dim() != 2]
+    opt = torch.optim.AdamW([{"params": matrices, "weight_decay": cfg.weight_decay},
+                             {"params": others, "weight_decay": 0.0}], lr=cfg.lr)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    per_epoch = len(batches(items, cfg.rows, gen))
+    total = max(1, cfg.epochs * per_epoch)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda i: min(1.0, (i + 1) / 30) * 0.5 * (1 + math.cos(math.pi * min(i, total) / total)))
+    step = 0
+    path = Path(checkpoint) if checkpoint else None
+    if path is not None and path.is_file():
+        state = torch.load(path, weights_only=False)
+        if state["config"] != asdict(cfg):
+            raise ParameterError(f"{path} was saved by a run with other settings; remove it or use the same ones")
+        head.load_state_dict(state["head"])
+        opt.load_state_dict(state["opt"])
+        sched.load_state_dict(state["sched"])
+        step = state["step"]
+        log(f"resumed from {path} at step {step}/{total}")
+    t0 = last_save = time.perf_counter()
+    running = 0.0
+    for epoch in range(step // per_epoch, cfg.epochs):
+        order = batches(items, cfg.rows, torch.Generator().manual_seed(cfg.seed * 1000 + epoch))
+        for batch in order[step - epoch * per_epoch:]:
+            negatives = torch.randint(0, vocab, (cfg.negatives,))
+            loss = _loss(head, _gather(data, batch), emb, w_out, cfg, vocab, negatives)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            step += 1
+            running += float(loss.detach())
+            if step % 20 == 0:
+                log(f"epoch {epoch} step {step}/{total} loss {running / 20:.3f} {time.perf_counter() - t0:.0f}s")
+                running = 0.0
+            stop = seconds is not None and time.perf_counter() - t0 > seconds
+            if path is not None and (stop or step == total or time.perf_counter() - last_save > 300):
+                torch.save({"config": asdict(cfg), "head": head.state_dict(), "opt": opt.state_dict(),
+                            "sched": sched.state_dict(), "step": step}, path)
+                last_save = time.perf_counter()
+            if stop:
+                return step
+    return step
