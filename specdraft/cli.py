@@ -104,7 +104,7 @@ def _add_bench(sub) -> None:
 
 def _add_train_head(sub) -> None:
     t = sub.add_parser("train-drafter", help="train a drafter on the target's features: an EAGLE layer "
-                                             "(--method eagle) or the MLP head (--kind mlp)")
+                                             "(--method eagle), Medusa heads (--kind medusa) or the MLP head (--kind mlp)")
     t.set_defaults(func=train_from_args)
     add_train_args(t)
     add_model_args(t)

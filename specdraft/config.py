@@ -108,6 +108,9 @@ class SpecConfig:
     # eagle: the directory of a trained EAGLE drafter (`specdraft train-drafter --kind eagle`);
     # None = the one shipped for the target, when there is one.
     eagle: str | None = None
+    # medusa: the directory of trained Medusa heads (`specdraft train-drafter --kind medusa`);
+    # None = the ones shipped for the target, when there are some.
+    medusa: str | None = None
     # retrieval: the directory of a datastore built by `specdraft index build` (its tokenizer must
     # be the target's); None = no datastore, which --method retrieval refuses.
     index: str | None = None

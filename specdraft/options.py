@@ -55,6 +55,8 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="head / hybrid-head: directory of a trained drafting head (default: the one shipped for the target)")
     p.add_argument("--eagle", default=_DEFAULTS_SPEC.eagle, metavar="DIR",
                    help="eagle: directory of a trained EAGLE drafter (default: the one shipped for the target)")
+    p.add_argument("--medusa", default=_DEFAULTS_SPEC.medusa, metavar="DIR",
+                   help="medusa: directory of trained Medusa heads (default: the ones shipped for the target)")
     p.add_argument("--index", default=_DEFAULTS_SPEC.index, metavar="INDEX",
                    help="retrieval: directory of a datastore built by `specdraft index build` with the target's tokenizer")
 
@@ -77,7 +79,7 @@ def spec_from_args(method: str, args) -> SpecConfig:
     """The SpecConfig that add_spec_args' options describe (ParameterError when one is invalid)."""
     return SpecConfig(method=method, k=args.k, ngram_max=args.ngram_max, ngram_min=args.ngram_min,
                       min_confidence=args.min_confidence, draft_window=args.draft_window,
-                      head=args.head, eagle=args.eagle, trees=args.trees, index=args.index)
+                      head=args.head, eagle=args.eagle, medusa=args.medusa, trees=args.trees, index=args.index)
 
 
 def speculator_options(args) -> dict:

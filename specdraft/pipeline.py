@@ -227,7 +227,7 @@ class Speculator:
             raise ParameterError(f"method {spec.method!r} needs a draft model; pass --draft")
         ctx = DrafterContext(spec=spec, target=self.target.model,
                              draft_model=self.draft.model if self.draft else None,
-                             head=self.head(spec.eagle if kind == "eagle" else spec.head, kind)
+                             head=self.head(spec.head if kind == "mlp" else getattr(spec, kind), kind)
                              if (kind := head_kind(spec.method)) else None,
                              target_dir=self.target.path)
         drafter = build_drafter(spec.method, ctx)  # "none": the empty drafter

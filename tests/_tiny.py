@@ -184,3 +184,16 @@ def drafted(target, method, prompt, head=None, sampling=None, n: int = 40, **spe
     e = drafting_engine(target, method, head, **spec_kw)
     e.generate(prompt, sampling or SamplingConfig(), GenerationConfig(max_new_tokens=n))
     return list(e.token_ids), e.stats
+
+
+def greedy_runs_equal_plain(target, method, head, prompts, **spec_kw) -> list:
+    """Greedy decoding of every prompt with ``method`` gives plain decoding's tokens, and drafts
+    are made; returns each run's stats."""
+    runs = []
+    for prompt in prompts:
+        plain, _ = drafted(target, "none", prompt)
+        ids, stats = drafted(target, method, prompt, head, **spec_kw)
+        assert ids == plain
+        assert stats.drafts > 0 and stats.draft_tokens > 0
+        runs.append(stats)
+    return runs

@@ -127,8 +127,8 @@ def test_unknown_category_and_bad_per_category(tmp_path):
 def test_methods_put_the_baseline_first_and_reject_unknown_names():
     assert parse_methods("prompt-lookup, none,hf-generate") == ["none", "prompt-lookup", "hf-generate"]
     assert parse_methods("draft-model,draft-model") == ["none", "draft-model"]  # baseline added once
-    with pytest.raises(BenchError, match=r"unknown method 'medusa'; choose from: all, none, .*hf-assisted"):
-        parse_methods("none,medusa")
+    with pytest.raises(BenchError, match=r"unknown method 'hydra'; choose from: all, none, .*hf-assisted"):
+        parse_methods("none,hydra")
 
 
 def test_all_expands_to_every_registered_method_and_peers_may_follow():
@@ -141,20 +141,24 @@ def test_all_expands_to_every_registered_method_and_peers_may_follow():
         parse_methods("everything")
 
 
+# methods `all` skips for a model with no trained drafter shipped and no --index
+NEED_TRAINED_OR_INDEX = {"head", "hybrid-head", "fusion", "retrieval", "eagle", "medusa"}
+
+
 def test_all_skips_methods_that_cannot_run_but_a_named_one_stays(tmp_path):
     def bench_args(*extra):
         return build_parser().parse_args(["bench", "--target", str(tmp_path / "my-model"), *extra])  # no head shipped
 
     no_head = bench_args()
     methods, skipped = drop_unavailable(parse_methods("all,hf-generate"), "all,hf-generate", no_head)
-    assert set(skipped) == {"head", "hybrid-head", "fusion", "retrieval", "eagle"} and "pass --head DIR" in skipped["head"]
-    assert "pass --eagle DIR" in skipped["eagle"]
+    assert set(skipped) == NEED_TRAINED_OR_INDEX and "pass --head DIR" in skipped["head"]
+    assert "pass --eagle DIR" in skipped["eagle"] and "pass --medusa DIR" in skipped["medusa"]
     assert "--index" in skipped["retrieval"]
     assert methods == [m for m in parse_methods("all,hf-generate") if m not in skipped]
     named, skipped = drop_unavailable(parse_methods("all,head"), "all,head", no_head)
-    assert "head" in named and set(skipped) == {"hybrid-head", "fusion", "retrieval", "eagle"}  # asked for by name: it stays
+    assert "head" in named and set(skipped) == NEED_TRAINED_OR_INDEX - {"head"}  # asked for by name: it stays
     with_head = bench_args("--head", str(tmp_path / "head"), "--eagle", str(tmp_path / "eagle"),
-                           "--index", str(tmp_path / "index"))
+                           "--medusa", str(tmp_path / "medusa"), "--index", str(tmp_path / "index"))
     assert drop_unavailable(parse_methods("all"), "all", with_head) == (drafter_names(), {})
 
 
@@ -518,9 +522,9 @@ def test_sampled_bench_runs_every_method_and_marks_exactness_not_applicable(tiny
     report, err = bench_tiny(tiny_dir, tmp_path, capsys, "all", "--methods", "all", "--temperature", "0.8",
                              "--top-p", "0.9", "--seed", "5", "--markdown", str(md))
     # no drafting head is shipped for the tiny model, no --index: all skips those methods and says why
-    assert set(report["config"]["skipped_methods"]) == {"head", "hybrid-head", "fusion", "retrieval", "eagle"}
+    assert set(report["config"]["skipped_methods"]) == NEED_TRAINED_OR_INDEX
     assert "skipped method head: it needs a drafting head" in err
-    ran = [m for m in drafter_names() if m not in ("head", "hybrid-head", "fusion", "retrieval", "eagle")]
+    ran = [m for m in drafter_names() if m not in NEED_TRAINED_OR_INDEX]
     assert report["config"]["methods"] == ran and {r["method"] for r in report["results"]} == set(ran)
     s = report["config"]["sampling"]
     assert (s["temperature"], s["top_p"], s["top_k"], s["seed"], s["greedy"]) == (0.8, 0.9, 0, 5, False)

@@ -188,7 +188,7 @@ def test_calibrate_bad_arguments_give_one_line(capsys, args, contains):
     (["--temperature", "0.7", "--seed", "-3"], "seed"),
     (["--temperature", "0.7", "--methods", "all,llama-cpp"], "llama-cpp run greedy only"),
     (["--temperature", "0.7", "--methods", "none,hf-generate,hf-assisted"], "hf-generate, hf-assisted run greedy only"),
-    (["--methods", "all,medusa"], "unknown method 'medusa'"),
+    (["--methods", "all,hydra"], "unknown method 'hydra'"),
 ])
 def test_bench_bad_sampling_and_methods_give_one_line(capsys, args, contains):
     # --target points nowhere: the options must be rejected before any model is looked up.
@@ -311,9 +311,24 @@ def test_eagle_without_a_drafter_or_with_a_head_of_another_kind_gives_one_line(c
     assert_one_line_error(rc, out, err, contains="holds a 'mlp' drafter")
 
 
-def test_train_drafter_refuses_bad_settings_in_one_line(capsys, tmp_path):
-    rc, out, err = call(["train-drafter", "--out", str(tmp_path), "--epochs", "0"], capsys)
-    assert_one_line_error(rc, out, err, contains="epochs")
+@pytest.mark.parametrize("args,contains", [
+    (["--epochs", "0"], "epochs"),
+    (["--batch", "0"], "batch"),
+    (["--lr", "2"], "lr must be"),
+    (["--kind", "medusa", "--inner", "64"], "--inner does not apply"),
+])
+def test_train_drafter_refuses_bad_settings_in_one_line(capsys, tmp_path, args, contains):
+    rc, out, err = call(["train-drafter", "--out", str(tmp_path), *args], capsys)
+    assert_one_line_error(rc, out, err, contains=contains)
+
+
+def test_medusa_without_heads_and_unwritten_layouts_give_one_line(capsys, tiny_dir, tmp_path):
+    rc, out, err = call(["generate", "hello", "--target", str(tiny_dir), "--method", "medusa", "--no-chat",
+                         "--max-new-tokens", "4"], capsys)
+    assert_one_line_error(rc, out, err, contains="train-drafter --kind medusa")
+    rc, out, err = call(["export", "--to", "sglang", "--out", str(tmp_path / "out")], capsys)
+    assert_one_line_error(rc, out, err, contains="EAGLE-3 layouts")
+    assert not (tmp_path / "out").exists()
 
 
 def test_export_of_a_head_of_another_kind_gives_one_line(capsys, tmp_path):

@@ -1,8 +1,11 @@
-"""``specdraft export --to vllm``: an EAGLE drafter in speculators' "eagle" layout.
+"""``specdraft export``: an EAGLE drafter in speculators' "eagle" layout (``--to vllm``), Medusa
+heads in the ``medusa_num_heads`` layout vLLM loads (``--to medusa``).
 
 What was written is reloaded and run through transformers' own Llama decoder layer and RMS
 norms, wired as speculators wires them (embedding norm, fusion_fc over [embedding ; hidden],
-the layer, the norm before the output head): it must give the drafter's own features.
+the layer, the norm before the output head): it must give the drafter's own features. Medusa's
+files are reloaded and run as vLLM's Medusa model runs them (residual block, shared output head,
+token map): they must give the heads' own logits.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from safetensors.torch import load_file
 from specdraft.errors import ParameterError
 from specdraft.heads.eagle import EagleConfig, EagleHead, attend
 from specdraft.heads.export import export
+from specdraft.heads.medusa import MedusaConfig, MedusaHeads
 
 H, T = 64, 7
 VERIFIER = {"architectures": ["Qwen2ForCausalLM"], "vocab_size": 96, "max_position_embeddings": 256, "hidden_size": H}
@@ -85,6 +89,37 @@ def test_vllm_export_reloads_and_computes_the_same_features(head, tmp_path):
         torch.testing.assert_close(reference(tensors, config, f, e), ours(head, f, e), atol=1e-4, rtol=1e-4)
 
 
-def test_other_layouts_are_refused_in_one_line(head, tmp_path):
-    with pytest.raises(ParameterError, match="only 'vllm'"):
+def test_medusa_export_reloads_and_computes_the_same_logits(tmp_path):
+    torch.manual_seed(0)
+    heads = MedusaHeads(MedusaConfig(hidden_size=H, num_heads=3, vocab=80)).eval()
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.copy_((0.2 * torch.randn(p.shape)).to(torch.bfloat16).float())
+    lm = torch.randn(96, H).to(torch.bfloat16).float()  # the target's output head [V, H]
+    files = export(heads, tmp_path / "medusa", "medusa", "Qwen/Qwen2.5-Coder-1.5B-Instruct", VERIFIER, lm[:80])
+    assert [p.name for p in files] == ["config.json", "model.safetensors"]
+    config = json.loads((tmp_path / "medusa" / "config.json").read_text())
+    assert config["model_type"] == "medusa" and config["architectures"] == ["MedusaModel"]
+    assert (config["medusa_num_heads"], config["medusa_num_layers"], config["hidden_size"]) == (3, 1, H)
+    assert (config["vocab_size"], config["truncated_vocab_size"]) == (96, 80)
+    assert config["medusa_fc_bias"] is True and config["original_lm_head"] is True
+    tensors = load_file(str(tmp_path / "medusa" / "model.safetensors"))
+    assert set(tensors) == {"token_map", "lm_heads.0.weight",
+                            *(f"blocks.{i}.layers.0.{w}" for i in range(3) for w in ("weight", "bias"))}
+    assert tensors["token_map"].tolist() == list(range(80)) and tensors["lm_heads.0.weight"].shape == (80, H)
+    f = torch.randn(T, H)
+    for i in range(3):  # vLLM: x + silu(linear(x)), the shared head, logits scattered through token_map
+        w, b = tensors[f"blocks.{i}.layers.0.weight"].float(), tensors[f"blocks.{i}.layers.0.bias"].float()
+        r = f + torch.nn.functional.silu(f @ w.T + b)
+        logits = torch.full((T, 96), float("-inf"))
+        logits[:, tensors["token_map"]] = r @ tensors["lm_heads.0.weight"].float().T
+        with torch.no_grad():
+            want = heads(f)[:, i] @ lm[:80].T
+        torch.testing.assert_close(logits[:, :80], want, atol=1e-4, rtol=1e-4)
+
+
+def test_other_layouts_and_kinds_are_refused_in_one_line(head, tmp_path):
+    with pytest.raises(ParameterError, match=r"'vllm' .* and 'medusa'"):
         export(head, tmp_path, "sglang", "x", VERIFIER)
+    with pytest.raises(ParameterError, match="--to medusa writes medusa drafters"):
+        export(head, tmp_path, "medusa", "x", VERIFIER)

@@ -54,7 +54,7 @@ def unavailable(method: str, args) -> str | None:
     if kind is None:
         return None
     target = args.target or DEFAULT_TARGET
-    option = "--eagle" if kind == "eagle" else "--head"
+    option = "--head" if kind == "mlp" else f"--{kind}"
     if getattr(args, option[2:]) is None and shipped_head_dir(target, kind) is None:
         what = "a drafting head" if kind == "mlp" else f"a trained {kind} drafter"
         return f"it needs {what} and none is shipped for {target!r} (pass {option} DIR)"

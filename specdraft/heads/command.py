@@ -21,9 +21,10 @@ from ..pipeline import Speculator
 from .corpus import chat_requests, default_corpus
 from .data import FeatureSet, concat, encode_corpus, record, record_answers
 from .eagle_train import EagleTrainConfig, TargetShape, train_eagle
+from .medusa import MedusaTrainConfig, train_medusa
 from .train import TrainConfig, train_head
 
-KINDS = ("eagle", "mlp")  # what train-drafter trains: an EAGLE layer, or the MLP head
+KINDS = ("eagle", "mlp", "medusa")  # what train-drafter trains: an EAGLE layer, the MLP head, Medusa heads
 
 
 def add_train_args(p, *, kind: str | None = None) -> None:
@@ -32,7 +33,8 @@ def add_train_args(p, *, kind: str | None = None) -> None:
     if kind is None:
         p.add_argument("--kind", choices=KINDS, default="eagle",
                        help="eagle: one decoder layer over the target's features (method eagle); "
-                            "mlp: the MLP head (methods head, hybrid-head, fusion)")
+                            "mlp: the MLP head (methods head, hybrid-head, fusion); "
+                            "medusa: K heads on the newest feature (method medusa)")
     else:
         p.set_defaults(kind=kind)
     p.add_argument("--out", required=True, help="directory to write the drafter to (head.json + head.safetensors)")
@@ -52,8 +54,12 @@ def add_train_args(p, *, kind: str | None = None) -> None:
     p.add_argument("--epochs", type=int, default=None, help="passes over the data (default: mlp 4, eagle 2)")
     p.add_argument("--inner", type=int, default=None, help="MLP width (default: 2048)")
     p.add_argument("--vocab", type=int, default=None, help="the drafter guesses among the first VOCAB token ids")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: mlp 1e-3, eagle 1e-3)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="rows a training step (default: mlp 256, eagle 256 pairs, whole document stretches)")
     p.add_argument("--unroll", type=int, default=None,
-                   help="drafting steps trained in sequence, each fed the drafter's own prediction (default: 3)")
+                   help="drafting steps trained in sequence, each fed the drafter's own prediction (default: 3); "
+                        "medusa: the number of heads (default: 4)")
 
 
 def _recorded(path, what: str, make) -> FeatureSet:
@@ -98,18 +104,24 @@ def _feature_sets(args, sd: Speculator) -> list[tuple[FeatureSet, int]]:
 def train_from_args(args) -> int:
     """``specdraft train-head`` / ``train-drafter``: record the target's features on text and on
     its own answers to generated requests, train a drafter of ``args.kind``, save it."""
-    for name in ("epochs", "inner", "vocab", "unroll"):
+    for name in ("epochs", "inner", "vocab", "unroll", "batch"):
         value = getattr(args, name)
         if value is not None and value < {"inner": 8, "vocab": 2}.get(name, 1):
-            raise ParameterError("epochs, unroll >= 1, inner >= 8, vocab >= 2")
+            raise ParameterError("epochs, unroll, batch >= 1, inner >= 8, vocab >= 2")
+    if args.lr is not None and not 0 < args.lr < 1:
+        raise ParameterError("lr must be in (0, 1)")
     if args.answer_weight < 0 or args.record_minutes < 0 or args.answer_minutes < 0 or \
             (args.train_minutes is not None and args.train_minutes <= 0):
         raise ParameterError("minutes and answer-weight >= 0 (train-minutes > 0)")
-    given = {k: v for k, v in (("epochs", args.epochs), ("inner", args.inner), ("vocab", args.vocab)) if v is not None}
-    if args.kind == "eagle":
-        cfg = EagleTrainConfig(**given, **({"steps": args.unroll} if args.unroll else {}))
-    else:
-        cfg = TrainConfig(**given, **({"steps_unrolled": args.unroll} if args.unroll else {}))
+    given = {k: v for k, v in (("epochs", args.epochs), ("inner", args.inner), ("vocab", args.vocab), ("lr", args.lr))
+             if v is not None}
+    if args.kind == "medusa" and given.pop("inner", None) is not None:
+        raise ParameterError("--inner does not apply to Medusa heads (each is one H x H block)")
+    if args.unroll:
+        given[{"eagle": "steps", "mlp": "steps_unrolled", "medusa": "num_heads"}[args.kind]] = args.unroll
+    if args.batch:
+        given["rows" if args.kind == "eagle" else "batch"] = args.batch
+    cfg = {"eagle": EagleTrainConfig, "mlp": TrainConfig, "medusa": MedusaTrainConfig}[args.kind](**given)
     name = args.target or DEFAULT_TARGET
     opts = {"target_format": args.target_format} if args.target_format else {}
     sd = Speculator(name, dtype=args.dtype, runtime="native", max_length=min(args.max_context, 1024),
@@ -130,6 +142,8 @@ def train_from_args(args) -> int:
                                    doc_weight=weight, seconds=seconds, checkpoint=checkpoint, init=target.norm)
         if report["finished"]:
             checkpoint.unlink(missing_ok=True)
+    elif args.kind == "medusa":
+        head, report = train_medusa(data, w_out, cfg, target_name=name, doc_weight=weight, seconds=seconds)
     else:
         head, report = train_head(data, target.embed, w_out, cfg, target_name=name, doc_weight=weight,
                                   seconds=seconds)
@@ -143,9 +157,10 @@ def train_from_args(args) -> int:
 def add_export_args(p) -> None:
     """The ``export`` options."""
     p.add_argument("drafter", nargs="?", default=None,
-                   help="directory of a trained EAGLE drafter (default: the one shipped for --target)")
+                   help="directory of a trained drafter of the kind --to writes (default: the one shipped for --target)")
     p.add_argument("--to", choices=("vllm", "sglang", "medusa"), default="vllm",
-                   help="vllm: speculators' eagle layout (config.json + model.safetensors)")
+                   help="vllm: an EAGLE drafter in speculators' eagle layout; medusa: Medusa heads in the "
+                        "medusa_num_heads layout vLLM loads (config.json + model.safetensors each)")
     p.add_argument("--out", required=True, help="directory to write to")
     p.add_argument("--target", default=None, help="the drafter's target (default: the default target)")
     p.add_argument("--verifier", default=None,
@@ -153,17 +168,20 @@ def add_export_args(p) -> None:
 
 
 def export_from_args(args) -> int:
-    """``specdraft export``: a trained EAGLE drafter in a serving engine's layout."""
+    """``specdraft export``: a trained drafter in a serving engine's layout."""
     from ..models.packaged import resolve_model_dir
     from ..models.registry import ALIASES, PACKAGED
-    from .export import export
+    from .export import LAYOUTS, export
     from .model import load_head, shipped_head_dir
 
     name = ALIASES.get(args.target or DEFAULT_TARGET, args.target or DEFAULT_TARGET)
-    directory = args.drafter or shipped_head_dir(name, "eagle")
+    if args.to not in LAYOUTS:
+        export(None, args.out, args.to, "", {})  # refuses the layout in one line
+    kind = "eagle" if args.to == "vllm" else args.to
+    directory = args.drafter or shipped_head_dir(name, kind)
     if directory is None:
-        raise ParameterError(f"no EAGLE drafter is shipped for {name!r}; give its directory")
-    head = load_head(directory, "eagle")
+        raise ParameterError(f"no {kind} drafter is shipped for {name!r}; give its directory")
+    head = load_head(directory, kind)
     config_path = resolve_model_dir(name) / "config.json"
     try:
         verifier_config = json.loads(config_path.read_text())
@@ -174,6 +192,10 @@ def export_from_args(args) -> int:
                              f"the target {name!r} has {verifier_config.get('hidden_size')}")
     packaged = PACKAGED.get(name)
     verifier = args.verifier or (packaged.hf_id if packaged is not None and packaged.hf_id else name)
-    for path in export(head, args.out, args.to, verifier, verifier_config):
+    lm_rows = None
+    if kind == "medusa":  # the heads share the target's output head: the export carries its rows
+        sd = Speculator(name, dtype="fp32", runtime="native", max_length=64, load_draft=False)
+        lm_rows = output_weight(sd.target.model, head.cfg.vocab)
+    for path in export(head, args.out, args.to, verifier, verifier_config, lm_rows):
         print(path)
     return 0

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from ..errors import ParameterError
 from .data import FeatureSet
 from .eagle import EagleConfig, EagleHead
+from .train import sampled_softmax
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class EagleTrainConfig:
     reg_weight: float = 0.5  # smooth L1 on features vs cross-entropy
     step_decay: float = 0.8  # step j's losses weigh step_decay ** j
     rope_theta: float = 10000.0  # the layer's own RoPE base (positions stay within a few thousand)
+    start: str = "random"  # identity: the layer starts as h = f (see start_as_identity); random: fc at random
     holdout: float = 0.05
     seed: int = 0
 
@@ -155,11 +157,8 @@ def _loss(head, batch_tensors, emb, w_out, cfg: EagleTrainConfig, vocab: int, ne
         label_ok = valid & (cand[..., 0] < vocab)
         if not label_ok.any():
             continue
-        hv, cv = h[label_ok], cand[label_ok]  # [N, H], [N, K]
-        pos_logits = torch.einsum("nh,nkh->nk", hv, w_out[cv.clamp_max(vocab - 1)])
-        pos_logits = pos_logits.masked_fill(cv >= vocab, float("-inf"))
-        neg = (hv @ w_out[negatives].T).masked_fill(negatives[None, :] == cv[:, :1], float("-inf"))
-        ce = F.cross_entropy(torch.cat([pos_logits, neg], -1), torch.zeros(len(hv), dtype=torch.long))
+        hv = h[label_ok]  # [N, H]
+        ce = sampled_softmax(hv, cand[label_ok], w_out, negatives, vocab)
         reg = F.smooth_l1_loss(hv, feats[:, nxt][label_ok])
         loss = loss + cfg.step_decay ** j * (ce + cfg.reg_weight * reg)
     return loss
@@ -183,6 +182,20 @@ def agreement(head: EagleHead, data: FeatureSet, items: list[tuple], emb, w_out,
     return [round(float(a / max(b, 1)), 4) for a, b in zip(hits, counts)]
 
 
+def start_as_identity(head: EagleHead, features: torch.Tensor, noise: float = 0.02) -> None:
+    """Start the layer as "the next feature is this one", the MLP head's start: fc = [I | small
+    noise] passes f through (attention and MLP start at zero), and g_out = the features' typical
+    RMS undoes the output norm's rescaling, so h = rms(f) * c ~= f. The features are the target's
+    normed ones, so their RMS varies little between rows. features [N, H]."""
+    H = head.cfg.hidden_size
+    with torch.no_grad():
+        sample = features[torch.randperm(len(features))[:4096]].float()
+        head.fc.weight.zero_()
+        head.fc.weight[:, :H].copy_(torch.eye(H))
+        head.fc.weight[:, H:].normal_(0.0, noise / H ** 0.5)
+        head.g_out.fill_(float(sample.pow(2).mean(-1).sqrt().median()))
+
+
 def train_eagle(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, shape: TargetShape,
                 cfg: EagleTrainConfig = EagleTrainConfig(), *, target_name: str = "", log=print,
                 seconds: float | None = None, doc_weight: torch.Tensor | None = None,
@@ -190,7 +203,7 @@ def train_eagle(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, shape:
     """Train an EAGLE layer. emb [V, H]: the target's embedding; w_out [V', H] its output head's
     first rows (fp32); doc_weight [D]: how often each document counts per epoch; ``checkpoint``:
     a file the run is saved to every few minutes and resumed from when it exists; ``init`` [H]:
-    the target's final-norm weight, the output gain's start. Returns the layer and its report
+    the target's final-norm weight, the output gain's start when ``cfg.start`` is "random". Returns the layer and its report
     (held-out agreement per step: every document, and those of the largest weight)."""
     torch.manual_seed(cfg.seed)
     H = data.features.shape[1]
@@ -198,7 +211,9 @@ def train_eagle(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, shape:
     head = EagleHead(EagleConfig(hidden_size=H, num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
                                  head_dim=shape.head_dim, inner=cfg.inner, vocab=vocab,
                                  rope_theta=cfg.rope_theta, target=target_name))
-    if init is not None:
+    if cfg.start == "identity":
+        start_as_identity(head, data.features)
+    elif init is not None:
         head.g_out.data.copy_(init.float())
     w_out = w_out[:vocab].float().contiguous()
     n_docs = len(data.starts) - 1

@@ -1,4 +1,6 @@
-"""Exporting a trained EAGLE drafter to vLLM's speculators layout, so it serves beyond one machine.
+"""Exporting trained drafters to the layouts serving engines load, so they serve beyond one machine.
+
+EAGLE -> vLLM's speculators layout (``--to vllm``):
 
 heads.eagle is the EAGLE-1 / HASS layer with layernorms, which speculators describes as
 ``speculators_model_type: "eagle"`` with ``layernorms: true`` and ``fusion_bias: false``: an
@@ -7,6 +9,12 @@ embedding norm, ``fusion_fc`` over [embedding ; verifier hidden state], one Llam
 The weights map one to one (names below); only fc's two input halves swap places, since
 speculators concatenates the embedding first. The verifier's embedding and output head are not
 stored: the serving engine attaches the verifier's own.
+
+Medusa -> the ``medusa_num_heads`` layout vLLM's Medusa model loads (``--to medusa``): one
+residual block per head, ``blocks.{i}.layers.0.{weight,bias}`` (``medusa_fc_bias``), one output
+head shared by all (``original_lm_head``), and since the heads guess among the target's first
+V' ids, ``truncated_vocab_size`` V' with ``token_map`` = 0..V'-1 and the output head's first V'
+rows as ``lm_heads.0.weight``.
 """
 from __future__ import annotations
 
@@ -18,6 +26,7 @@ from safetensors.torch import save_file
 
 from ..errors import ParameterError
 from .eagle import EagleHead
+from .medusa import MedusaHeads
 
 SPECULATORS_VERSION = "0.3.0"  # the speculators release whose "eagle" config fields this writes
 PROPOSED_TOKENS = 5  # the greedy proposal length written as the default
@@ -79,15 +88,52 @@ def vllm_config(head: EagleHead, verifier: str, verifier_config: dict) -> dict:
     }
 
 
-def export(head, out: str | Path, to: str, verifier: str, verifier_config: dict) -> list[Path]:
-    """Write ``head`` in the layout ``to`` into directory ``out``; returns the files written."""
-    if to != "vllm":
-        raise ParameterError(f"--to {to}: only 'vllm' (speculators' eagle layout) is written; SGLang's and "
-                             "vLLM's EAGLE-3 layouts need a drafter on several target layers, and Medusa heads")
-    if not isinstance(head, EagleHead):
-        raise ParameterError("only EAGLE drafters export (train one with `specdraft train-drafter --kind eagle`)")
+def medusa_tensors(heads: MedusaHeads, lm_rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The heads' weights under vLLM Medusa's names (bf16); lm_rows [V', H]: the target's output
+    head's first V' rows; token_map (int64) maps draft ids to the target's."""
+    out = {}
+    for i, block in enumerate(heads.blocks):
+        out[f"blocks.{i}.layers.0.weight"] = block.weight
+        out[f"blocks.{i}.layers.0.bias"] = block.bias
+    out["lm_heads.0.weight"] = lm_rows[:heads.cfg.vocab]
+    tensors = {name: t.detach().to(torch.bfloat16).contiguous() for name, t in out.items()}
+    tensors["token_map"] = torch.arange(heads.cfg.vocab, dtype=torch.int64)
+    return tensors
+
+
+def medusa_config(heads: MedusaHeads, verifier: str, verifier_config: dict) -> dict:
+    """config.json of vLLM's Medusa model for ``verifier`` whose config.json is ``verifier_config``."""
+    c = heads.cfg
+    return {
+        "architectures": ["MedusaModel"], "model_type": "medusa",
+        "medusa_num_heads": c.num_heads, "medusa_num_layers": 1, "medusa_fc_bias": True,
+        "original_lm_head": True, "hidden_size": c.hidden_size,
+        "vocab_size": verifier_config["vocab_size"], "truncated_vocab_size": c.vocab,
+        "base_model_name_or_path": verifier, "torch_dtype": "bfloat16",
+    }
+
+
+LAYOUTS = {"vllm": EagleHead, "medusa": MedusaHeads}  # --to: the drafter kind it writes
+
+
+def export(head, out: str | Path, to: str, verifier: str, verifier_config: dict,
+           lm_rows: torch.Tensor | None = None) -> list[Path]:
+    """Write ``head`` in the layout ``to`` into directory ``out`` (Medusa: with ``lm_rows`` [V', H],
+    the target's output head's first rows); returns the files written."""
+    if to not in LAYOUTS:
+        raise ParameterError(f"--to {to}: the layouts written are 'vllm' (speculators' eagle) and 'medusa'; "
+                             "SGLang's and vLLM's EAGLE-3 layouts need a drafter on several target layers")
+    if not isinstance(head, LAYOUTS[to]):
+        kind = "eagle" if to == "vllm" else "medusa"
+        raise ParameterError(f"--to {to} writes {kind} drafters (train one with `specdraft train-drafter --kind {kind}`)")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    save_file(vllm_tensors(head), str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(vllm_config(head, verifier, verifier_config), indent=2) + "\n")
+    if to == "vllm":
+        tensors, config = vllm_tensors(head), vllm_config(head, verifier, verifier_config)
+    else:
+        if lm_rows is None:
+            raise ParameterError("a Medusa export needs the target's output head")
+        tensors, config = medusa_tensors(head, lm_rows), medusa_config(head, verifier, verifier_config)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return [out / "config.json", out / "model.safetensors"]

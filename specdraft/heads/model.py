@@ -104,9 +104,11 @@ def shipped_head_dir(target: str, kind: str = "mlp") -> str | None:
 
 
 def load_head(directory: str | Path, kind: str = "mlp"):
-    """The trained drafter of ``kind`` in ``directory`` (FeatureHead or heads.eagle.EagleHead);
-    a one-line ModelFileError when the directory holds another kind or nothing readable."""
+    """The trained drafter of ``kind`` in ``directory`` (FeatureHead, heads.eagle.EagleHead or
+    heads.medusa.MedusaHeads); a one-line ModelFileError when the directory holds another kind
+    or nothing readable."""
     from .eagle import EagleHead
+    from .medusa import MedusaHeads
 
     try:
         found = json.loads((Path(directory) / "head.json").read_text()).get("kind", "mlp")
@@ -115,4 +117,4 @@ def load_head(directory: str | Path, kind: str = "mlp"):
     if found != kind:
         raise ModelFileError(f"{directory} holds a {found!r} drafter, but this method reads a {kind!r} one; "
                              "pass the matching --head DIR")
-    return EagleHead.load(directory) if kind == "eagle" else FeatureHead.load(directory)
+    return {"eagle": EagleHead, "medusa": MedusaHeads}.get(kind, FeatureHead).load(directory)

@@ -48,6 +48,18 @@ def _starts(data: FeatureSet, docs: torch.Tensor, S: int, weight: torch.Tensor |
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.int64)
 
 
+def sampled_softmax(f: torch.Tensor, cand: torch.Tensor, w_out: torch.Tensor, negatives: torch.Tensor,
+                    vocab: int) -> torch.Tensor:
+    """Cross-entropy of predicted features f [N, H] over the target's candidates cand [N, TOP]
+    (its choice first, which must be < vocab) plus the shared random ids ``negatives`` [M],
+    scored by the output rows w_out [V', H]; candidates past ``vocab`` and a negative equal to
+    the label (it would compete with itself) are masked."""
+    pos = torch.einsum("nh,nkh->nk", f, w_out[cand.clamp_max(w_out.shape[0] - 1)].float())
+    pos = pos.masked_fill(cand >= vocab, float("-inf"))
+    neg = (f @ w_out[negatives].float().T).masked_fill(negatives[None, :] == cand[:, :1], float("-inf"))
+    return F.cross_entropy(torch.cat([pos, neg], -1), torch.zeros(len(f), dtype=torch.long))
+
+
 def _unroll(head: FeatureHead, data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, rows: torch.Tensor,
             S: int, vocab: int, negatives: torch.Tensor | None, reg_weight: float):
     """Loss and per-step greedy agreement (argmax over the first `vocab` ids) for start rows."""
@@ -60,15 +72,8 @@ def _unroll(head: FeatureHead, data: FeatureSet, emb: torch.Tensor, w_out: torch
         true_f = data.features[nxt].float()
         label = data.top[nxt, 0]  # [B] the target's choice after position t+s+1
         if negatives is not None:
-            cand = data.top[nxt]  # [B, TOP], label first
-            pos = torch.einsum("bh,bkh->bk", f, w_out[cand.clamp_max(w_out.shape[0] - 1)].float())
-            neg = f @ w_out[negatives].float().T  # [B, N]
-            # a negative that is the label would compete with itself: mask it
-            neg = neg.masked_fill(negatives[None, :] == label[:, None], float("-inf"))
-            pos = pos.masked_fill(cand >= vocab, float("-inf"))
-            logits = torch.cat([pos, neg], -1)
             valid = label < vocab
-            ce = F.cross_entropy(logits[valid], torch.zeros(int(valid.sum()), dtype=torch.long)) if valid.any() else 0.0
+            ce = sampled_softmax(f[valid], data.top[nxt][valid], w_out, negatives, vocab) if valid.any() else 0.0
             loss = loss + ce + reg_weight * F.smooth_l1_loss(f, true_f)
         else:
             with torch.no_grad():
@@ -114,21 +119,32 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
 
 def _fit(head: FeatureHead, data: FeatureSet, emb: torch.Tensor, w_head: torch.Tensor, train_rows: torch.Tensor,
          cfg: TrainConfig, vocab: int, log, seconds: float | None) -> int:
-    """AdamW with warm-up and cosine decay over ``cfg.epochs`` passes of ``train_rows`` (stopping
-    after ``seconds`` if given); returns the number of optimizer steps."""
-    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    total = max(1, cfg.epochs * math.ceil(len(train_rows) / cfg.batch))
+    """fit_rows with the head's unrolled loss; returns the number of optimizer steps."""
+
+    def loss_of(rows: torch.Tensor) -> torch.Tensor:
+        negatives = torch.randint(0, vocab, (cfg.negatives,))
+        return _unroll(head, data, emb, w_head, rows, cfg.steps_unrolled, vocab, negatives, cfg.reg_weight)[0]
+
+    return fit_rows(head, train_rows, loss_of, epochs=cfg.epochs, batch=cfg.batch, lr=cfg.lr,
+                    weight_decay=cfg.weight_decay, log=log, seconds=seconds)[0]
+
+
+def fit_rows(module: torch.nn.Module, train_rows: torch.Tensor, loss_of, *, epochs: int, batch: int, lr: float,
+             weight_decay: float, log, seconds: float | None) -> tuple[int, int]:
+    """AdamW with warm-up and cosine decay over ``epochs`` shuffled passes of ``train_rows`` [N]
+    in batches of ``batch``, ``loss_of(rows)`` giving each batch's loss; stops after ``seconds``
+    if given. Returns (optimizer steps taken, steps planned)."""
+    opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=weight_decay)
+    total = max(1, epochs * math.ceil(len(train_rows) / batch))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda i: min(1.0, (i + 1) / 50) * 0.5 * (1 + math.cos(math.pi * min(i, total) / total)))
     t0 = time.perf_counter()
     step = 0
-    for epoch in range(cfg.epochs):
+    for epoch in range(epochs):
         order = train_rows[torch.randperm(len(train_rows))]
         running = 0.0
-        for i in range(0, len(order), cfg.batch):
-            negatives = torch.randint(0, vocab, (cfg.negatives,))
-            loss, _ = _unroll(head, data, emb, w_head, order[i:i + cfg.batch], cfg.steps_unrolled, vocab, negatives,
-                              cfg.reg_weight)
+        for i in range(0, len(order), batch):
+            loss = loss_of(order[i:i + batch])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -139,8 +155,8 @@ def _fit(head: FeatureHead, data: FeatureSet, emb: torch.Tensor, w_head: torch.T
                 log(f"epoch {epoch} step {step}/{total} loss {running / 50:.3f} {time.perf_counter() - t0:.0f}s")
                 running = 0.0
             if seconds is not None and time.perf_counter() - t0 > seconds:
-                return step
-    return step
+                return step, total
+    return step, total
 
 
 def _agreement(head: FeatureHead, data: FeatureSet, emb: torch.Tensor, w_head: torch.Tensor, rows: torch.Tensor,

@@ -1,0 +1,40 @@
+"""Medusa as the prophet: K trained heads on the newest feature (heads.medusa).
+
+The engine hands over f, the target's feature at the row that chose the newest committed token;
+head i guesses the token i places after that one. A node at depth d (the root: 0) gets its
+children from head d + 1, whatever its own token: Medusa's heads never see the draft. Chains,
+trees (EAGLE-2 selection by the product of calibrated confidences), the cost rule and sampling
+are the head drafter's (drafters.feature_head); this file supplies the step.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..models.quant import W8A8Linear
+from .base import DrafterContext, register
+from .feature_head import FeatureHeadDrafter
+from .trees import node_depths
+
+
+class MedusaDrafter(FeatureHeadDrafter):
+    name = "medusa"
+
+    def build_step(self, head) -> list:
+        """The heads' blocks in int8 (per output channel), ~14-bit activations: guesses only."""
+        return [W8A8Linear(b.weight.detach().float(), b.bias.detach(), passes=2) for b in head.blocks]
+
+    def advance(self, nodes: list[int], ids: list[int], parents: list[int], feats: list[torch.Tensor]) -> torch.Tensor:
+        depth = node_depths(parents)
+        d = [0 if j < 0 else depth[j] for j in nodes]  # the head each node's children come from
+        wanted = sorted(set(d))
+        out = self.head(self.feature[None].float(), wanted, self.step)[0]  # [len(wanted), H]
+        return out[[wanted.index(x) for x in d]]
+
+    def propose(self, context, k, sampling, generator):
+        return super().propose(context, min(k, self.head.cfg.num_heads), sampling, generator)
+
+
+@register("medusa", needs_head="medusa")
+def _build(ctx: DrafterContext) -> MedusaDrafter:
+    return MedusaDrafter(ctx.target, ctx.head, min_confidence=ctx.spec.min_confidence,
+                         trees=ctx.spec.trees and getattr(ctx.target, "supports_tree", False))

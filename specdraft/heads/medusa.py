@@ -1,0 +1,160 @@
+"""Medusa: K heads on the target's newest feature, head i guessing the token i + 1 places ahead.
+
+f_t [H] is the target's final-norm hidden state at position t; its own output head reads the
+next token x_{t+1} from it. Medusa head i (1..K) reads x_{t+1+i} from the same f_t, with no
+knowledge of the tokens in between:
+
+    r_i = f_t + silu(W_i f_t + b_i)        W_i [H, H], zero at the start (one residual block)
+    guess_i = argmax  W_out[:vocab] r_i    the target's own output head, cut to ``vocab`` ids
+
+(Medusa-1 with the output head shared, as the target's is already trained: each head is one
+residual block, 2.4M parameters for H = 1536.) All K guesses come from one feature, so a draft
+costs K small products whatever its depth, and the heads' top choices form a tree whose
+children at depth d are the same for every parent: the drafter ranks nodes by the product of
+the heads' confidences (drafters.medusa).
+
+Training (``train_medusa``) reads recorded features (heads.data): row t's f_t is scored for
+head i against the target's own choice at row t + i, with the sampled softmax of the MLP head's
+trainer (heads.train). Nothing is unrolled: a head never sees its own output.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .data import FeatureSet
+from .model import read_drafter, save_drafter
+from .train import fit_rows, sampled_softmax
+
+KIND = "medusa"
+
+
+@dataclass(frozen=True)
+class MedusaConfig:
+    hidden_size: int  # H: the target's hidden size
+    num_heads: int  # K: head i guesses i + 1 tokens past the feature's row
+    vocab: int  # guesses come from the target's first `vocab` token ids
+    target: str = ""  # what it was trained on (informative)
+    kind: str = KIND
+
+
+class MedusaHeads(torch.nn.Module):
+    def __init__(self, cfg: MedusaConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(cfg.hidden_size, cfg.hidden_size)
+                                          for _ in range(cfg.num_heads))
+        for b in self.blocks:  # each head starts as the target's own next-token guess
+            torch.nn.init.zeros_(b.weight)
+            torch.nn.init.zeros_(b.bias)
+
+    def forward(self, f: torch.Tensor, heads: list[int] | None = None, linears=None) -> torch.Tensor:
+        """f [..., H] -> [..., K', H]: the residual blocks' outputs of ``heads`` (0-based; default
+        all), each read by the target's output head. ``linears``: the blocks as the drafter runs
+        them (int8 copies), default the module's own."""
+        linears = linears or self.blocks
+        heads = range(self.cfg.num_heads) if heads is None else heads
+        return torch.stack([f + F.silu(linears[i](f)) for i in heads], -2)
+
+    def save(self, directory: str | Path) -> None:
+        save_drafter(self, directory)
+
+    @classmethod
+    def load(cls, directory: str | Path) -> MedusaHeads:
+        return read_drafter(cls, MedusaConfig, directory, what="Medusa drafter", command="train-drafter --kind medusa")
+
+
+@dataclass(frozen=True)
+class MedusaTrainConfig:
+    num_heads: int = 4
+    vocab: int = 32768
+    epochs: int = 3
+    batch: int = 512  # feature rows a step (every head learns from each)
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    negatives: int = 1024
+    head_decay: float = 0.8  # head i's loss weighs head_decay ** i (far heads are right less often)
+    holdout: float = 0.05
+    seed: int = 0
+
+
+def _rows(data: FeatureSet, docs: torch.Tensor, K: int, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows t of the given documents with at least one head's label (t + 1 inside the document),
+    each document listed ``weight[d]`` times."""
+    out = [torch.arange(int(data.starts[d]), int(data.starts[d + 1]) - 1).repeat(1 if weight is None else int(weight[d]))
+           for d in docs.tolist()]
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.int64)
+
+
+def _labels(data: FeatureSet, rows: torch.Tensor, K: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For rows [B]: the target's candidates at row t + i ([B, K, TOP], its choice first) and
+    whether row t + i is in t's document ([B, K]), heads i = 1..K."""
+    doc_end = data.starts[torch.searchsorted(data.starts, rows, right=True)]  # [B] first row past t's document
+    at = rows[:, None] + torch.arange(1, K + 1)  # [B, K]
+    valid = at < doc_end[:, None]
+    return data.top[at.clamp_max(len(data) - 1)], valid
+
+
+def _loss(heads: MedusaHeads, data: FeatureSet, w_out: torch.Tensor, rows: torch.Tensor, cfg: MedusaTrainConfig,
+          vocab: int, negatives: torch.Tensor) -> torch.Tensor:
+    K = heads.cfg.num_heads
+    r = heads(data.features[rows].float())  # [B, K, H]
+    cand, valid = _labels(data, rows, K)
+    loss = 0.0
+    for i in range(K):
+        ok = valid[:, i] & (cand[:, i, 0] < vocab)
+        if ok.any():
+            loss = loss + cfg.head_decay ** i * sampled_softmax(r[ok, i], cand[ok, i], w_out, negatives, vocab)
+    return loss
+
+
+@torch.no_grad()
+def agreement(heads: MedusaHeads, data: FeatureSet, rows: torch.Tensor, w_out: torch.Tensor, vocab: int) -> list[float] | None:
+    """Per head, the share of rows (with a label) where its greedy guess is the target's choice."""
+    K = heads.cfg.num_heads
+    hits, counts = torch.zeros(K), torch.zeros(K)
+    for i in range(0, len(rows), 2048):
+        part = rows[i:i + 2048]
+        guess = (heads(data.features[part].float()) @ w_out[:vocab].T).argmax(-1)  # [B, K]
+        cand, valid = _labels(data, part, K)
+        hits += ((guess == cand[..., 0]) & valid).sum(0)
+        counts += valid.sum(0)
+    if counts[0] == 0:
+        return None
+    return [round(float(a / max(b, 1)), 4) for a, b in zip(hits, counts)]
+
+
+def train_medusa(data: FeatureSet, w_out: torch.Tensor, cfg: MedusaTrainConfig = MedusaTrainConfig(), *,
+                 target_name: str = "", log=print, seconds: float | None = None,
+                 doc_weight: torch.Tensor | None = None) -> tuple[MedusaHeads, dict]:
+    """Train K Medusa heads. w_out [V', H]: the target's output head's first rows; doc_weight [D]:
+    how often each document counts per epoch. Returns the heads and their report (held-out
+    agreement per head: every document, and those of the largest weight)."""
+    torch.manual_seed(cfg.seed)
+    H, K = data.features.shape[1], cfg.num_heads
+    vocab = min(cfg.vocab, w_out.shape[0])
+    heads = MedusaHeads(MedusaConfig(hidden_size=H, num_heads=K, vocab=vocab, target=target_name))
+    w_out = w_out[:vocab].float().contiguous()
+    n_docs = len(data.starts) - 1
+    perm = torch.randperm(n_docs)
+    n_val = max(1, int(n_docs * cfg.holdout)) if n_docs > 1 else 0
+    val_docs, train_rows = perm[:n_val], _rows(data, perm[n_val:], K, doc_weight)
+    t0 = time.perf_counter()
+    step, total = fit_rows(
+        heads, train_rows, lambda rows: _loss(heads, data, w_out, rows, cfg, vocab, torch.randint(0, vocab, (cfg.negatives,))),
+        epochs=cfg.epochs, batch=cfg.batch, lr=cfg.lr, weight_decay=cfg.weight_decay, log=log, seconds=seconds)
+    heads.eval()
+    report = {"train_positions": len(train_rows), "steps": step, "finished": step >= total,
+              "seconds": round(time.perf_counter() - t0, 1)}
+    groups = {"val_agreement": val_docs}
+    if doc_weight is not None:
+        groups["val_agreement_weighted_docs"] = val_docs[doc_weight[val_docs] == doc_weight.max()]
+    for key, docs in groups.items():
+        got = agreement(heads, data, _rows(data, docs, K), w_out, vocab)
+        if got is not None:
+            report[key] = got
+    return heads, report
