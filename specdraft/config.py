@@ -111,6 +111,8 @@ class SpecConfig:
     # medusa: the directory of trained Medusa heads (`specdraft train-drafter --kind medusa`);
     # None = the ones shipped for the target, when there are some.
     medusa: str | None = None
+    # hydra: the directory of trained Hydra heads (`specdraft train-drafter --kind hydra`).
+    hydra: str | None = None
     # retrieval: the directory of a datastore built by `specdraft index build` (its tokenizer must
     # be the target's); None = no datastore, which --method retrieval refuses.
     index: str | None = None

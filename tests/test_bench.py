@@ -127,8 +127,8 @@ def test_unknown_category_and_bad_per_category(tmp_path):
 def test_methods_put_the_baseline_first_and_reject_unknown_names():
     assert parse_methods("prompt-lookup, none,hf-generate") == ["none", "prompt-lookup", "hf-generate"]
     assert parse_methods("draft-model,draft-model") == ["none", "draft-model"]  # baseline added once
-    with pytest.raises(BenchError, match=r"unknown method 'hydra'; choose from: all, none, .*hf-assisted"):
-        parse_methods("none,hydra")
+    with pytest.raises(BenchError, match=r"unknown method 'jacobi'; choose from: all, none, .*hf-assisted"):
+        parse_methods("none,jacobi")
 
 
 def test_all_expands_to_every_registered_method_and_peers_may_follow():
@@ -142,7 +142,7 @@ def test_all_expands_to_every_registered_method_and_peers_may_follow():
 
 
 # methods `all` skips for a model with no trained drafter shipped and no --index
-NEED_TRAINED_OR_INDEX = {"head", "hybrid-head", "fusion", "retrieval", "eagle", "medusa"}
+NEED_TRAINED_OR_INDEX = {"head", "hybrid-head", "fusion", "retrieval", "eagle", "medusa", "hydra"}
 
 
 def test_all_skips_methods_that_cannot_run_but_a_named_one_stays(tmp_path):
@@ -158,7 +158,8 @@ def test_all_skips_methods_that_cannot_run_but_a_named_one_stays(tmp_path):
     named, skipped = drop_unavailable(parse_methods("all,head"), "all,head", no_head)
     assert "head" in named and set(skipped) == NEED_TRAINED_OR_INDEX - {"head"}  # asked for by name: it stays
     with_head = bench_args("--head", str(tmp_path / "head"), "--eagle", str(tmp_path / "eagle"),
-                           "--medusa", str(tmp_path / "medusa"), "--index", str(tmp_path / "index"))
+                           "--medusa", str(tmp_path / "medusa"), "--hydra", str(tmp_path / "hydra"),
+                           "--index", str(tmp_path / "index"))
     assert drop_unavailable(parse_methods("all"), "all", with_head) == (drafter_names(), {})
 
 

@@ -188,7 +188,7 @@ def test_calibrate_bad_arguments_give_one_line(capsys, args, contains):
     (["--temperature", "0.7", "--seed", "-3"], "seed"),
     (["--temperature", "0.7", "--methods", "all,llama-cpp"], "llama-cpp run greedy only"),
     (["--temperature", "0.7", "--methods", "none,hf-generate,hf-assisted"], "hf-generate, hf-assisted run greedy only"),
-    (["--methods", "all,hydra"], "unknown method 'hydra'"),
+    (["--methods", "all,jacobi"], "unknown method 'jacobi'"),
 ])
 def test_bench_bad_sampling_and_methods_give_one_line(capsys, args, contains):
     # --target points nowhere: the options must be rejected before any model is looked up.

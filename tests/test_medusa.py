@@ -1,8 +1,9 @@
-"""Medusa (heads/medusa, drafters/medusa) on a tiny random target.
+"""Medusa and Hydra (heads/medusa, drafters/medusa) on a tiny random target.
 
 Heads are trained in-process on the tiny target's own greedy text. Each head must learn its own
 offset (labels never cross a document's end), the drafter must read node depth d's children
-from head d + 1, and decoding must stay the target's own greedy output with chains and trees.
+from head d + 1 (Hydra: with the node's own token), and decoding must stay the target's own
+greedy output with chains and trees.
 """
 from __future__ import annotations
 
@@ -29,20 +30,26 @@ def target(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def trained(target):
-    data = record(target, own_texts(target))
+def data(target):
+    return record(target, own_texts(target))
+
+
+@pytest.fixture(scope="module", params=["medusa", "hydra"])
+def trained(request, target, data):
     # the tiny random target's text two or more tokens ahead is not predictable from one feature
     # (held out, heads stay near chance): these heads memorise their training text
     cfg = MedusaTrainConfig(num_heads=3, vocab=VOCAB, epochs=40, batch=128, negatives=32, lr=1e-2, holdout=0.2)
-    heads, report = train_medusa(data, output_weight(target, VOCAB), cfg, log=lambda *a: None)
+    heads, report = train_medusa(data, output_weight(target, VOCAB), cfg, log=lambda *a: None, kind=request.param,
+                                 emb=target.embed)
     return data, heads, report
 
 
 def test_labels_are_the_targets_choices_i_rows_on_within_the_document():
     top = torch.arange(10)[:, None].repeat(1, 4) * 10  # row r's choice: 10 r
     data = FeatureSet(torch.zeros(10, 4).half(), torch.arange(10), top, torch.tensor([0, 4, 10]))
-    cand, valid = _labels(data, torch.tensor([0, 2, 3, 4, 8]), 3)
+    cand, valid, tokens = _labels(data, torch.tensor([0, 2, 3, 4, 8]), 3)
     assert cand[..., 0].tolist() == [[10, 20, 30], [30, 40, 50], [40, 50, 60], [50, 60, 70], [90, 90, 90]]
+    assert tokens[0].tolist() == [1, 2, 3]  # Hydra's head i reads x_{t+i}, the input token of row t + i
     assert valid.tolist() == [[True, True, True], [True, False, False], [False, False, False],
                               [True, True, True], [True, False, False]]
     assert _rows(data, torch.tensor([0, 1]), 3).tolist() == [0, 1, 2, 4, 5, 6, 7, 8]
@@ -53,30 +60,34 @@ def test_training_fits_every_head(target, trained):
     assert report["steps"] > 0 and report["finished"] and len(report["val_agreement"]) == 3
     rows = _rows(data, torch.arange(len(data.starts) - 1), 3)
     w = output_weight(target, VOCAB)
-    got = agreement(heads, data, rows, w, VOCAB)
-    base = agreement(MedusaHeads(heads.cfg).eval(), data, rows, w, VOCAB)
+    got = agreement(heads, data, rows, w, VOCAB, target.embed)
+    base = agreement(MedusaHeads(heads.cfg).eval(), data, rows, w, VOCAB, target.embed)
     # untrained, every head repeats the target's own next guess: right only where a token repeats
     assert got[0] > base[0] + 0.12 and got[2] > base[2] + 0.12, (got, base)
 
 
 def test_a_nodes_children_come_from_the_head_of_its_depth(target, trained):
     _, heads, _ = trained
-    drafter = drafting_engine(target, "medusa", heads).drafter
+    drafter = drafting_engine(target, heads.cfg.kind, heads).drafter
     drafter.step = list(heads.blocks)  # fp32, to compare with the module
     f = torch.randn(heads.cfg.hidden_size)
     drafter.feature = f
-    want = heads(f[None])[0]  # [K, H]
     parents = [-1, -1, 0]  # depths 1, 1, 2 (the drafter never steps a node of depth K)
-    got = drafter.advance([2, -1, 0, 1], [7, 8, 9, 10], parents, [f] * 3)
-    for row, head in zip(got, [2, 0, 1, 1], strict=True):
-        torch.testing.assert_close(row, want[head])
+    ids = [7, 8, 9, 10]
+    got = drafter.advance([2, -1, 0, 1], ids, parents, [f] * 3)
+    e = target.embed[ids].float()[:, None].expand(-1, heads.cfg.num_heads, -1)  # [4, K, H] each row's token
+    want = heads(f[None].expand(4, -1), e if heads.cfg.reads_token else None)  # [4, K, H]
+    for b, head in enumerate([2, 0, 1, 1]):
+        torch.testing.assert_close(got[b], want[b, head])
+    if heads.cfg.reads_token:  # Hydra: two nodes of one depth with other tokens get other children
+        assert not torch.allclose(got[2], drafter.advance([1], [11], parents, [f] * 3)[0])
 
 
 @pytest.mark.parametrize("trees", [False, True])
 def test_greedy_equals_plain_and_guesses_are_accepted(target, trained, trees):
     _, heads, _ = trained
-    assert head_kind("medusa") == "medusa"
-    runs = greedy_runs_equal_plain(target, "medusa", heads, PROMPTS, trees=trees)
+    assert head_kind(heads.cfg.kind) == heads.cfg.kind
+    runs = greedy_runs_equal_plain(target, heads.cfg.kind, heads, PROMPTS, trees=trees)
     K = heads.cfg.num_heads  # a chain has at most K guesses (one a head), a tree at most 3 a head
     assert all(s.draft_tokens <= s.drafts * (K if not trees else 3 * K) for s in runs)
     assert sum(s.accepted_tokens for s in runs) > 0
@@ -85,19 +96,20 @@ def test_greedy_equals_plain_and_guesses_are_accepted(target, trained, trees):
 def test_seeded_sampling_is_reproducible_and_drafts(target, trained):
     _, heads, _ = trained
     sampling = SamplingConfig(temperature=0.8, seed=3)
-    first, stats = drafted(target, "medusa", PROMPTS[0], heads, sampling)
-    again, _ = drafted(target, "medusa", PROMPTS[0], heads, sampling)
+    first, stats = drafted(target, heads.cfg.kind, PROMPTS[0], heads, sampling)
+    again, _ = drafted(target, heads.cfg.kind, PROMPTS[0], heads, sampling)
     assert first == again and stats.drafts > 0
 
 
 def test_files_round_trip_and_kinds_are_checked(trained, tmp_path):
     _, heads, _ = trained
-    heads.save(tmp_path / "medusa")
-    assert json.loads((tmp_path / "medusa" / "head.json").read_text())["kind"] == "medusa"
-    back = load_head(tmp_path / "medusa", "medusa")
+    kind = heads.cfg.kind
+    heads.save(tmp_path / kind)
+    assert json.loads((tmp_path / kind / "head.json").read_text())["kind"] == kind
+    back = load_head(tmp_path / kind, kind)
     for name, value in heads.state_dict().items():
         torch.testing.assert_close(back.state_dict()[name], value.to(torch.bfloat16).float())
-    with pytest.raises(ModelFileError, match="holds a 'medusa' drafter"):
-        load_head(tmp_path / "medusa", "eagle")
+    with pytest.raises(ModelFileError, match=f"holds a '{kind}' drafter"):
+        load_head(tmp_path / kind, "eagle" if kind == "hydra" else "hydra")
     MedusaHeads(MedusaConfig(hidden_size=8, num_heads=2, vocab=VOCAB)).save(tmp_path / "small")
     assert load_head(tmp_path / "small", "medusa").cfg.num_heads == 2

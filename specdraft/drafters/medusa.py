@@ -1,8 +1,9 @@
-"""Medusa as the prophet: K trained heads on the newest feature (heads.medusa).
+"""Medusa and Hydra as the prophet: K trained heads on the newest feature (heads.medusa).
 
 The engine hands over f, the target's feature at the row that chose the newest committed token;
 head i guesses the token i places after that one. A node at depth d (the root: 0) gets its
-children from head d + 1, whatever its own token: Medusa's heads never see the draft. Chains,
+children from head d + 1: with Medusa whatever its own token (its heads never see the draft),
+with Hydra from its token too, so each node has children of its own. Chains,
 trees (EAGLE-2 selection by the product of calibrated confidences), the cost rule and sampling
 are the head drafter's (drafters.feature_head); this file supplies the step.
 """
@@ -26,15 +27,22 @@ class MedusaDrafter(FeatureHeadDrafter):
     def advance(self, nodes: list[int], ids: list[int], parents: list[int], feats: list[torch.Tensor]) -> torch.Tensor:
         depth = node_depths(parents)
         d = [0 if j < 0 else depth[j] for j in nodes]  # the head each node's children come from
-        wanted = sorted(set(d))
-        out = self.head(self.feature[None].float(), wanted, self.step)[0]  # [len(wanted), H]
-        return out[[wanted.index(x) for x in d]]
+        f = self.feature.float().expand(len(nodes), -1)  # [R, H] every head reads the root's feature
+        e = self.embed[ids].float() if self.head.cfg.reads_token else None  # [R, H] Hydra: the node's token
+        return self.head.rows(f, d, e, self.step)
 
     def propose(self, context, k, sampling, generator):
         return super().propose(context, min(k, self.head.cfg.num_heads), sampling, generator)
 
 
-@register("medusa", needs_head="medusa")
-def _build(ctx: DrafterContext) -> MedusaDrafter:
-    return MedusaDrafter(ctx.target, ctx.head, min_confidence=ctx.spec.min_confidence,
-                         trees=ctx.spec.trees and getattr(ctx.target, "supports_tree", False))
+class HydraDrafter(MedusaDrafter):
+    name = "hydra"
+
+
+def _build(ctx: DrafterContext, cls=MedusaDrafter) -> MedusaDrafter:
+    return cls(ctx.target, ctx.head, min_confidence=ctx.spec.min_confidence,
+               trees=ctx.spec.trees and getattr(ctx.target, "supports_tree", False))
+
+
+register("medusa", needs_head="medusa")(_build)
+register("hydra", needs_head="hydra")(lambda ctx: _build(ctx, HydraDrafter))

@@ -24,7 +24,7 @@ from .eagle_train import EagleTrainConfig, TargetShape, train_eagle
 from .medusa import MedusaTrainConfig, train_medusa
 from .train import TrainConfig, train_head
 
-KINDS = ("eagle", "mlp", "medusa")  # what train-drafter trains: an EAGLE layer, the MLP head, Medusa heads
+KINDS = ("eagle", "mlp", "medusa", "hydra")  # what train-drafter trains: an EAGLE layer, the MLP head, Medusa / Hydra heads
 
 
 def add_train_args(p, *, kind: str | None = None) -> None:
@@ -34,7 +34,8 @@ def add_train_args(p, *, kind: str | None = None) -> None:
         p.add_argument("--kind", choices=KINDS, default="eagle",
                        help="eagle: one decoder layer over the target's features (method eagle); "
                             "mlp: the MLP head (methods head, hybrid-head, fusion); "
-                            "medusa: K heads on the newest feature (method medusa)")
+                            "medusa: K heads on the newest feature (method medusa); hydra: the same heads each "
+                            "reading the token before its guess too (method hydra)")
     else:
         p.set_defaults(kind=kind)
     p.add_argument("--out", required=True, help="directory to write the drafter to (head.json + head.safetensors)")
@@ -59,7 +60,7 @@ def add_train_args(p, *, kind: str | None = None) -> None:
                    help="rows a training step (default: mlp 256, eagle 256 pairs, whole document stretches)")
     p.add_argument("--unroll", type=int, default=None,
                    help="drafting steps trained in sequence, each fed the drafter's own prediction (default: 3); "
-                        "medusa: the number of heads (default: 4)")
+                        "medusa, hydra: the number of heads (default: 4)")
 
 
 def _recorded(path, what: str, make) -> FeatureSet:
@@ -115,13 +116,15 @@ def train_from_args(args) -> int:
         raise ParameterError("minutes and answer-weight >= 0 (train-minutes > 0)")
     given = {k: v for k, v in (("epochs", args.epochs), ("inner", args.inner), ("vocab", args.vocab), ("lr", args.lr))
              if v is not None}
-    if args.kind == "medusa" and given.pop("inner", None) is not None:
-        raise ParameterError("--inner does not apply to Medusa heads (each is one H x H block)")
+    heads_kind = args.kind in ("medusa", "hydra")
+    if heads_kind and given.pop("inner", None) is not None:
+        raise ParameterError(f"--inner does not apply to {args.kind} heads (each is one residual block of the hidden size)")
     if args.unroll:
-        given[{"eagle": "steps", "mlp": "steps_unrolled", "medusa": "num_heads"}[args.kind]] = args.unroll
+        given["steps" if args.kind == "eagle" else "num_heads" if heads_kind else "steps_unrolled"] = args.unroll
     if args.batch:
         given["rows" if args.kind == "eagle" else "batch"] = args.batch
-    cfg = {"eagle": EagleTrainConfig, "mlp": TrainConfig, "medusa": MedusaTrainConfig}[args.kind](**given)
+    cfg = EagleTrainConfig(**given) if args.kind == "eagle" else MedusaTrainConfig(**given) if heads_kind \
+        else TrainConfig(**given)
     name = args.target or DEFAULT_TARGET
     opts = {"target_format": args.target_format} if args.target_format else {}
     sd = Speculator(name, dtype=args.dtype, runtime="native", max_length=min(args.max_context, 1024),
@@ -142,8 +145,9 @@ def train_from_args(args) -> int:
                                    doc_weight=weight, seconds=seconds, checkpoint=checkpoint, init=target.norm)
         if report["finished"]:
             checkpoint.unlink(missing_ok=True)
-    elif args.kind == "medusa":
-        head, report = train_medusa(data, w_out, cfg, target_name=name, doc_weight=weight, seconds=seconds)
+    elif heads_kind:
+        head, report = train_medusa(data, w_out, cfg, target_name=name, doc_weight=weight, seconds=seconds,
+                                    kind=args.kind, emb=target.embed)
     else:
         head, report = train_head(data, target.embed, w_out, cfg, target_name=name, doc_weight=weight,
                                   seconds=seconds)

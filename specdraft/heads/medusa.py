@@ -1,4 +1,4 @@
-"""Medusa: K heads on the target's newest feature, head i guessing the token i + 1 places ahead.
+"""Medusa and Hydra: K heads on the target's newest feature, head i guessing i + 1 tokens ahead.
 
 f_t [H] is the target's final-norm hidden state at position t; its own output head reads the
 next token x_{t+1} from it. Medusa head i (1..K) reads x_{t+1+i} from the same f_t, with no
@@ -13,9 +13,17 @@ costs K small products whatever its depth, and the heads' top choices form a tre
 children at depth d are the same for every parent: the drafter ranks nodes by the product of
 the heads' confidences (drafters.medusa).
 
+Hydra (kind "hydra") makes the heads sequentially dependent: head i also reads the token just
+before its guess, x_{t+i} (for head 1 the newest committed token, which Medusa ignores; deeper,
+the token of the draft node it extends), so a node's children depend on the node:
+
+    r_i = f_t + silu(W_i [f_t ; rms(E[x_{t+i}]) * g_e] + b_i)      W_i [H, 2H]
+
+(Hydra reads every earlier draft token; the newest alone keeps a head one product.)
+
 Training (``train_medusa``) reads recorded features (heads.data): row t's f_t is scored for
-head i against the target's own choice at row t + i, with the sampled softmax of the MLP head's
-trainer (heads.train). Nothing is unrolled: a head never sees its own output.
+head i against the target's own choice at row t + i (Hydra: given the true x_{t+i}), with the
+sampled softmax of the MLP head's trainer (heads.train). Nothing is unrolled.
 """
 from __future__ import annotations
 
@@ -31,6 +39,7 @@ from .model import read_drafter, save_drafter
 from .train import fit_rows, sampled_softmax
 
 KIND = "medusa"
+KINDS = ("medusa", "hydra")
 
 
 @dataclass(frozen=True)
@@ -39,33 +48,59 @@ class MedusaConfig:
     num_heads: int  # K: head i guesses i + 1 tokens past the feature's row
     vocab: int  # guesses come from the target's first `vocab` token ids
     target: str = ""  # what it was trained on (informative)
-    kind: str = KIND
+    kind: str = KIND  # "medusa", or "hydra": each head also reads the token before its guess
+    eps: float = 1e-6
+
+    @property
+    def reads_token(self) -> bool:
+        return self.kind == "hydra"
 
 
 class MedusaHeads(torch.nn.Module):
     def __init__(self, cfg: MedusaConfig):
         super().__init__()
+        if cfg.kind not in KINDS:
+            raise ValueError(f"kind {cfg.kind!r} is not one of {KINDS}")
         self.cfg = cfg
-        self.blocks = torch.nn.ModuleList(torch.nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        H = cfg.hidden_size
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(2 * H if cfg.reads_token else H, H)
                                           for _ in range(cfg.num_heads))
+        if cfg.reads_token:
+            self.g_e = torch.nn.Parameter(torch.ones(H))
         for b in self.blocks:  # each head starts as the target's own next-token guess
             torch.nn.init.zeros_(b.weight)
             torch.nn.init.zeros_(b.bias)
 
-    def forward(self, f: torch.Tensor, heads: list[int] | None = None, linears=None) -> torch.Tensor:
-        """f [..., H] -> [..., K', H]: the residual blocks' outputs of ``heads`` (0-based; default
-        all), each read by the target's output head. ``linears``: the blocks as the drafter runs
-        them (int8 copies), default the module's own."""
+    def rows(self, f: torch.Tensor, heads: list[int], e: torch.Tensor | None = None, linears=None) -> torch.Tensor:
+        """f [R, H] features, heads [R] (0-based), e [R, H] the embeddings of the tokens before
+        each row's guess (Hydra only) -> [R, H], each read by the target's output head.
+        ``linears``: the blocks as the drafter runs them (int8 copies), default the module's own."""
         linears = linears or self.blocks
-        heads = range(self.cfg.num_heads) if heads is None else heads
-        return torch.stack([f + F.silu(linears[i](f)) for i in heads], -2)
+        z = self._inputs(f, e)
+        out = torch.empty_like(f)
+        for i in sorted(set(heads)):
+            at = [r for r, h in enumerate(heads) if h == i]
+            out[at] = f[at] + F.silu(linears[i](z[at]))
+        return out
+
+    def forward(self, f: torch.Tensor, e: torch.Tensor | None = None) -> torch.Tensor:
+        """Every head on f [B, H] (Hydra: e [B, K, H], head i's token embedding) -> [B, K, H]."""
+        return torch.stack([f + F.silu(block(self._inputs(f, None if e is None else e[:, i])))
+                            for i, block in enumerate(self.blocks)], 1)
+
+    def _inputs(self, f: torch.Tensor, e: torch.Tensor | None) -> torch.Tensor:
+        """A block's input: f [R, H] (Medusa), or [f ; rms(e) * g_e] [R, 2H] (Hydra)."""
+        if not self.cfg.reads_token:
+            return f
+        return torch.cat([f, e * torch.rsqrt(e.pow(2).mean(-1, keepdim=True) + self.cfg.eps) * self.g_e], -1)
 
     def save(self, directory: str | Path) -> None:
         save_drafter(self, directory)
 
     @classmethod
     def load(cls, directory: str | Path) -> MedusaHeads:
-        return read_drafter(cls, MedusaConfig, directory, what="Medusa drafter", command="train-drafter --kind medusa")
+        return read_drafter(cls, MedusaConfig, directory, what="Medusa / Hydra drafter",
+                            command="train-drafter --kind medusa|hydra")
 
 
 @dataclass(frozen=True)
@@ -90,20 +125,27 @@ def _rows(data: FeatureSet, docs: torch.Tensor, K: int, weight: torch.Tensor | N
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.int64)
 
 
-def _labels(data: FeatureSet, rows: torch.Tensor, K: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """For rows [B]: the target's candidates at row t + i ([B, K, TOP], its choice first) and
-    whether row t + i is in t's document ([B, K]), heads i = 1..K."""
+def _labels(data: FeatureSet, rows: torch.Tensor, K: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For rows [B]: the target's candidates at row t + i ([B, K, TOP], its choice first),
+    whether row t + i is in t's document ([B, K]), and the token there ([B, K], x_{t+i}: what
+    a Hydra head reads), heads i = 1..K."""
     doc_end = data.starts[torch.searchsorted(data.starts, rows, right=True)]  # [B] first row past t's document
-    at = rows[:, None] + torch.arange(1, K + 1)  # [B, K]
-    valid = at < doc_end[:, None]
-    return data.top[at.clamp_max(len(data) - 1)], valid
+    at = (rows[:, None] + torch.arange(1, K + 1)).clamp_max(len(data) - 1)  # [B, K]
+    valid = rows[:, None] + torch.arange(1, K + 1) < doc_end[:, None]
+    return data.top[at], valid, data.tokens[at]
+
+
+def _heads_on(heads: MedusaHeads, data: FeatureSet, rows: torch.Tensor, emb: torch.Tensor | None):
+    """[B, K, H] every head on rows' features, (candidates, valid) as _labels gives them."""
+    cand, valid, tokens = _labels(data, rows, heads.cfg.num_heads)
+    e = emb[tokens].float() if heads.cfg.reads_token else None  # [B, K, H]
+    return heads(data.features[rows].float(), e), cand, valid
 
 
 def _loss(heads: MedusaHeads, data: FeatureSet, w_out: torch.Tensor, rows: torch.Tensor, cfg: MedusaTrainConfig,
-          vocab: int, negatives: torch.Tensor) -> torch.Tensor:
+          vocab: int, negatives: torch.Tensor, emb: torch.Tensor | None) -> torch.Tensor:
     K = heads.cfg.num_heads
-    r = heads(data.features[rows].float())  # [B, K, H]
-    cand, valid = _labels(data, rows, K)
+    r, cand, valid = _heads_on(heads, data, rows, emb)
     loss = 0.0
     for i in range(K):
         ok = valid[:, i] & (cand[:, i, 0] < vocab)
@@ -113,14 +155,15 @@ def _loss(heads: MedusaHeads, data: FeatureSet, w_out: torch.Tensor, rows: torch
 
 
 @torch.no_grad()
-def agreement(heads: MedusaHeads, data: FeatureSet, rows: torch.Tensor, w_out: torch.Tensor, vocab: int) -> list[float] | None:
-    """Per head, the share of rows (with a label) where its greedy guess is the target's choice."""
+def agreement(heads: MedusaHeads, data: FeatureSet, rows: torch.Tensor, w_out: torch.Tensor, vocab: int,
+              emb: torch.Tensor | None = None) -> list[float] | None:
+    """Per head, the share of rows (with a label) where its greedy guess is the target's choice
+    (Hydra: given the true tokens before it)."""
     K = heads.cfg.num_heads
     hits, counts = torch.zeros(K), torch.zeros(K)
     for i in range(0, len(rows), 2048):
-        part = rows[i:i + 2048]
-        guess = (heads(data.features[part].float()) @ w_out[:vocab].T).argmax(-1)  # [B, K]
-        cand, valid = _labels(data, part, K)
+        r, cand, valid = _heads_on(heads, data, rows[i:i + 2048], emb)
+        guess = (r @ w_out[:vocab].T).argmax(-1)  # [B, K]
         hits += ((guess == cand[..., 0]) & valid).sum(0)
         counts += valid.sum(0)
     if counts[0] == 0:
@@ -130,14 +173,18 @@ def agreement(heads: MedusaHeads, data: FeatureSet, rows: torch.Tensor, w_out: t
 
 def train_medusa(data: FeatureSet, w_out: torch.Tensor, cfg: MedusaTrainConfig = MedusaTrainConfig(), *,
                  target_name: str = "", log=print, seconds: float | None = None,
-                 doc_weight: torch.Tensor | None = None) -> tuple[MedusaHeads, dict]:
-    """Train K Medusa heads. w_out [V', H]: the target's output head's first rows; doc_weight [D]:
-    how often each document counts per epoch. Returns the heads and their report (held-out
-    agreement per head: every document, and those of the largest weight)."""
+                 doc_weight: torch.Tensor | None = None, kind: str = KIND,
+                 emb: torch.Tensor | None = None) -> tuple[MedusaHeads, dict]:
+    """Train K Medusa (or Hydra) heads. w_out [V', H]: the target's output head's first rows;
+    emb [V, H]: its embedding (Hydra); doc_weight [D]: how often each document counts per epoch.
+    Returns the heads and their report (held-out agreement per head: every document, and those
+    of the largest weight)."""
     torch.manual_seed(cfg.seed)
     H, K = data.features.shape[1], cfg.num_heads
     vocab = min(cfg.vocab, w_out.shape[0])
-    heads = MedusaHeads(MedusaConfig(hidden_size=H, num_heads=K, vocab=vocab, target=target_name))
+    heads = MedusaHeads(MedusaConfig(hidden_size=H, num_heads=K, vocab=vocab, target=target_name, kind=kind))
+    if heads.cfg.reads_token and emb is None:
+        raise ValueError("Hydra heads learn from the target's embedding: pass emb")
     w_out = w_out[:vocab].float().contiguous()
     n_docs = len(data.starts) - 1
     perm = torch.randperm(n_docs)
@@ -145,7 +192,8 @@ def train_medusa(data: FeatureSet, w_out: torch.Tensor, cfg: MedusaTrainConfig =
     val_docs, train_rows = perm[:n_val], _rows(data, perm[n_val:], K, doc_weight)
     t0 = time.perf_counter()
     step, total = fit_rows(
-        heads, train_rows, lambda rows: _loss(heads, data, w_out, rows, cfg, vocab, torch.randint(0, vocab, (cfg.negatives,))),
+        heads, train_rows,
+        lambda rows: _loss(heads, data, w_out, rows, cfg, vocab, torch.randint(0, vocab, (cfg.negatives,)), emb),
         epochs=cfg.epochs, batch=cfg.batch, lr=cfg.lr, weight_decay=cfg.weight_decay, log=log, seconds=seconds)
     heads.eval()
     report = {"train_positions": len(train_rows), "steps": step, "finished": step >= total,
@@ -154,7 +202,7 @@ def train_medusa(data: FeatureSet, w_out: torch.Tensor, cfg: MedusaTrainConfig =
     if doc_weight is not None:
         groups["val_agreement_weighted_docs"] = val_docs[doc_weight[val_docs] == doc_weight.max()]
     for key, docs in groups.items():
-        got = agreement(heads, data, _rows(data, docs, K), w_out, vocab)
+        got = agreement(heads, data, _rows(data, docs, K), w_out, vocab, emb)
         if got is not None:
             report[key] = got
     return heads, report

@@ -117,4 +117,4 @@ def load_head(directory: str | Path, kind: str = "mlp"):
     if found != kind:
         raise ModelFileError(f"{directory} holds a {found!r} drafter, but this method reads a {kind!r} one; "
                              "pass the matching --head DIR")
-    return {"eagle": EagleHead, "medusa": MedusaHeads}.get(kind, FeatureHead).load(directory)
+    return {"eagle": EagleHead, "medusa": MedusaHeads, "hydra": MedusaHeads}.get(kind, FeatureHead).load(directory)
