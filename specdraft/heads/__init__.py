@@ -1,4 +1,4 @@
-"""Trained drafters on the target's own features: the MLP head and EAGLE's decoder layer.
+"""Trained drafters on the target's own features: the MLP head, EAGLE's decoder layer, Medusa / Hydra heads.
 
 - ``corpus``: the training text (found on the machine, so nothing is downloaded);
 - ``data``: teacher-forced target forwards that record features and the target's choices;
@@ -7,7 +7,8 @@
 - ``train``: fitting the MLP head to recorded features (tensors in, head out);
 - ``eagle``: EAGLE's drafter, one decoder layer attending over the context's features;
 - ``eagle_train``: fitting it with training-time test (it learns from its own predictions);
-- ``export``: an EAGLE drafter in vLLM's speculators layout;
+- ``medusa``: Medusa and Hydra heads (K heads on the newest feature) and their training;
+- ``export``: an EAGLE drafter in vLLM's speculators layout, Medusa heads in its Medusa layout;
 - ``command``: ``specdraft train-drafter`` / ``train-head`` / ``export``, the command-line
   entries (they load the target through the pipeline: top-layer modules, imported only by the CLI).
 """
