@@ -18,8 +18,16 @@ from specdraft.drafters import head_kind
 from specdraft.drafters.feature_head import output_weight
 from specdraft.errors import ModelFileError, ParameterError
 from specdraft.heads.data import FeatureSet, record
-from specdraft.heads.eagle import EagleHead
-from specdraft.heads.eagle_train import EagleTrainConfig, TargetShape, _gather, stretches, train_eagle, unrolled
+from specdraft.heads.eagle import EagleConfig, EagleHead
+from specdraft.heads.eagle_train import (
+    EagleTrainConfig,
+    TargetShape,
+    _gather,
+    start_as_identity,
+    stretches,
+    train_eagle,
+    unrolled,
+)
 from specdraft.heads.model import FeatureHead, HeadConfig, load_head
 
 PROMPTS = [[5, 17, 33, 2, 5, 17, 33, 8], [41, 5, 17, 60, 3], [9, 9, 1, 70, 12, 30]]
@@ -42,7 +50,9 @@ def trained(target):
     """Features of the target's own greedy text for 24 random prompts; an EAGLE layer on them."""
     seqs = own_texts(target)
     data = record(target, seqs)
-    cfg = EagleTrainConfig(inner=128, vocab=VOCAB, epochs=20, rows=256, chunk=64, negatives=32, lr=3e-3, holdout=0.2)
+    # the tiny target's features are far from a real model's: there a random start learns faster
+    cfg = EagleTrainConfig(inner=128, vocab=VOCAB, epochs=20, rows=256, chunk=64, negatives=32, lr=3e-3, holdout=0.2,
+                           start="random")
     head, report = train_eagle(data, target.embed, output_weight(target, VOCAB), TargetShape.of(target.spec), cfg,
                                log=lambda *a: None)
     return data, head, report
@@ -59,6 +69,27 @@ def test_training_beats_the_untrained_layer(target, trained):
     got = agreement(head, data, items, target.embed, w, 3, VOCAB)
     base = agreement(untrained, data, items, target.embed, w, 3, VOCAB)
     assert got[0] > base[0] + 0.2 and got[2] > base[2] + 0.1, (got, base)
+
+
+def test_the_identity_start_predicts_the_feature_it_reads():
+    """start_as_identity: before training, h = rms(fc([f ; e])) * g_out is f up to its RMS's spread
+    (attention and MLP start at zero): the MLP head's "the next feature is this one" start."""
+    g = torch.Generator().manual_seed(0)
+    H = 64
+    head = EagleHead(EagleConfig(hidden_size=H, num_heads=4, num_kv_heads=2, head_dim=16, inner=32, vocab=VOCAB))
+    gain = 0.5 + torch.rand(H, generator=g)  # normed features times a gain, as the target's final norm gives
+    raw = torch.randn(300, H, generator=g)
+    f = raw * torch.rsqrt(raw.pow(2).mean(-1, keepdim=True)) * gain
+    start_as_identity(head, f)
+    x = head.inputs(f, torch.randn(300, H, generator=g))
+    h = head.finish(x, torch.zeros(300, 4, 16))
+    cos = torch.nn.functional.cosine_similarity(h, f, dim=-1)
+    assert cos.min() > 0.98, cos.min()
+    ratio = (h.norm(dim=-1) / f.norm(dim=-1)).sub(1).abs()  # the RMS of f varies by row (H = 64: by ~10%)
+    assert ratio.mean() < 0.05 and ratio.max() < 0.25
+    untrained = EagleHead(head.cfg)  # the random start does not
+    assert torch.nn.functional.cosine_similarity(untrained.finish(untrained.inputs(f, f), torch.zeros(300, 4, 16)),
+                                                 f, dim=-1).mean() < 0.5
 
 
 def test_the_drafter_sees_what_training_showed(target, trained):

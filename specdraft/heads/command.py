@@ -52,12 +52,14 @@ def add_train_args(p, *, kind: str | None = None) -> None:
     p.add_argument("--answer-weight", type=int, default=3, help="how many times the answers count against the corpus")
     p.add_argument("--train-minutes", type=float, default=None,
                    help="stop training after this long (eagle: a checkpoint in --out resumes it on the next run)")
-    p.add_argument("--epochs", type=int, default=None, help="passes over the data (default: mlp 4, eagle 2)")
+    p.add_argument("--epochs", type=int, default=None, help="passes over the data (default: mlp 4, eagle 2, medusa and hydra 3)")
     p.add_argument("--inner", type=int, default=None, help="MLP width (default: 2048)")
     p.add_argument("--vocab", type=int, default=None, help="the drafter guesses among the first VOCAB token ids")
-    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: mlp 1e-3, eagle 1e-3)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="peak learning rate (default: mlp, medusa, hydra 1e-3; eagle 6e-4)")
     p.add_argument("--batch", type=int, default=None,
-                   help="rows a training step (default: mlp 256, eagle 256 pairs, whole document stretches)")
+                   help="rows a training step (default: mlp 256; medusa, hydra 512; eagle about 1024 pairs "
+                        "in whole document stretches)")
     p.add_argument("--unroll", type=int, default=None,
                    help="drafting steps trained in sequence, each fed the drafter's own prediction (default: 3); "
                         "medusa, hydra: the number of heads (default: 4)")

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from ..errors import ParameterError
 from .data import FeatureSet
 from .eagle import EagleConfig, EagleHead
-from .train import sampled_softmax
+from .train import sampled_softmax, split_documents
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class EagleTrainConfig:
     reg_weight: float = 0.5  # smooth L1 on features vs cross-entropy
     step_decay: float = 0.8  # step j's losses weigh step_decay ** j
     rope_theta: float = 10000.0  # the layer's own RoPE base (positions stay within a few thousand)
-    start: str = "random"  # identity: the layer starts as h = f (see start_as_identity); random: fc at random
+    start: str = "identity"  # identity: the layer starts as h = f (start_as_identity); random: fc at random
     holdout: float = 0.05
     seed: int = 0
 
@@ -217,9 +217,7 @@ def train_eagle(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, shape:
         head.g_out.data.copy_(init.float())
     w_out = w_out[:vocab].float().contiguous()
     n_docs = len(data.starts) - 1
-    perm = torch.randperm(n_docs)
-    n_val = max(1, int(n_docs * cfg.holdout)) if n_docs > 1 else 0
-    val_docs, train_docs = perm[:n_val], perm[n_val:]
+    val_docs, train_docs = split_documents(n_docs, cfg.holdout, cfg.seed)
     train_items = stretches(data, train_docs, cfg.chunk, doc_weight)
     t0 = time.perf_counter()
     steps = _fit(head, data, emb, w_out, train_items, cfg, vocab, log, seconds, checkpoint)

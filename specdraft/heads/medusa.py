@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from .data import FeatureSet
 from .model import read_drafter, save_drafter
-from .train import fit_rows, sampled_softmax
+from .train import fit_rows, sampled_softmax, split_documents
 
 KIND = "medusa"
 KINDS = ("medusa", "hydra")
@@ -187,9 +187,8 @@ def train_medusa(data: FeatureSet, w_out: torch.Tensor, cfg: MedusaTrainConfig =
         raise ValueError("Hydra heads learn from the target's embedding: pass emb")
     w_out = w_out[:vocab].float().contiguous()
     n_docs = len(data.starts) - 1
-    perm = torch.randperm(n_docs)
-    n_val = max(1, int(n_docs * cfg.holdout)) if n_docs > 1 else 0
-    val_docs, train_rows = perm[:n_val], _rows(data, perm[n_val:], K, doc_weight)
+    val_docs, train_docs = split_documents(n_docs, cfg.holdout, cfg.seed)
+    train_rows = _rows(data, train_docs, K, doc_weight)
     t0 = time.perf_counter()
     step, total = fit_rows(
         heads, train_rows,

@@ -48,6 +48,15 @@ def _starts(data: FeatureSet, docs: torch.Tensor, S: int, weight: torch.Tensor |
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.int64)
 
 
+def split_documents(n_docs: int, holdout: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(held-out, training) document indices: a ``holdout`` share (at least one when there are
+    several) drawn from ``seed`` alone, so every kind of drafter trained on the same features
+    is judged on the same documents."""
+    perm = torch.randperm(n_docs, generator=torch.Generator().manual_seed(seed))
+    n_val = max(1, int(n_docs * holdout)) if n_docs > 1 else 0
+    return perm[:n_val], perm[n_val:]
+
+
 def sampled_softmax(f: torch.Tensor, cand: torch.Tensor, w_out: torch.Tensor, negatives: torch.Tensor,
                     vocab: int) -> torch.Tensor:
     """Cross-entropy of predicted features f [N, H] over the target's candidates cand [N, TOP]
@@ -96,11 +105,9 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
     head = FeatureHead(HeadConfig(hidden_size=H, inner=cfg.inner, vocab=vocab, target=target_name))
     S = cfg.steps_unrolled
     n_docs = len(data.starts) - 1
-    perm = torch.randperm(n_docs)
-    n_val = max(1, int(n_docs * cfg.holdout)) if n_docs > 1 else 0
-    val_docs = perm[:n_val]
+    val_docs, train_docs = split_documents(n_docs, cfg.holdout, cfg.seed)
     val_rows = _starts(data, val_docs, S)
-    train_rows = _starts(data, perm[n_val:], S, doc_weight)
+    train_rows = _starts(data, train_docs, S, doc_weight)
     w_head = w_out[:vocab].float()  # [V', H]
     t0 = time.perf_counter()
     steps = _fit(head, data, emb, w_head, train_rows, cfg, vocab, log, seconds)
