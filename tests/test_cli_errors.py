@@ -316,6 +316,7 @@ def test_eagle_without_a_drafter_or_with_a_head_of_another_kind_gives_one_line(c
     (["--batch", "0"], "batch"),
     (["--lr", "2"], "lr must be"),
     (["--kind", "medusa", "--inner", "64"], "--inner does not apply"),
+    (["--kind", "mlp", "--start", "random"], "--start applies to --kind eagle only"),
 ])
 def test_train_drafter_refuses_bad_settings_in_one_line(capsys, tmp_path, args, contains):
     rc, out, err = call(["train-drafter", "--out", str(tmp_path), *args], capsys)

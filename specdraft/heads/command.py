@@ -60,6 +60,8 @@ def add_train_args(p, *, kind: str | None = None) -> None:
     p.add_argument("--batch", type=int, default=None,
                    help="rows a training step (default: mlp 256; medusa, hydra 512; eagle about 1024 pairs "
                         "in whole document stretches)")
+    p.add_argument("--start", choices=("identity", "random"), default=None,
+                   help="eagle: the layer starts as 'the next feature is this one' (identity, the default) or at random")
     p.add_argument("--unroll", type=int, default=None,
                    help="drafting steps trained in sequence, each fed the drafter's own prediction (default: 3); "
                         "medusa, hydra: the number of heads (default: 4)")
@@ -119,6 +121,10 @@ def train_from_args(args) -> int:
     given = {k: v for k, v in (("epochs", args.epochs), ("inner", args.inner), ("vocab", args.vocab), ("lr", args.lr))
              if v is not None}
     heads_kind = args.kind in ("medusa", "hydra")
+    if args.start is not None:
+        if args.kind != "eagle":
+            raise ParameterError("--start applies to --kind eagle only")
+        given["start"] = args.start
     if heads_kind and given.pop("inner", None) is not None:
         raise ParameterError(f"--inner does not apply to {args.kind} heads (each is one residual block of the hidden size)")
     if args.unroll:
