@@ -161,7 +161,7 @@ def test_recorded_answers_are_plain_greedy_decoding(target):
 
 def test_concat_and_weighted_training_rows(trained):
     from specdraft.heads.data import concat
-    from specdraft.heads.train import _starts
+    from specdraft.heads.train import start_rows
 
     data, _, _ = trained
     both = concat([data, data])
@@ -170,7 +170,7 @@ def test_concat_and_weighted_training_rows(trained):
     assert torch.equal(both.tokens[len(data):], data.tokens)
     docs = torch.tensor([0, n_docs])
     weight = torch.tensor([1] * n_docs + [3] * n_docs)
-    rows = _starts(both, docs, 3, weight)
+    rows = start_rows(both, docs, 3, weight)
     one = int(data.starts[1] - data.starts[0]) - 3
     assert len(rows) == 4 * one  # document 0 once, its copy three times
 

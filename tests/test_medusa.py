@@ -18,8 +18,9 @@ from specdraft.drafters import head_kind
 from specdraft.drafters.feature_head import output_weight
 from specdraft.errors import ModelFileError
 from specdraft.heads.data import FeatureSet, record
-from specdraft.heads.medusa import MedusaConfig, MedusaHeads, MedusaTrainConfig, _labels, _rows, agreement, train_medusa
+from specdraft.heads.medusa import MedusaConfig, MedusaHeads, MedusaTrainConfig, _labels, agreement, train_medusa
 from specdraft.heads.model import load_head
+from specdraft.heads.train import start_rows
 
 PROMPTS = [[5, 17, 33, 2, 5, 17, 33, 8], [41, 5, 17, 60, 3], [9, 9, 1, 70, 12, 30]]
 
@@ -52,13 +53,13 @@ def test_labels_are_the_targets_choices_i_rows_on_within_the_document():
     assert tokens[0].tolist() == [1, 2, 3]  # Hydra's head i reads x_{t+i}, the input token of row t + i
     assert valid.tolist() == [[True, True, True], [True, False, False], [False, False, False],
                               [True, True, True], [True, False, False]]
-    assert _rows(data, torch.tensor([0, 1]), 3).tolist() == [0, 1, 2, 4, 5, 6, 7, 8]
+    assert start_rows(data, torch.tensor([0, 1]), 1).tolist() == [0, 1, 2, 4, 5, 6, 7, 8]
 
 
 def test_training_fits_every_head(target, trained):
     data, heads, report = trained
     assert report["steps"] > 0 and report["finished"] and len(report["val_agreement"]) == 3
-    rows = _rows(data, torch.arange(len(data.starts) - 1), 3)
+    rows = start_rows(data, torch.arange(len(data.starts) - 1), 1)
     w = output_weight(target, VOCAB)
     got = agreement(heads, data, rows, w, VOCAB, target.embed)
     base = agreement(MedusaHeads(heads.cfg).eval(), data, rows, w, VOCAB, target.embed)

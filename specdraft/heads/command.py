@@ -21,6 +21,7 @@ from ..pipeline import Speculator
 from .corpus import chat_requests, default_corpus
 from .data import FeatureSet, concat, encode_corpus, record, record_answers
 from .eagle_train import EagleTrainConfig, TargetShape, train_eagle
+from .medusa import KINDS as MEDUSA_KINDS
 from .medusa import MedusaTrainConfig, train_medusa
 from .train import TrainConfig, train_head
 
@@ -120,7 +121,7 @@ def train_from_args(args) -> int:
         raise ParameterError("minutes and answer-weight >= 0 (train-minutes > 0)")
     given = {k: v for k, v in (("epochs", args.epochs), ("inner", args.inner), ("vocab", args.vocab), ("lr", args.lr))
              if v is not None}
-    heads_kind = args.kind in ("medusa", "hydra")
+    heads_kind = args.kind in MEDUSA_KINDS
     if args.start is not None:
         if args.kind != "eagle":
             raise ParameterError("--start applies to --kind eagle only")
@@ -183,12 +184,11 @@ def export_from_args(args) -> int:
     """``specdraft export``: a trained drafter in a serving engine's layout."""
     from ..models.packaged import resolve_model_dir
     from ..models.registry import ALIASES, PACKAGED
-    from .export import LAYOUTS, export
+    from .export import check_layout, export
     from .model import load_head, shipped_head_dir
 
     name = ALIASES.get(args.target or DEFAULT_TARGET, args.target or DEFAULT_TARGET)
-    if args.to not in LAYOUTS:
-        export(None, args.out, args.to, "", {})  # refuses the layout in one line
+    check_layout(args.to)
     kind = "eagle" if args.to == "vllm" else args.to
     directory = args.drafter or shipped_head_dir(name, kind)
     if directory is None:

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .model import read_drafter, save_drafter
+from .model import read_drafter, rms, save_drafter
 
 KIND = "eagle"
 
@@ -76,7 +76,7 @@ class EagleHead(torch.nn.Module):
 
     # ------------------------------------------------------------------ the layer, in pieces
     def _rms(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.eps)
+        return rms(x, self.cfg.eps)
 
     def inputs(self, f: torch.Tensor, e: torch.Tensor, fc=None) -> torch.Tensor:
         """f, e [..., H] (a feature, the embedding of the token chosen from it) -> x [..., H]."""

@@ -16,7 +16,6 @@ target's choice there with a sampled softmax: the target's top candidates (label
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ import torch.nn.functional as F
 from ..errors import ParameterError
 from .data import FeatureSet
 from .eagle import EagleConfig, EagleHead
-from .train import sampled_softmax, split_documents
+from .train import sampled_softmax, split_documents, warmup_cosine
 
 
 @dataclass(frozen=True)
@@ -244,8 +243,7 @@ def _fit(head, data, emb, w_out, items, cfg: EagleTrainConfig, vocab: int, log, 
     gen = torch.Generator().manual_seed(cfg.seed)
     per_epoch = len(batches(items, cfg.rows, gen))
     total = max(1, cfg.epochs * per_epoch)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda i: min(1.0, (i + 1) / 30) * 0.5 * (1 + math.cos(math.pi * min(i, total) / total)))
+    sched = warmup_cosine(opt, total, 30)
     step = 0
     path = Path(checkpoint) if checkpoint else None
     if path is not None and path.is_file():

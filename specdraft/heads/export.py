@@ -116,13 +116,18 @@ def medusa_config(heads: MedusaHeads, verifier: str, verifier_config: dict) -> d
 LAYOUTS = {"vllm": EagleHead, "medusa": MedusaHeads}  # --to: the drafter kind it writes
 
 
+def check_layout(to: str) -> None:
+    """A one-line ParameterError unless ``to`` is a layout this module writes."""
+    if to not in LAYOUTS:
+        raise ParameterError(f"--to {to}: the layouts written are 'vllm' (speculators' eagle) and 'medusa'; "
+                             "SGLang's and vLLM's EAGLE-3 layouts need a drafter on several target layers")
+
+
 def export(head, out: str | Path, to: str, verifier: str, verifier_config: dict,
            lm_rows: torch.Tensor | None = None) -> list[Path]:
     """Write ``head`` in the layout ``to`` into directory ``out`` (Medusa: with ``lm_rows`` [V', H],
     the target's output head's first rows); returns the files written."""
-    if to not in LAYOUTS:
-        raise ParameterError(f"--to {to}: the layouts written are 'vllm' (speculators' eagle) and 'medusa'; "
-                             "SGLang's and vLLM's EAGLE-3 layouts need a drafter on several target layers")
+    check_layout(to)
     if not isinstance(head, LAYOUTS[to]):
         kind = "eagle" if to == "vllm" else "medusa"
         raise ParameterError(f"--to {to} writes {kind} drafters (train one with `specdraft train-drafter --kind {kind}`)")

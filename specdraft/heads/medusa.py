@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 
 from .data import FeatureSet
-from .model import read_drafter, save_drafter
-from .train import fit_rows, sampled_softmax, split_documents
+from .model import read_drafter, rms, save_drafter
+from .train import fit_rows, sampled_softmax, split_documents, start_rows
 
 KIND = "medusa"
 KINDS = ("medusa", "hydra")
@@ -92,7 +92,7 @@ class MedusaHeads(torch.nn.Module):
         """A block's input: f [R, H] (Medusa), or [f ; rms(e) * g_e] [R, 2H] (Hydra)."""
         if not self.cfg.reads_token:
             return f
-        return torch.cat([f, e * torch.rsqrt(e.pow(2).mean(-1, keepdim=True) + self.cfg.eps) * self.g_e], -1)
+        return torch.cat([f, rms(e, self.cfg.eps) * self.g_e], -1)
 
     def save(self, directory: str | Path) -> None:
         save_drafter(self, directory)
@@ -115,14 +115,6 @@ class MedusaTrainConfig:
     head_decay: float = 0.8  # head i's loss weighs head_decay ** i (far heads are right less often)
     holdout: float = 0.05
     seed: int = 0
-
-
-def _rows(data: FeatureSet, docs: torch.Tensor, K: int, weight: torch.Tensor | None = None) -> torch.Tensor:
-    """Rows t of the given documents with at least one head's label (t + 1 inside the document),
-    each document listed ``weight[d]`` times."""
-    out = [torch.arange(int(data.starts[d]), int(data.starts[d + 1]) - 1).repeat(1 if weight is None else int(weight[d]))
-           for d in docs.tolist()]
-    return torch.cat(out) if out else torch.zeros(0, dtype=torch.int64)
 
 
 def _labels(data: FeatureSet, rows: torch.Tensor, K: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -188,7 +180,7 @@ def train_medusa(data: FeatureSet, w_out: torch.Tensor, cfg: MedusaTrainConfig =
     w_out = w_out[:vocab].float().contiguous()
     n_docs = len(data.starts) - 1
     val_docs, train_docs = split_documents(n_docs, cfg.holdout, cfg.seed)
-    train_rows = _rows(data, train_docs, K, doc_weight)
+    train_rows = start_rows(data, train_docs, 1, doc_weight)  # rows with at least head 1's label
     t0 = time.perf_counter()
     step, total = fit_rows(
         heads, train_rows,
@@ -201,7 +193,7 @@ def train_medusa(data: FeatureSet, w_out: torch.Tensor, cfg: MedusaTrainConfig =
     if doc_weight is not None:
         groups["val_agreement_weighted_docs"] = val_docs[doc_weight[val_docs] == doc_weight.max()]
     for key, docs in groups.items():
-        got = agreement(heads, data, _rows(data, docs, K), w_out, vocab, emb)
+        got = agreement(heads, data, start_rows(data, docs, 1), w_out, vocab, emb)
         if got is not None:
             report[key] = got
     return heads, report

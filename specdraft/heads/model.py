@@ -25,6 +25,11 @@ from ..errors import ModelFileError
 from ..models.registry import ALIASES
 
 
+def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., H] divided by its root mean square (RMS norm without a gain)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
 @dataclass(frozen=True)
 class HeadConfig:
     hidden_size: int  # H: the target's hidden size
@@ -47,7 +52,7 @@ class FeatureHead(torch.nn.Module):
         torch.nn.init.zeros_(self.w2.bias)
 
     def _rms(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.eps)
+        return rms(x, self.cfg.eps)
 
     def forward(self, f: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         """f [B, H] features, e [B, H] embeddings of the tokens chosen from them -> [B, H]."""

@@ -39,7 +39,7 @@ class TrainConfig:
     seed: int = 0
 
 
-def _starts(data: FeatureSet, docs: torch.Tensor, S: int, weight: torch.Tensor | None = None) -> torch.Tensor:
+def start_rows(data: FeatureSet, docs: torch.Tensor, S: int, weight: torch.Tensor | None = None) -> torch.Tensor:
     """Row indices t with t + S inside the same document, over the given documents (each
     listed ``weight[d]`` times)."""
     # a document shorter than S + 1 rows gives no start
@@ -106,8 +106,8 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
     S = cfg.steps_unrolled
     n_docs = len(data.starts) - 1
     val_docs, train_docs = split_documents(n_docs, cfg.holdout, cfg.seed)
-    val_rows = _starts(data, val_docs, S)
-    train_rows = _starts(data, train_docs, S, doc_weight)
+    val_rows = start_rows(data, val_docs, S)
+    train_rows = start_rows(data, train_docs, S, doc_weight)
     w_head = w_out[:vocab].float()  # [V', H]
     t0 = time.perf_counter()
     steps = _fit(head, data, emb, w_head, train_rows, cfg, vocab, log, seconds)
@@ -118,7 +118,7 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
     if doc_weight is not None:
         groups["val_agreement_weighted_docs"] = val_docs[doc_weight[val_docs] == doc_weight.max()]
     for key, docs in groups.items():
-        agreement = _agreement(head, data, emb, w_head, _starts(data, docs, S), S, vocab)
+        agreement = _agreement(head, data, emb, w_head, start_rows(data, docs, S), S, vocab)
         if agreement is not None:
             report[key] = agreement
     return head, report
@@ -136,6 +136,13 @@ def _fit(head: FeatureHead, data: FeatureSet, emb: torch.Tensor, w_head: torch.T
                     weight_decay=cfg.weight_decay, log=log, seconds=seconds)[0]
 
 
+def warmup_cosine(opt: torch.optim.Optimizer, total: int, warmup: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """The learning rate rising linearly over ``warmup`` steps, then decaying as a half cosine to
+    zero at step ``total``."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda i: min(1.0, (i + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(i, total) / total)))
+
+
 def fit_rows(module: torch.nn.Module, train_rows: torch.Tensor, loss_of, *, epochs: int, batch: int, lr: float,
              weight_decay: float, log, seconds: float | None) -> tuple[int, int]:
     """AdamW with warm-up and cosine decay over ``epochs`` shuffled passes of ``train_rows`` [N]
@@ -143,8 +150,7 @@ def fit_rows(module: torch.nn.Module, train_rows: torch.Tensor, loss_of, *, epoc
     if given. Returns (optimizer steps taken, steps planned)."""
     opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=weight_decay)
     total = max(1, epochs * math.ceil(len(train_rows) / batch))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda i: min(1.0, (i + 1) / 50) * 0.5 * (1 + math.cos(math.pi * min(i, total) / total)))
+    sched = warmup_cosine(opt, total, 50)
     t0 = time.perf_counter()
     step = 0
     for epoch in range(epochs):
