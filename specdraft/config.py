@@ -113,6 +113,8 @@ class SpecConfig:
     medusa: str | None = None
     # hydra: the directory of trained Hydra heads (`specdraft train-drafter --kind hydra`).
     hydra: str | None = None
+    # mtp: the directory of trained MTP modules (`specdraft train-drafter --kind mtp`).
+    mtp: str | None = None
     # retrieval: the directory of a datastore built by `specdraft index build` (its tokenizer must
     # be the target's); None = no datastore, which --method retrieval refuses.
     index: str | None = None

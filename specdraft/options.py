@@ -59,6 +59,8 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="medusa: directory of trained Medusa heads (default: the ones shipped for the target)")
     p.add_argument("--hydra", default=_DEFAULTS_SPEC.hydra, metavar="DIR",
                    help="hydra: directory of trained Hydra heads (default: the ones shipped for the target)")
+    p.add_argument("--mtp", default=_DEFAULTS_SPEC.mtp, metavar="DIR",
+                   help="mtp: directory of trained MTP modules (default: the ones shipped for the target)")
     p.add_argument("--index", default=_DEFAULTS_SPEC.index, metavar="INDEX",
                    help="retrieval: directory of a datastore built by `specdraft index build` with the target's tokenizer")
 
@@ -81,7 +83,8 @@ def spec_from_args(method: str, args) -> SpecConfig:
     """The SpecConfig that add_spec_args' options describe (ParameterError when one is invalid)."""
     return SpecConfig(method=method, k=args.k, ngram_max=args.ngram_max, ngram_min=args.ngram_min,
                       min_confidence=args.min_confidence, draft_window=args.draft_window,
-                      head=args.head, eagle=args.eagle, medusa=args.medusa, hydra=args.hydra, trees=args.trees, index=args.index)
+                      head=args.head, eagle=args.eagle, medusa=args.medusa, hydra=args.hydra, mtp=args.mtp,
+                      trees=args.trees, index=args.index)
 
 
 def speculator_options(args) -> dict:

@@ -142,7 +142,7 @@ def test_all_expands_to_every_registered_method_and_peers_may_follow():
 
 
 # methods `all` skips for a model with no trained drafter shipped and no --index
-NEED_TRAINED_OR_INDEX = {"head", "hybrid-head", "fusion", "retrieval", "eagle", "medusa", "hydra"}
+NEED_TRAINED_OR_INDEX = {"head", "hybrid-head", "fusion", "retrieval", "eagle", "medusa", "hydra", "mtp"}
 
 
 def test_all_skips_methods_that_cannot_run_but_a_named_one_stays(tmp_path):
@@ -153,13 +153,14 @@ def test_all_skips_methods_that_cannot_run_but_a_named_one_stays(tmp_path):
     methods, skipped = drop_unavailable(parse_methods("all,hf-generate"), "all,hf-generate", no_head)
     assert set(skipped) == NEED_TRAINED_OR_INDEX and "pass --head DIR" in skipped["head"]
     assert "pass --eagle DIR" in skipped["eagle"] and "pass --medusa DIR" in skipped["medusa"]
+    assert "pass --mtp DIR" in skipped["mtp"]
     assert "--index" in skipped["retrieval"]
     assert methods == [m for m in parse_methods("all,hf-generate") if m not in skipped]
     named, skipped = drop_unavailable(parse_methods("all,head"), "all,head", no_head)
     assert "head" in named and set(skipped) == NEED_TRAINED_OR_INDEX - {"head"}  # asked for by name: it stays
     with_head = bench_args("--head", str(tmp_path / "head"), "--eagle", str(tmp_path / "eagle"),
                            "--medusa", str(tmp_path / "medusa"), "--hydra", str(tmp_path / "hydra"),
-                           "--index", str(tmp_path / "index"))
+                           "--mtp", str(tmp_path / "mtp"), "--index", str(tmp_path / "index"))
     assert drop_unavailable(parse_methods("all"), "all", with_head) == (drafter_names(), {})
 
 

@@ -323,10 +323,13 @@ def test_train_drafter_refuses_bad_settings_in_one_line(capsys, tmp_path, args, 
     assert_one_line_error(rc, out, err, contains=contains)
 
 
-def test_medusa_without_heads_and_unwritten_layouts_give_one_line(capsys, tiny_dir, tmp_path):
+def test_medusa_or_mtp_without_heads_and_unwritten_layouts_give_one_line(capsys, tiny_dir, tmp_path):
     rc, out, err = call(["generate", "hello", "--target", str(tiny_dir), "--method", "medusa", "--no-chat",
                          "--max-new-tokens", "4"], capsys)
     assert_one_line_error(rc, out, err, contains="train-drafter --kind medusa")
+    rc, out, err = call(["generate", "hello", "--target", str(tiny_dir), "--method", "mtp", "--no-chat",
+                         "--max-new-tokens", "4"], capsys)
+    assert_one_line_error(rc, out, err, contains="train-drafter --kind mtp")
     rc, out, err = call(["export", "--to", "sglang", "--out", str(tmp_path / "out")], capsys)
     assert_one_line_error(rc, out, err, contains="EAGLE-3 layouts")
     assert not (tmp_path / "out").exists()

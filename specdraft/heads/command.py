@@ -25,7 +25,9 @@ from .medusa import KINDS as MEDUSA_KINDS
 from .medusa import MedusaTrainConfig, train_medusa
 from .train import TrainConfig, train_head
 
-KINDS = ("eagle", "mlp", "medusa", "hydra")  # what train-drafter trains: an EAGLE layer, the MLP head, Medusa / Hydra heads
+# what train-drafter trains: an EAGLE layer, the MLP head, Medusa / Hydra heads, MTP modules
+KINDS = ("eagle", "mlp", "medusa", "hydra", "mtp")
+MTP_INNER = 1536  # an MTP module's default MLP width: 3 modules ship in ~42 MB (bf16)
 
 
 def add_train_args(p, *, kind: str | None = None) -> None:
@@ -36,7 +38,8 @@ def add_train_args(p, *, kind: str | None = None) -> None:
                        help="eagle: one decoder layer over the target's features (method eagle); "
                             "mlp: the MLP head (methods head, hybrid-head, fusion); "
                             "medusa: K heads on the newest feature (method medusa); hydra: the same heads each "
-                            "reading the token before its guess too (method hydra)")
+                            "reading the token before its guess too (method hydra); mtp: K sequential MLP modules, "
+                            "module k reading module k-1's state and the token after it (method mtp)")
     else:
         p.set_defaults(kind=kind)
     p.add_argument("--out", required=True, help="directory to write the drafter to (head.json + head.safetensors)")
@@ -53,19 +56,20 @@ def add_train_args(p, *, kind: str | None = None) -> None:
     p.add_argument("--answer-weight", type=int, default=3, help="how many times the answers count against the corpus")
     p.add_argument("--train-minutes", type=float, default=None,
                    help="stop training after this long (eagle: a checkpoint in --out resumes it on the next run)")
-    p.add_argument("--epochs", type=int, default=None, help="passes over the data (default: mlp 4, eagle 2, medusa and hydra 3)")
-    p.add_argument("--inner", type=int, default=None, help="MLP width (default: 2048)")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="passes over the data (default: mlp and mtp 4, eagle 2, medusa and hydra 3)")
+    p.add_argument("--inner", type=int, default=None, help=f"MLP width (default: 2048; mtp {MTP_INNER} a module)")
     p.add_argument("--vocab", type=int, default=None, help="the drafter guesses among the first VOCAB token ids")
     p.add_argument("--lr", type=float, default=None,
-                   help="peak learning rate (default: mlp, medusa, hydra 1e-3; eagle 6e-4)")
+                   help="peak learning rate (default: mlp, mtp, medusa, hydra 1e-3; eagle 6e-4)")
     p.add_argument("--batch", type=int, default=None,
-                   help="rows a training step (default: mlp 256; medusa, hydra 512; eagle about 1024 pairs "
+                   help="rows a training step (default: mlp, mtp 256; medusa, hydra 512; eagle about 1024 pairs "
                         "in whole document stretches)")
     p.add_argument("--start", choices=("identity", "random"), default=None,
                    help="eagle: the layer starts as 'the next feature is this one' (identity, the default) or at random")
     p.add_argument("--unroll", type=int, default=None,
                    help="drafting steps trained in sequence, each fed the drafter's own prediction (default: 3); "
-                        "medusa, hydra: the number of heads (default: 4)")
+                        "mtp: the number of modules (default: 3); medusa, hydra: the number of heads (default: 4)")
 
 
 def _recorded(path, what: str, make) -> FeatureSet:
@@ -130,6 +134,8 @@ def train_from_args(args) -> int:
         raise ParameterError(f"--inner does not apply to {args.kind} heads (each is one residual block of the hidden size)")
     if args.unroll:
         given["steps" if args.kind == "eagle" else "num_heads" if heads_kind else "steps_unrolled"] = args.unroll
+    if args.kind == "mtp":
+        given.setdefault("inner", MTP_INNER)
     if args.batch:
         given["rows" if args.kind == "eagle" else "batch"] = args.batch
     cfg = EagleTrainConfig(**given) if args.kind == "eagle" else MedusaTrainConfig(**given) if heads_kind \
@@ -159,7 +165,7 @@ def train_from_args(args) -> int:
                                     kind=args.kind, emb=target.embed)
     else:
         head, report = train_head(data, target.embed, w_out, cfg, target_name=name, doc_weight=weight,
-                                  seconds=seconds)
+                                  seconds=seconds, kind=args.kind)
     head.save(out)
     made_by = "specdraft " + shlex.join(sys.argv[1:])  # the command that made it, for the record
     (out / "train.json").write_text(json.dumps({"command": made_by, "config": cfg.__dict__, **report}, indent=1) + "\n")

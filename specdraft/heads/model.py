@@ -54,6 +54,10 @@ class FeatureHead(torch.nn.Module):
     def _rms(self, x: torch.Tensor) -> torch.Tensor:
         return rms(x, self.cfg.eps)
 
+    def at_depth(self, s: int) -> FeatureHead:
+        """The step of drafting step s: this head at every depth (heads.mtp has one per depth)."""
+        return self
+
     def forward(self, f: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         """f [B, H] features, e [B, H] embeddings of the tokens chosen from them -> [B, H]."""
         return self.step(f, e, self.w1, self.w2)
@@ -109,11 +113,12 @@ def shipped_head_dir(target: str, kind: str = "mlp") -> str | None:
 
 
 def load_head(directory: str | Path, kind: str = "mlp"):
-    """The trained drafter of ``kind`` in ``directory`` (FeatureHead, heads.eagle.EagleHead or
-    heads.medusa.MedusaHeads); a one-line ModelFileError when the directory holds another kind
+    """The trained drafter of ``kind`` in ``directory`` (FeatureHead, heads.eagle.EagleHead,
+    heads.medusa.MedusaHeads or heads.mtp.MTPModules); a one-line ModelFileError when the directory holds another kind
     or nothing readable."""
     from .eagle import EagleHead
     from .medusa import MedusaHeads
+    from .mtp import MTPModules
 
     try:
         found = json.loads((Path(directory) / "head.json").read_text()).get("kind", "mlp")
@@ -122,4 +127,5 @@ def load_head(directory: str | Path, kind: str = "mlp"):
     if found != kind:
         raise ModelFileError(f"{directory} holds a {found!r} drafter, but this method reads a {kind!r} one; "
                              "pass the matching --head DIR")
-    return {"eagle": EagleHead, "medusa": MedusaHeads, "hydra": MedusaHeads}.get(kind, FeatureHead).load(directory)
+    classes = {"eagle": EagleHead, "medusa": MedusaHeads, "hydra": MedusaHeads, "mtp": MTPModules}
+    return classes.get(kind, FeatureHead).load(directory)

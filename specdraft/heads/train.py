@@ -1,8 +1,8 @@
-"""Fitting a FeatureHead to recorded target features (see heads.data).
+"""Fitting a FeatureHead (or MTP modules, heads.mtp) to recorded target features (see heads.data).
 
 For a start position t and an unroll of S steps, step s feeds (f, E[x_{t+s+1}]) where f is the
-true f_t at s = 0 and the head's own previous prediction after, and is scored against the true
-f_{t+s+1} with two losses:
+true f_t at s = 0 and the drafter's own previous prediction after, and is scored against the
+true f_{t+s+1} with two losses (the MLP head runs the same step at every s; MTP its module s):
 
 - feature regression (smooth L1): keeps the prediction where the target's head reads it;
 - sampled softmax: the target's logit row W f̂ over the target's own top candidates at t+s+1
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from .data import FeatureSet
 from .model import FeatureHead, HeadConfig
+from .mtp import MTPConfig, MTPModules
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def sampled_softmax(f: torch.Tensor, cand: torch.Tensor, w_out: torch.Tensor, ne
     return F.cross_entropy(torch.cat([pos, neg], -1), torch.zeros(len(f), dtype=torch.long))
 
 
-def _unroll(head: FeatureHead, data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, rows: torch.Tensor,
+def _unroll(head: FeatureHead | MTPModules, data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, rows: torch.Tensor,
             S: int, vocab: int, negatives: torch.Tensor | None, reg_weight: float):
     """Loss and per-step greedy agreement (argmax over the first `vocab` ids) for start rows."""
     f = data.features[rows].float()  # [B, H]
@@ -77,7 +78,7 @@ def _unroll(head: FeatureHead, data: FeatureSet, emb: torch.Tensor, w_out: torch
     agree = []
     for s in range(S):
         nxt = rows + s + 1
-        f = head(f, emb[data.tokens[nxt]].float())  # [B, H] predicted f_{t+s+1}
+        f = head.at_depth(s)(f, emb[data.tokens[nxt]].float())  # [B, H] predicted f_{t+s+1}
         true_f = data.features[nxt].float()
         label = data.top[nxt, 0]  # [B] the target's choice after position t+s+1
         if negatives is not None:
@@ -93,17 +94,21 @@ def _unroll(head: FeatureHead, data: FeatureSet, emb: torch.Tensor, w_out: torch
 
 def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: TrainConfig = TrainConfig(),
                target_name: str = "", log=print, seconds: float | None = None,
-               doc_weight: torch.Tensor | None = None) -> tuple[FeatureHead, dict]:
-    """Train a head. emb [V, H]: the target's embedding; w_out [V, H]: its output head (fp32 or
-    bf16; ``drafters.feature_head.output_weight`` reads it from a loaded target); doc_weight [D]
+               doc_weight: torch.Tensor | None = None, kind: str = "mlp") -> tuple[FeatureHead | MTPModules, dict]:
+    """Train a head (kind "mlp"), or MTP modules (kind "mtp": one per unrolled step). emb [V, H]:
+    the target's embedding; w_out [V, H]: its output head (fp32 or bf16;
+    ``drafters.feature_head.output_weight`` reads it from a loaded target); doc_weight [D]
     (int): how often each document counts per epoch. Returns the head and validation figures
     (greedy agreement per unrolled step, on held-out documents: overall and for the documents of
     the largest weight)."""
     torch.manual_seed(cfg.seed)
     H = data.features.shape[1]
     vocab = min(cfg.vocab, w_out.shape[0])
-    head = FeatureHead(HeadConfig(hidden_size=H, inner=cfg.inner, vocab=vocab, target=target_name))
     S = cfg.steps_unrolled
+    if kind == "mtp":
+        head = MTPModules(MTPConfig(hidden_size=H, inner=cfg.inner, depth=S, vocab=vocab, target=target_name))
+    else:
+        head = FeatureHead(HeadConfig(hidden_size=H, inner=cfg.inner, vocab=vocab, target=target_name))
     n_docs = len(data.starts) - 1
     val_docs, train_docs = split_documents(n_docs, cfg.holdout, cfg.seed)
     val_rows = start_rows(data, val_docs, S)
@@ -124,7 +129,7 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
     return head, report
 
 
-def _fit(head: FeatureHead, data: FeatureSet, emb: torch.Tensor, w_head: torch.Tensor, train_rows: torch.Tensor,
+def _fit(head: FeatureHead | MTPModules, data: FeatureSet, emb: torch.Tensor, w_head: torch.Tensor, train_rows: torch.Tensor,
          cfg: TrainConfig, vocab: int, log, seconds: float | None) -> int:
     """fit_rows with the head's unrolled loss; returns the number of optimizer steps."""
 
@@ -172,7 +177,7 @@ def fit_rows(module: torch.nn.Module, train_rows: torch.Tensor, loss_of, *, epoc
     return step, total
 
 
-def _agreement(head: FeatureHead, data: FeatureSet, emb: torch.Tensor, w_head: torch.Tensor, rows: torch.Tensor,
+def _agreement(head: FeatureHead | MTPModules, data: FeatureSet, emb: torch.Tensor, w_head: torch.Tensor, rows: torch.Tensor,
                S: int, vocab: int) -> list[float] | None:
     """Share of start ``rows`` where the head's greedy guess at unrolled step s is the target's
     choice, per step (None without rows)."""
