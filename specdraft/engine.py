@@ -174,6 +174,8 @@ class Engine:
                 n = verdict.num_accepted
                 if features:  # the committed rows; the last one chose the newest token
                     self.drafter.take_features(out.hidden[rows])
+                if self.drafter.wants_outputs:  # the target's choice after every row, right or not
+                    self.drafter.take_outputs(out.logits.argmax(-1).tolist())
                 if draft.parents is None:
                     self.target.rollback(len(context) + n)
                 else:

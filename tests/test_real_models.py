@@ -171,7 +171,7 @@ def pair_plain(pair):
     return out
 
 
-@pytest.mark.parametrize("method", ["draft-model", "prompt-lookup", "head", "hybrid-head", "eagle", "hydra"])
+@pytest.mark.parametrize("method", ["draft-model", "prompt-lookup", "head", "hybrid-head", "eagle", "hydra", "lookahead"])
 @pytest.mark.parametrize("prompt", PAIR_PROMPTS)
 def test_default_pair_greedy_speculative_equals_plain(pair, pair_plain, prompt, method):
     ids, plain = pair_plain[prompt]

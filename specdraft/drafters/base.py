@@ -16,6 +16,10 @@ default so a new drafter writes only what it needs:
   the prefill every prompt row; after a verification the newest context token's row and the
   accepted guesses' rows), so the last row is the one that chose the newest committed token.
   Called before ``observe``.
+* ``take_outputs(choices)``, for drafters with ``wants_outputs = True``: after a verification,
+  the target's greedy choice after every row of that forward: choices[0] after the newest
+  committed token, choices[1 + j] after draft node j (what the target would say next had the
+  draft been right up to j; lookahead's Jacobi iteration feeds on them). Called before ``observe``.
 
 Plain decoding is the empty drafter, registered as "none". A draft carries optional per-token
 probabilities q (None = deterministic, treated as one-hot by the verifier), optional tree
@@ -52,6 +56,7 @@ class Drafter:
 
     name = "none"
     uses_features = False  # True: the engine calls take_features after every target forward
+    wants_outputs = False  # True: the engine calls take_outputs after every verification
 
     def begin(self, prompt: list[int]) -> None:
         pass
@@ -67,6 +72,9 @@ class Drafter:
         pass
 
     def take_features(self, hidden: torch.Tensor) -> None:
+        pass
+
+    def take_outputs(self, choices: list[int]) -> None:
         pass
 
 

@@ -55,16 +55,27 @@ def best_branch(parents: list[int], chance: list[float]) -> list[int]:
         keep.append(node)
 
 
-def judged_confidences(tokens: list[int], parents: list[int], confidence: list[float], context: list[int],
-                       num_accepted: int) -> list[float]:
-    """The confidences of the guesses the verifier judged: the accepted path's nodes (found from
-    the committed ``context``, whose last num_accepted + 1 tokens the step added), then the most
-    confident child where the path stopped (the first rejection), if it had children."""
+def accepted_path(tokens: list[int], parents: list[int], context: list[int], num_accepted: int) -> list[int]:
+    """The nodes of a tree draft on the accepted path, root side first, found from the committed
+    ``context`` (whose last num_accepted + 1 tokens the step added).
+
+    >>> accepted_path([4, 5, 6], [-1, -1, 1], [9, 5, 6, 2], 2)
+    [1, 2]
+    """
     path, node = [], -1
     for i in range(num_accepted):
         tok = context[len(context) - 1 - num_accepted + i]
         node = next(j for j in range(len(tokens)) if parents[j] == node and tokens[j] == tok)
         path.append(node)
+    return path
+
+
+def judged_confidences(tokens: list[int], parents: list[int], confidence: list[float], context: list[int],
+                       num_accepted: int) -> list[float]:
+    """The confidences of the guesses the verifier judged: the accepted path's nodes, then the
+    most confident child where the path stopped (the first rejection), if it had children."""
+    path = accepted_path(tokens, parents, context, num_accepted)
+    node = path[-1] if path else -1
     stop = [confidence[j] for j in range(len(tokens)) if parents[j] == node]
     return [confidence[j] for j in path] + ([max(stop)] if stop else [])
 
