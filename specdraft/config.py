@@ -115,6 +115,9 @@ class SpecConfig:
     hydra: str | None = None
     # mtp: the directory of trained MTP modules (`specdraft train-drafter --kind mtp`).
     mtp: str | None = None
+    # self-draft: how many of the target's layers its drafting copy skips (None: half of them,
+    # drafters.self_draft.SKIP_SHARE); which ones is measured (drafters.self_draft.choose_layers).
+    skip_layers: int | None = None
     # retrieval: the directory of a datastore built by `specdraft index build` (its tokenizer must
     # be the target's); None = no datastore, which --method retrieval refuses.
     index: str | None = None
@@ -138,6 +141,9 @@ class SpecConfig:
         if not isinstance(self.min_confidence, (int, float)) or isinstance(self.min_confidence, bool) \
                 or not 0.0 <= self.min_confidence < 1.0:
             raise ParameterError(f"min-confidence must be in [0, 1), got {self.min_confidence!r}")
+        if self.skip_layers is not None and (not isinstance(self.skip_layers, int) or isinstance(self.skip_layers, bool)
+                                             or self.skip_layers < 1):
+            raise ParameterError(f"skip-layers must be an integer >= 1, got {self.skip_layers!r}")
         if self.draft_window is not None and (not isinstance(self.draft_window, int) or isinstance(self.draft_window, bool)
                                               or self.draft_window < 0):
             raise ParameterError(f"draft-window must be an integer >= 0 (0 = whole prompt), got {self.draft_window!r}")

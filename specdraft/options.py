@@ -61,6 +61,9 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="hydra: directory of trained Hydra heads (default: the ones shipped for the target)")
     p.add_argument("--mtp", default=_DEFAULTS_SPEC.mtp, metavar="DIR",
                    help="mtp: directory of trained MTP modules (default: the ones shipped for the target)")
+    p.add_argument("--skip-layers", type=int, default=_DEFAULTS_SPEC.skip_layers, metavar="N",
+                   help="self-draft: how many of the target's layers its drafting copy skips (default: half; "
+                        "which ones is measured at start)")
     p.add_argument("--index", default=_DEFAULTS_SPEC.index, metavar="INDEX",
                    help="retrieval: directory of a datastore built by `specdraft index build` with the target's tokenizer")
 
@@ -84,7 +87,7 @@ def spec_from_args(method: str, args) -> SpecConfig:
     return SpecConfig(method=method, k=args.k, ngram_max=args.ngram_max, ngram_min=args.ngram_min,
                       min_confidence=args.min_confidence, draft_window=args.draft_window,
                       head=args.head, eagle=args.eagle, medusa=args.medusa, hydra=args.hydra, mtp=args.mtp,
-                      trees=args.trees, index=args.index)
+                      skip_layers=args.skip_layers, trees=args.trees, index=args.index)
 
 
 def speculator_options(args) -> dict:

@@ -25,11 +25,12 @@ def make_config(kind: str = "qwen2", *, vocab: int = VOCAB, tie: bool = False, l
     return cfg
 
 
-def build_hf(kind: str = "qwen2", *, seed: int = 0, tie: bool = False, vocab: int = VOCAB, scale: float = 0.2):
+def build_hf(kind: str = "qwen2", *, seed: int = 0, tie: bool = False, vocab: int = VOCAB, scale: float = 0.2,
+             layers: int = 2):
     """A random fp32 transformers model whose every weight (norms and biases too) is non-trivial."""
     from transformers import AutoModelForCausalLM
 
-    cfg = make_config(kind, vocab=vocab, tie=tie)
+    cfg = make_config(kind, vocab=vocab, tie=tie, layers=layers)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     g = torch.Generator().manual_seed(seed)

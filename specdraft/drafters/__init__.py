@@ -1,5 +1,18 @@
 """Drafters ("prophets"): importing this package registers every built-in drafter."""
-from . import draft_model, eagle, feature_head, fusion, hybrid, lookahead, medusa, mtp, prompt_lookup, retrieval, suffix  # noqa: F401  (registration side effects)
+from . import (  # noqa: F401  (registration side effects)
+                   draft_model,
+                   eagle,
+                   feature_head,
+                   fusion,
+                   hybrid,
+                   lookahead,
+                   medusa,
+                   mtp,
+                   prompt_lookup,
+                   retrieval,
+                   self_draft,
+                   suffix,
+)
 from .base import (
                    Draft,
                    Drafter,

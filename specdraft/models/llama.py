@@ -14,6 +14,7 @@ L cache positions in use after the forward.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -330,13 +331,31 @@ class LlamaModel:
                 all(isinstance(lin, GGUFLinear) for layer in self.layers
                     for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))):
             self._ops = self.layers[0].qkv.ops
-            # every layer in one native call for blocks the native attention takes (decode steps,
-            # drafts, trees): the same kernels in the same order as _native_layers' loop, without
-            # its ~18 Python-side calls a layer
-            self._decoder = self._ops.Decoder(
-                [(l.ln1, l.ln2, kc, vc, l.qkv.native_spec(), l.o.native_spec(), l.gate_up.native_spec(),
-                  l.down.native_spec()) for l, kc, vc in zip(self.layers, self.k_cache, self.v_cache)],
-                s.num_heads, s.rms_eps)
+            self._decoder = self._build_decoder()
+
+    def _build_decoder(self):
+        """Every layer in one native call for blocks the native attention takes (decode steps,
+        drafts, trees): the same kernels in the same order as _native_layers' loop, without its
+        ~18 Python-side calls a layer."""
+        return self._ops.Decoder(
+            [(l.ln1, l.ln2, kc, vc, l.qkv.native_spec(), l.o.native_spec(), l.gate_up.native_spec(),
+              l.down.native_spec()) for l, kc, vc in zip(self.layers, self.k_cache, self.v_cache)],
+            self.spec.num_heads, self.spec.rms_eps)
+
+    def with_layers(self, keep: list[int]) -> LlamaModel:
+        """This model running only the decoder layers ``keep`` (ascending), the others skipped:
+        the same weight tensors (nothing copied) with a KV cache of its own. A compressed copy
+        of the target that drafts for it (self-speculation, drafters.self_draft)."""
+        if not keep or sorted(set(keep)) != list(keep) or not 0 <= keep[0] <= keep[-1] < len(self.layers):
+            raise ValueError(f"layers to keep must be ascending indices into {len(self.layers)} layers, got {keep}")
+        view = copy.copy(self)
+        view.layers = [self.layers[i] for i in keep]
+        view.k_cache = [torch.zeros_like(self.k_cache[i]) for i in keep]
+        view.v_cache = [torch.zeros_like(self.v_cache[i]) for i in keep]
+        view.length = 0
+        if self._decoder is not None:
+            view._decoder = view._build_decoder()
+        return view
 
     # ----------------------------------------------------------------------------- loading
     @classmethod
