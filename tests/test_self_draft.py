@@ -16,7 +16,7 @@ from specdraft.errors import ParameterError
 from specdraft.models.llama import LlamaModel
 
 PROMPTS = [[5, 17, 33, 2, 5, 17, 33, 8], [41, 5, 17, 60, 3], [9, 9, 1, 70, 12, 30]]
-IDS = torch.tensor(sum(PROMPTS, []) * 2)  # what the layer choice is measured on here
+IDS = torch.tensor([t for p in PROMPTS for t in p] * 2)  # what the layer choice is measured on here
 
 
 def deep_target(directory, weight_format: str = "dense", idle_layer: int | None = 2):
@@ -78,7 +78,7 @@ def test_greedy_equals_plain_and_the_idle_copy_is_always_right(target, monkeypat
 def test_the_layer_choice_reads_the_targets_tokenizer(tmp_path):
     save_char_tokenizer(tmp_path)
     assert len(self_draft.calibration_ids(tmp_path)) > 100
-    with pytest.raises(ParameterError, match="tokenizer.json cannot be read"):
+    with pytest.raises(ParameterError, match=r"tokenizer\.json cannot be read"):
         self_draft.calibration_ids(tmp_path / "nowhere")
 
 
