@@ -88,3 +88,21 @@ def test_targets_without_layers_are_refused():
         build_drafter("self-draft", DrafterContext(spec, object(), None))
     with pytest.raises(ParameterError, match="skip-layers must be an integer >= 1"):
         SpecConfig(method="self-draft", skip_layers=0)
+
+
+def test_the_measurement_is_kept_in_the_cache(target, tmp_path, monkeypatch):
+    monkeypatch.setattr(self_draft, "cache_root", lambda: tmp_path / "cache")
+    monkeypatch.setattr(self_draft, "calibration_ids", lambda target_dir: IDS)
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    self_draft._HARM.pop(target, None)
+    first = self_draft._stored_harm(target, model_dir)
+    assert len(first) == 4 and first[2] == 0.0
+    (stored,) = (tmp_path / "cache" / "self-draft").glob("*.json")
+    self_draft._HARM.pop(target)
+    measured = []
+    monkeypatch.setattr(self_draft, "layer_harm", lambda *a: measured.append(1) or first)
+    assert self_draft._stored_harm(target, model_dir) == first and not measured  # read back
+    self_draft._HARM.pop(target)
+    stored.write_text("{not json")
+    assert self_draft._stored_harm(target, model_dir) == first and measured  # corrupt: measured again
