@@ -97,7 +97,7 @@ def _stored_harm(target, target_dir: Path | None) -> list[float]:
     directory to name it by)."""
     if target in _HARM:
         return _HARM[target]
-    ids = calibration_ids(target_dir)
+    ids = calibration_ids(target_dir)[:target.max_length]  # a short-context model: what fits
     path = _harm_path(target, target_dir) if target_dir is not None else None
     harm = None
     if path is not None and path.is_file():
@@ -150,6 +150,6 @@ def _build(ctx: DrafterContext) -> SelfDraft:
     target = ctx.target
     if not hasattr(target, "with_layers"):
         raise ParameterError("self-draft runs the target's own layers: it needs the native runtime (--runtime native)")
-    skip = ctx.spec.skip_layers if ctx.spec.skip_layers is not None else int(len(target.layers) * SKIP_SHARE)
+    skip = ctx.spec.skip_layers if ctx.spec.skip_layers is not None else max(1, int(len(target.layers) * SKIP_SHARE))
     keep = kept_layers(_stored_harm(target, ctx.target_dir), skip)
     return SelfDraft(target.with_layers(keep), min_confidence=ctx.spec.min_confidence, window=ctx.spec.window)
