@@ -57,6 +57,18 @@ def test_the_copy_shares_weights_and_keeps_its_own_cache(target):
         target.with_layers([2, 1])
 
 
+def test_a_copy_sharing_the_cache_reads_the_targets_rows_and_writes_past_them(target):
+    ids = torch.tensor(PROMPTS[0])
+    target.reset()
+    target.forward(ids[:5])
+    before = [c[:, :5].clone() for c in target.k_cache]
+    shared = target.with_layers([0, 1, 2, 3], share_cache=True)
+    shared.length = target.length
+    got = shared.forward(ids[5:]).logits  # rows 5.. attend to the target's rows 0..4
+    assert all(torch.equal(c[:, :5], b) for c, b in zip(target.k_cache, before)) and target.length == 5
+    torch.testing.assert_close(got, target.forward(ids[5:]).logits, rtol=0, atol=0)
+
+
 def test_the_idle_layer_is_the_one_skipped(target):
     keep, agreement = self_draft.choose_layers(target, IDS, 1)
     assert keep == [0, 1, 3] and agreement == 1.0
@@ -68,9 +80,13 @@ def test_the_idle_layer_is_the_one_skipped(target):
 
 def test_greedy_equals_plain_and_the_idle_copy_is_always_right(target, monkeypatch):
     monkeypatch.setattr(self_draft, "calibration_ids", lambda target_dir: IDS)
+    fed = []
+    forward = self_draft.SelfDraft._forward
+    monkeypatch.setattr(self_draft.SelfDraft, "_forward", lambda self, ids: fed.append(len(ids)) or forward(self, ids))
     runs = greedy_runs_equal_plain(target, "self-draft", None, PROMPTS, skip_layers=1)
     # skipping the idle layer changes nothing: every guess passes
     assert all(s.accepted_tokens == s.draft_tokens for s in runs)
+    assert set(fed) == {1}  # the copy reads the target's cache: never a prompt to catch up on
     runs = greedy_runs_equal_plain(target, "self-draft", None, PROMPTS, skip_layers=2)
     assert all(s.draft_tokens > 0 for s in runs)
 

@@ -1,6 +1,6 @@
 """Self-speculation: the target with some of its layers skipped drafts for the target (Draft &
 Verify, SWIFT). No second model: the draft shares the target's weights, tokenizer, embedding and
-output head (models.llama.LlamaModel.with_layers), with a KV cache of its own.
+output head and the KV cache of the context (models.llama.LlamaModel.with_layers).
 
 Which layers: measured once per model (and kept in the cache). Over CALIBRATION (encoded with
 the target's tokenizer), each layer is left out alone and the target's greedy choice at every
@@ -142,7 +142,24 @@ def calibration_ids(target_dir: Path | None) -> torch.Tensor:
 
 
 class SelfDraft(DraftModel):
+    """The draft model's loop on a copy of the target that reads the target's own KV cache.
+
+    The engine keeps the committed context minus its newest token in the target's cache. The
+    copy attends to those rows (the full model's keys and values, for its kept layers) and
+    writes its own rows past them: the newest token, then its guesses, rows the target's
+    verification overwrites. So it never catches up on a prompt, whatever its length."""
+
     name = "self-draft"
+
+    def __init__(self, target, keep: list[int], *, min_confidence: float = 0.0):
+        super().__init__(target.with_layers(keep, share_cache=True), min_confidence=min_confidence)
+        self.target = target
+
+    def _sync(self, context: list[int]) -> torch.Tensor:
+        self.model.length = self.target.length  # == len(context) - 1, the engine's cache invariant
+        logits = self._forward(context[-1:])
+        self.seq = list(context)
+        return logits
 
 
 @register("self-draft")
@@ -152,4 +169,4 @@ def _build(ctx: DrafterContext) -> SelfDraft:
         raise ParameterError("self-draft runs the target's own layers: it needs the native runtime (--runtime native)")
     skip = ctx.spec.skip_layers if ctx.spec.skip_layers is not None else max(1, int(len(target.layers) * SKIP_SHARE))
     keep = kept_layers(_stored_harm(target, ctx.target_dir), skip)
-    return SelfDraft(target.with_layers(keep), min_confidence=ctx.spec.min_confidence, window=ctx.spec.window)
+    return SelfDraft(target, keep, min_confidence=ctx.spec.min_confidence)

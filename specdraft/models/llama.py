@@ -342,16 +342,18 @@ class LlamaModel:
               l.down.native_spec()) for l, kc, vc in zip(self.layers, self.k_cache, self.v_cache)],
             self.spec.num_heads, self.spec.rms_eps)
 
-    def with_layers(self, keep: list[int]) -> LlamaModel:
+    def with_layers(self, keep: list[int], *, share_cache: bool = False) -> LlamaModel:
         """This model running only the decoder layers ``keep`` (ascending), the others skipped:
-        the same weight tensors (nothing copied) with a KV cache of its own. A compressed copy
-        of the target that drafts for it (self-speculation, drafters.self_draft)."""
+        the same weight tensors (nothing copied), with a KV cache of its own or (``share_cache``)
+        this model's cache rows of the kept layers, whose length the caller sets. A compressed
+        copy of the target that drafts for it (self-speculation, drafters.self_draft)."""
         if not keep or sorted(set(keep)) != list(keep) or not 0 <= keep[0] <= keep[-1] < len(self.layers):
             raise ValueError(f"layers to keep must be ascending indices into {len(self.layers)} layers, got {keep}")
         view = copy.copy(self)
         view.layers = [self.layers[i] for i in keep]
-        view.k_cache = [torch.zeros_like(self.k_cache[i]) for i in keep]
-        view.v_cache = [torch.zeros_like(self.v_cache[i]) for i in keep]
+        own = (lambda c: c) if share_cache else torch.zeros_like
+        view.k_cache = [own(self.k_cache[i]) for i in keep]
+        view.v_cache = [own(self.v_cache[i]) for i in keep]
         view.length = 0
         if self._decoder is not None:
             view._decoder = view._build_decoder()
