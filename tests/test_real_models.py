@@ -171,7 +171,8 @@ def pair_plain(pair):
     return out
 
 
-@pytest.mark.parametrize("method", ["draft-model", "prompt-lookup", "head", "hybrid-head", "eagle", "hydra", "lookahead"])
+@pytest.mark.parametrize("method", ["draft-model", "prompt-lookup", "head", "hybrid-head", "eagle", "hydra", "mtp", "lookahead",
+                                    "self-draft"])
 @pytest.mark.parametrize("prompt", PAIR_PROMPTS)
 def test_default_pair_greedy_speculative_equals_plain(pair, pair_plain, prompt, method):
     ids, plain = pair_plain[prompt]
@@ -184,9 +185,9 @@ def test_default_pair_greedy_speculative_equals_plain(pair, pair_plain, prompt, 
         assert spec.stats.target_forwards <= plain.stats.target_forwards
 
 
-@pytest.mark.parametrize("method", ["head", "eagle", "hydra"])
+@pytest.mark.parametrize("method", ["head", "eagle", "hydra", "mtp"])
 def test_shipped_drafter_guesses_are_accepted(pair, pair_plain, method):
-    """The head, the EAGLE layer and the Hydra heads shipped for the default target predict it:
+    """The head, the EAGLE layer, the Hydra heads and the MTP modules shipped for the default target predict it:
     some guesses pass on each prompt, with chains and with trees."""
     for prompt in PAIR_PROMPTS:
         ids, plain = pair_plain[prompt]
