@@ -17,9 +17,9 @@ change. ``seq`` and the cache then hold ``context[offset:]``.
 Greedy drafts, once the engine has timed its target forwards (``use_costs``), are cut by cost as
 the head's are (drafters.feature_head): the draft's confidences calibrated by how often such
 guesses passed (costs.PassRates), another draft forward only while the longer draft is expected
-to commit more per unit of cost (a draft forward counted in one-token target forwards), and no
-drafting at all while the draft model's steps commit less per unit of cost than plain steps
-(costs.Payoff); its cache then catches up in one block when it next drafts.
+to commit more per unit of cost (a draft forward counted in one-token target forwards). Greedy
+or sampling, no drafting at all while the draft model's steps commit less per unit of cost than
+plain steps (costs.Payoff); its cache then catches up in one block when it next drafts.
 """
 from __future__ import annotations
 
@@ -76,11 +76,14 @@ class DraftModel(CostAware):
         k = min(k, self.model.max_length - (len(context) - self.offset))
         if k <= 0:
             return Draft()
-        # greedy with timed target forwards: cut by cost (sampling keeps the confidence rule)
-        costed = self.costs is not None and self.costs.measured and sampling.greedy
-        if costed and not self.payoff.worth_running():
+        # greedy with timed target forwards: cut by cost (sampling keeps the confidence rule); with
+        # timed forwards, greedy or not, skipped while its steps commit less per unit of cost
+        # than plain steps
+        timed = self.costs is not None and self.costs.measured
+        costed = timed and sampling.greedy
+        if timed and not self.payoff.worth_running():
             return Draft()
-        draft_cost = self.forward_seconds / self.costs.seconds[1] if costed else 0.0  # in one-token forwards
+        draft_cost = self.forward_seconds / self.costs.seconds[1] if timed else 0.0  # in one-token forwards
         logits = self._sync(context)  # the first guess comes from the forward that catches up
         forwards = 1
         tokens: list[int] = []
@@ -107,9 +110,9 @@ class DraftModel(CostAware):
             else:
                 break
         if costed:
-            n = self.costs.choose_length(cumulative, draft_cost, free=1)
-            tokens = tokens[:n]
-            self.step_cost = self.costs.ratio(n + 1) + draft_cost * forwards
+            tokens = tokens[:self.costs.choose_length(cumulative, draft_cost, free=1)]
+        if timed:
+            self.step_cost = self.costs.ratio(len(tokens) + 1) + draft_cost * forwards
         self.proposed_confidences = confidences[:len(tokens)]
         probs = torch.stack(qs[:len(tokens)]) if qs else None
         return Draft(tokens, probs)
