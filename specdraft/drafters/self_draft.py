@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..cache import cache_root
+from ..cache import cache_root, console
 from ..errors import ParameterError
 from .base import DrafterContext, register
 from .draft_model import DraftModel
@@ -106,7 +106,8 @@ def _stored_harm(target, target_dir: Path | None) -> list[float]:
         except (OSError, ValueError, KeyError, TypeError):
             harm = None  # unreadable: measured again below
     if not isinstance(harm, list) or len(harm) != len(target.layers):
-        harm = layer_harm(target, ids)
+        with console().status("self-draft: measuring which layers to skip (once per model)"):
+            harm = layer_harm(target, ids)
         if path is not None:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
