@@ -323,6 +323,13 @@ def test_train_drafter_refuses_bad_settings_in_one_line(capsys, tmp_path, args, 
     assert_one_line_error(rc, out, err, contains=contains)
 
 
+def test_self_draft_with_too_many_layers_skipped_gives_one_line(capsys, tiny_dir):
+    for skip, contains in (("0", "skip-layers must be an integer >= 1"), ("2", "between 1 and 1")):
+        rc, out, err = call(["generate", "hello", "--target", str(tiny_dir), "--method", "self-draft", "--no-chat",
+                             "--skip-layers", skip, "--max-new-tokens", "4"], capsys)
+        assert_one_line_error(rc, out, err, contains=contains)
+
+
 def test_medusa_or_mtp_without_heads_and_unwritten_layouts_give_one_line(capsys, tiny_dir, tmp_path):
     rc, out, err = call(["generate", "hello", "--target", str(tiny_dir), "--method", "medusa", "--no-chat",
                          "--max-new-tokens", "4"], capsys)

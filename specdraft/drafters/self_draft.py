@@ -76,10 +76,15 @@ def layer_harm(target, ids: torch.Tensor) -> list[float]:
 def kept_layers(harm: list[float], skip: int) -> list[int]:
     """The layers left when the ``skip`` least harmful are skipped, ascending."""
     n = len(harm)
-    if not 0 < skip < n:
-        raise ParameterError(f"skip-layers must be between 1 and {n - 1} for this target ({n} layers), got {skip}")
+    check_skip(n, skip)
     skipped = set(sorted(range(n), key=lambda i: (harm[i], i))[:skip])
     return [i for i in range(n) if i not in skipped]
+
+
+def check_skip(n: int, skip: int) -> None:
+    """A one-line ParameterError unless 0 < skip < n layers."""
+    if not 0 < skip < n:
+        raise ParameterError(f"skip-layers must be between 1 and {n - 1} for this target ({n} layers), got {skip}")
 
 
 def choose_layers(target, ids: torch.Tensor, skip: int) -> tuple[list[int], float]:
@@ -169,5 +174,6 @@ def _build(ctx: DrafterContext) -> SelfDraft:
     if not hasattr(target, "with_layers"):
         raise ParameterError("self-draft runs the target's own layers: it needs the native runtime (--runtime native)")
     skip = ctx.spec.skip_layers if ctx.spec.skip_layers is not None else max(1, int(len(target.layers) * SKIP_SHARE))
+    check_skip(len(target.layers), skip)  # before a measurement of minutes
     keep = kept_layers(_stored_harm(target, ctx.target_dir), skip)
     return SelfDraft(target, keep, min_confidence=ctx.spec.min_confidence)
