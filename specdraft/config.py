@@ -115,8 +115,8 @@ class SpecConfig:
     hydra: str | None = None
     # mtp: the directory of trained MTP modules (`specdraft train-drafter --kind mtp`).
     mtp: str | None = None
-    # self-draft: how many of the target's layers its drafting copy skips (None: half of them,
-    # drafters.self_draft.SKIP_SHARE); which ones is measured (drafters.self_draft.choose_layers).
+    # self-draft: how many of the target's layers its drafting copy skips (None: 30% of them,
+    # drafters.self_draft.SKIP_SHARE); which ones is measured (drafters.self_draft.layer_harm).
     skip_layers: int | None = None
     # retrieval: the directory of a datastore built by `specdraft index build` (its tokenizer must
     # be the target's); None = no datastore, which --method retrieval refuses.

@@ -21,6 +21,8 @@ without tree masks gets the likeliest branch as a chain.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ..config import SamplingConfig
@@ -52,6 +54,16 @@ class DepthRates:
         self.passed[depth] = self.passed.get(depth, 0.0) + passed
 
 
+class Sent(NamedTuple):
+    """The tree sent last, until observed."""
+
+    start: int  # L: the position of its first layer (the first new token)
+    tokens: list[int]
+    parents: list[int]
+    kinds: list[str]  # per node: "window" or "pool"
+    window_at: dict[int, int]  # window node -> its position
+
+
 class Lookahead(Drafter):
     name = "lookahead"
     wants_outputs = True
@@ -72,7 +84,7 @@ class Lookahead(Drafter):
         self.pool: dict[int, list[tuple[int, ...]]] = {}  # first token -> continuations, latest first
         self.window: dict[int, int] = {}  # position -> guessed token, for the next iteration
         self.past: list[dict[int, int]] = []  # the last N - 2 forwards' window tokens by position
-        self.sent: tuple[int, list[int], list[int], list[str], dict[int, int]] | None = None
+        self.sent: Sent | None = None
         self.seen = 0  # context tokens whose n-grams are in the pool
         self._pool_context(prompt)
 
@@ -93,16 +105,16 @@ class Lookahead(Drafter):
         tokens, parents = keep_nodes(tokens, parents, kept)
         kinds = [kinds[j] for j in kept]
         at = {i: L + j for i, j in enumerate(kept) if j < len(chain)}  # sent node -> window position
-        self.sent = (L, tokens, parents, kinds, at)
+        self.sent = Sent(L, tokens, parents, kinds, at)
         chain_shaped = parents == list(range(-1, len(parents) - 1))
         return Draft(tokens, parents=None if chain_shaped else parents, chances=[chance[j] for j in kept])
 
     def take_outputs(self, choices: list[int]) -> None:
         if self.sent is None:
             return
-        L, _, _, _, at = self.sent
-        inputs = {p: self.sent[1][i] for i, p in at.items()}  # this iteration's window by position
-        outputs = {L: choices[0], **{p + 1: choices[1 + i] for i, p in at.items()}}
+        at = self.sent.window_at
+        inputs = {p: self.sent.tokens[i] for i, p in at.items()}  # this iteration's window by position
+        outputs = {self.sent.start: choices[0], **{p + 1: choices[1 + i] for i, p in at.items()}}
         levels = (self.past[-(self.N - 2):] if self.N > 2 else []) + [inputs]  # oldest first
         if len(levels) == self.N - 1:  # a trajectory through every level, then this forward's choice
             for a in sorted(levels[0]):
@@ -114,12 +126,12 @@ class Lookahead(Drafter):
 
     def observe(self, context: list[int], num_accepted: int) -> None:
         if self.sent is not None:
-            _, tokens, parents, kinds, _ = self.sent
-            path = set(accepted_path(tokens, parents, context, num_accepted))
-            depth = node_depths(parents)
-            for j, parent in enumerate(parents):  # judged: the children of the root and of accepted nodes
+            sent = self.sent
+            path = set(accepted_path(sent.tokens, sent.parents, context, num_accepted))
+            depth = node_depths(sent.parents)
+            for j, parent in enumerate(sent.parents):  # judged: the children of the root and of accepted nodes
                 if parent < 0 or parent in path:
-                    self.rates[kinds[j]].record(depth[j], j in path)
+                    self.rates[sent.kinds[j]].record(depth[j], j in path)
             self.sent = None
         self._pool_context(context)
 

@@ -14,7 +14,7 @@ import torch
 from ..models.quant import W8A8Linear
 from .base import DrafterContext, register
 from .feature_head import FeatureHeadDrafter
-from .trees import node_depths
+from .trees import child_steps
 
 
 class MedusaDrafter(FeatureHeadDrafter):
@@ -25,8 +25,7 @@ class MedusaDrafter(FeatureHeadDrafter):
         return [W8A8Linear(b.weight.detach().float(), b.bias.detach(), passes=2) for b in head.blocks]
 
     def advance(self, nodes: list[int], ids: list[int], parents: list[int], feats: list[torch.Tensor]) -> torch.Tensor:
-        depth = node_depths(parents)
-        d = [0 if j < 0 else depth[j] for j in nodes]  # the head each node's children come from
+        d = child_steps(nodes, parents)  # the head each node's children come from
         f = self.feature.float().expand(len(nodes), -1)  # [R, H] every head reads the root's feature
         e = self.embed[ids].float() if self.head.cfg.reads_token else None  # [R, H] Hydra: the node's token
         return self.head.rows(f, d, e, self.step)

@@ -11,7 +11,7 @@ import torch
 
 from .base import DrafterContext, register
 from .feature_head import FeatureHeadDrafter, Int8Head
-from .trees import node_depths
+from .trees import child_steps
 
 
 class MTPDrafter(FeatureHeadDrafter):
@@ -22,8 +22,7 @@ class MTPDrafter(FeatureHeadDrafter):
         return [Int8Head(module) for module in head.depths]
 
     def advance(self, nodes: list[int], ids: list[int], parents: list[int], feats: list[torch.Tensor]) -> torch.Tensor:
-        depth = node_depths(parents)
-        d = [0 if j < 0 else depth[j] for j in nodes]  # the module each node's children come from
+        d = child_steps(nodes, parents)  # the module each node's children come from
         f = torch.stack([self.feature if j < 0 else feats[j] for j in nodes]).float()  # [R, H]
         e = self.embed[ids].float()  # [R, H] each node's token
         out = torch.empty_like(f)

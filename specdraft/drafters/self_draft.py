@@ -55,21 +55,25 @@ _HARM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @torch.inference_mode()
-def _agreement(model, ids: torch.Tensor, want: torch.Tensor) -> float:
-    """Share of positions where ``model``'s greedy choice over ``ids`` (teacher-forced) is ``want``'s."""
+def _choices(model, ids: torch.Tensor) -> torch.Tensor:
+    """``model``'s greedy choice [T] at every position of ``ids`` (teacher-forced), its cache left empty."""
     model.reset()
     got = model.forward(ids).logits.argmax(-1)
     model.reset()
-    return float((got == want).float().mean())
+    return got
 
 
-def layer_harm(target, ids: torch.Tensor) -> list[float]:
+def _agreement(model, ids: torch.Tensor, want: torch.Tensor) -> float:
+    """Share of positions where ``model``'s greedy choice over ``ids`` is ``want``'s."""
+    return float((_choices(model, ids) == want).float().mean())
+
+
+def layer_harm(target, ids: torch.Tensor, want: torch.Tensor | None = None) -> list[float]:
     """Per layer, the share of greedy choices over ``ids`` that change when it alone is skipped
-    (one forward over ids per layer: ~1.5 min for the default target on 2 cores)."""
+    (one forward over ids per layer: ~1.5 min for the default target on 2 cores); ``want``: the
+    full model's choices, when already known."""
     n = len(target.layers)
-    target.reset()
-    with torch.inference_mode():
-        want = target.forward(ids).logits.argmax(-1)  # [T] the full model's choices
+    want = _choices(target, ids) if want is None else want
     return [1.0 - _agreement(target.with_layers([j for j in range(n) if j != i]), ids, want) for i in range(n)]
 
 
@@ -89,10 +93,8 @@ def check_skip(n: int, skip: int) -> None:
 
 def choose_layers(target, ids: torch.Tensor, skip: int) -> tuple[list[int], float]:
     """(the layers to keep, the kept copy's agreement with the target over ``ids``)."""
-    keep = kept_layers(layer_harm(target, ids), skip)
-    target.reset()
-    with torch.inference_mode():
-        want = target.forward(ids).logits.argmax(-1)
+    want = _choices(target, ids)
+    keep = kept_layers(layer_harm(target, ids, want), skip)
     return keep, _agreement(target.with_layers(keep), ids, want)
 
 

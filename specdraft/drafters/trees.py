@@ -26,6 +26,17 @@ def node_depths(parents: list[int]) -> list[int]:
     return depth
 
 
+def child_steps(nodes: list[int], parents: list[int]) -> list[int]:
+    """For draft nodes (-1: the root), the 0-based drafting step their children come from: their
+    depth (Medusa's head, MTP's module).
+
+    >>> child_steps([-1, 0, 1], [-1, 0])
+    [0, 1, 2]
+    """
+    depth = node_depths(parents)
+    return [0 if j < 0 else depth[j] for j in nodes]
+
+
 def best_nodes(chance: list[float], n: int) -> list[int]:
     """The n nodes most likely to be on the accepted path (a child never before its parent:
     its chance is at most its parent's, and ties keep the earlier node first)."""
