@@ -115,10 +115,14 @@ class Engine:
             self.target.reset()
             self.drafter.begin(list(prompt_ids))
             features = self.drafter.uses_features  # the drafter reads target hidden states
-            out = self.target.forward(torch.tensor(prompt_ids, dtype=torch.int64), last_only=True, need_hidden=features)
+            # and, for EAGLE-3 style drafters, the outputs of some layers (omitted when none, so a
+            # model without taps serves every other drafter)
+            taps = {"taps": self.drafter.feature_layers} if features and self.drafter.feature_layers else {}
+            out = self.target.forward(torch.tensor(prompt_ids, dtype=torch.int64), last_only=True,
+                                      need_hidden=features, **taps)
             new = [next_token(out.logits[-1], sampling, generator)]
             if features:  # every prompt row; the last one chose the first new token
-                self.drafter.take_features(out.hidden)
+                self.drafter.take_features(_features(out, slice(None)))
             origins = [TARGET]
             stats.time_prefill = time.perf_counter() - t_start
             while True:
@@ -160,12 +164,12 @@ class Engine:
                 # nodes sit at positions by depth and see only their ancestors).
                 ids = torch.tensor([context[-1]] + draft.tokens, dtype=torch.int64)
                 if draft.parents is None:
-                    out = self.target.forward(ids, need_hidden=features)  # logits [K+1, V]
+                    out = self.target.forward(ids, need_hidden=features, **taps)  # logits [K+1, V]
                     verdict = verify(out.logits, draft.tokens, draft.probs, sampling, generator)
                     rows = list(range(verdict.num_accepted + 1))  # the committed tokens' rows
                 else:
                     positions, mask = tree_layout(draft.parents, len(context) - 1)
-                    out = self.target.forward(ids, positions=positions, tree_mask=mask, need_hidden=features)
+                    out = self.target.forward(ids, positions=positions, tree_mask=mask, need_hidden=features, **taps)
                     verdict = verify_tree(out.logits, draft.tokens, draft.parents, draft.probs, sampling, generator)
                     rows = [0] + [1 + j for j in verdict.path]
                 self.costs.record(len(ids), time.perf_counter() - t1)
@@ -173,7 +177,7 @@ class Engine:
                 # chain rolls back by length, a tree's accepted path moves next to the prefix.
                 n = verdict.num_accepted
                 if features:  # the committed rows; the last one chose the newest token
-                    self.drafter.take_features(out.hidden[rows])
+                    self.drafter.take_features(_features(out, rows))
                 if self.drafter.wants_outputs:  # the target's choice after every row, right or not
                     self.drafter.take_outputs(out.logits.argmax(-1).tolist())
                 if draft.parents is None:
@@ -215,6 +219,14 @@ def tree_layout(parents: list[int], start: int) -> tuple[torch.Tensor, torch.Ten
         mask[j + 1] = mask[parent + 1]
         mask[j + 1, j + 1] = True
     return torch.tensor([0, *node_depths(parents)], dtype=torch.int64) + start, mask
+
+
+def _features(out, rows) -> torch.Tensor:
+    """What take_features gets for ``rows`` of a target forward: hidden [n, H], or [n, (k + 1) H]
+    with the tapped layers' outputs first when the forward tapped k layers."""
+    if out.taps is None:
+        return out.hidden[rows]
+    return torch.cat([out.taps[rows].flatten(1), out.hidden[rows]], -1)
 
 
 def _cap_depth(draft: Draft, room: int) -> Draft:

@@ -57,6 +57,7 @@ class Drafter:
     name = "none"
     uses_features = False  # True: the engine calls take_features after every target forward
     wants_outputs = False  # True: the engine calls take_outputs after every verification
+    feature_layers: tuple[int, ...] = ()  # target layers whose outputs take_features also gets
 
     def begin(self, prompt: list[int]) -> None:
         pass

@@ -81,6 +81,9 @@ class FeatureHeadDrafter(CostAware):
 
     def __init__(self, target, head, *, min_confidence: float = 0.0, trees: bool = False):
         super().__init__()
+        self.feature_layers = getattr(head.cfg, "taps", ())  # EAGLE-3 fused features (heads.model)
+        self.fuse = None if not self.feature_layers else \
+            W8A8Linear(head.fuse.weight.detach().float(), None, passes=2)  # [(k+1)H] -> [H] int8, like the step
         self.trees = trees  # greedy drafts as EAGLE-2 dynamic trees (the target verifies tree masks)
         self.proposed_tree: tuple[list[int], list[int], list[float]] | None = None
         self.head = head  # heads.model.FeatureHead (fp32, eval)
@@ -99,8 +102,14 @@ class FeatureHeadDrafter(CostAware):
     def begin(self, prompt: list[int]) -> None:
         self.feature = None
 
+    @torch.inference_mode()
     def take_features(self, hidden: torch.Tensor) -> None:
-        self.feature = hidden[-1].float()  # the row that chose the newest token
+        last = hidden[-1].float()  # the row that chose the newest token: [H], or [(k+1)H] with taps
+        if not self.feature_layers:
+            self.feature = last
+            return
+        k, H = len(self.feature_layers), self.head.cfg.hidden_size
+        self.feature = self.head.entry(last[None, k * H:], last[None, :k * H].view(1, k, H), self.fuse)[0]
 
     def ready(self) -> bool:
         """Whether a draft can start (a feature has been seen since ``begin``)."""

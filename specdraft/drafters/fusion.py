@@ -76,6 +76,10 @@ class Fusion(Drafter):
     def __init__(self, components: list[Drafter], trees: bool = True):
         self.components = components
         self.uses_features = any(c.uses_features for c in components)
+        readers = {c.feature_layers for c in components if c.uses_features}
+        if len(readers) > 1:
+            raise ValueError("fused prophets must read the same target layers")
+        self.feature_layers = next(iter(readers), ())
         self.trees = trees  # False: the likeliest branch only, as a chain (a target without tree masks)
         self.costs = None  # costs.ForwardCosts from the engine (cost_rule)
         self.proposals: list[Draft] = []  # each component's draft this step, until observed

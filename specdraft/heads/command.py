@@ -16,6 +16,7 @@ import torch
 
 from ..drafters.feature_head import output_weight
 from ..errors import ParameterError
+from ..models.base import check_taps
 from ..models.registry import DEFAULT_TARGET
 from ..pipeline import Speculator
 from .corpus import chat_requests, default_corpus
@@ -49,6 +50,10 @@ def add_train_args(p, *, kind: str | None = None) -> None:
     p.add_argument("--answers", default=None,
                    help="recorded features of the target's own answers (.pt, or several separated by commas): "
                         "each reused when it exists, else recorded (the Nth file on request set N) and saved there")
+    p.add_argument("--taps", default=None,
+                   help="mlp only: comma-separated target layers (0-based) whose outputs the head's first step "
+                        "also reads, EAGLE-3's fused features, e.g. 1,13,24 for a 28-layer target; "
+                        "features are recorded with them")
     p.add_argument("--record-minutes", type=float, default=25.0,
                    help="longest time spent teacher-forcing the target over the text corpus")
     p.add_argument("--answer-minutes", type=float, default=22.0,
@@ -72,11 +77,15 @@ def add_train_args(p, *, kind: str | None = None) -> None:
                         "mtp: the number of modules (default: 3); medusa, hydra: the number of heads (default: 4)")
 
 
-def _recorded(path, what: str, make) -> FeatureSet:
-    """A FeatureSet from ``path`` when it exists, else made (with a progress bar) and saved there."""
+def _recorded(path, what: str, make, taps: tuple[int, ...] = ()) -> FeatureSet:
+    """A FeatureSet from ``path`` when it exists (recorded with ``taps``), else made (with a
+    progress bar) and saved there."""
     path = Path(path) if path else None
     if path is not None and path.is_file():
         data = FeatureSet.load(path)
+        if taps and data.taps != taps:
+            raise ParameterError(f"{path} was recorded with taps {list(data.taps) or 'none'}, not {list(taps)}; "
+                                 "give another file to record into")
         print(f"{what}: {len(data)} positions from {path}")
         return data
     from rich.progress import Progress  # here: ~150 ms to import, and the CLI imports this module on every start
@@ -91,7 +100,7 @@ def _recorded(path, what: str, make) -> FeatureSet:
     return data
 
 
-def _feature_sets(args, sd: Speculator) -> list[tuple[FeatureSet, int]]:
+def _feature_sets(args, sd: Speculator, taps: tuple[int, ...] = ()) -> list[tuple[FeatureSet, int]]:
     """(features, how often each of its documents counts): the text corpus, then one set of the
     target's own answers per ``--answers`` file (each answering its own requests)."""
     target = sd.target.model
@@ -99,16 +108,23 @@ def _feature_sets(args, sd: Speculator) -> list[tuple[FeatureSet, int]]:
     if args.record_minutes > 0 or (args.features and Path(args.features).is_file()):
         sets.append((_recorded(args.features, "text features", lambda progress: record(
             target, encode_corpus(sd.tokenizer, default_corpus()), seconds=args.record_minutes * 60,
-            progress=progress)), 1))
+            progress=progress, taps=taps), taps), 1))
     answer_files = [a for a in (args.answers or "").split(",") if a] or [None]
     for seed, path in enumerate(answer_files, start=1):
         if args.answer_weight and (args.answer_minutes > 0 or (path and Path(path).is_file())):
             sets.append((_recorded(path, "answer features", lambda progress, seed=seed: record_answers(
                 target, (sd.encode_prompt(r) for r in chat_requests(5000, seed=seed)), eos_ids=sd.target.eos_ids,
-                seconds=args.answer_minutes * 60, progress=progress)), args.answer_weight))
+                seconds=args.answer_minutes * 60, progress=progress, taps=taps), taps), args.answer_weight))
     if not sets:
         raise ParameterError("nothing to train on: give --record-minutes or --answer-minutes > 0")
     return sets
+
+
+def _taps(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ParameterError(f"--taps takes comma-separated layer numbers, got {text!r}") from None
 
 
 def train_from_args(args) -> int:
@@ -136,6 +152,11 @@ def train_from_args(args) -> int:
         given["steps" if args.kind == "eagle" else "num_heads" if heads_kind else "steps_unrolled"] = args.unroll
     if args.kind == "mtp":
         given.setdefault("inner", MTP_INNER)
+    taps = _taps(args.taps) if args.taps else ()
+    if taps and args.kind != "mlp":
+        raise ParameterError("--taps applies to --kind mlp only")
+    if taps:
+        given["taps"] = taps
     if args.batch:
         given["rows" if args.kind == "eagle" else "batch"] = args.batch
     cfg = EagleTrainConfig(**given) if args.kind == "eagle" else MedusaTrainConfig(**given) if heads_kind \
@@ -147,7 +168,12 @@ def train_from_args(args) -> int:
     target = sd.target.model
     if not hasattr(target, "embed"):
         raise ParameterError("trained drafters need the native runtime (a Llama-family target)")
-    sets = _feature_sets(args, sd)
+    if taps:
+        try:
+            check_taps(taps, target.spec.num_layers)
+        except ValueError as e:
+            raise ParameterError(f"--taps: {e}") from None
+    sets = _feature_sets(args, sd, taps)
     weight = torch.cat([torch.full((len(fs.starts) - 1,), w) for fs, w in sets])  # [D]
     w_out = output_weight(target, cfg.vocab)  # what the drafter will multiply by
     seconds = None if args.train_minutes is None else args.train_minutes * 60

@@ -21,14 +21,21 @@ class FeatureSet:
     tokens: torch.Tensor  # [N] int64, the input token at each position
     top: torch.Tensor  # [N, TOP] int64, the target's best next tokens there, best first
     starts: torch.Tensor  # [D + 1] int64, document d covers rows starts[d]:starts[d+1]
+    # [N, k, H] float16, the outputs of the target's layers ``taps`` at each position (EAGLE-3
+    # style fused features, heads.model), or None when recorded without taps
+    aux: torch.Tensor | None = None
+    taps: tuple[int, ...] = ()
 
     def save(self, path) -> None:
-        torch.save({"features": self.features, "tokens": self.tokens, "top": self.top, "starts": self.starts}, path)
+        extra = {} if self.aux is None else {"aux": self.aux, "taps": torch.tensor(self.taps)}
+        torch.save({"features": self.features, "tokens": self.tokens, "top": self.top, "starts": self.starts,
+                    **extra}, path)
 
     @classmethod
     def load(cls, path) -> FeatureSet:
         d = torch.load(path, weights_only=True)
-        return cls(d["features"], d["tokens"], d["top"], d["starts"])
+        taps = tuple(d["taps"].tolist()) if "taps" in d else ()
+        return cls(d["features"], d["tokens"], d["top"], d["starts"], d.get("aux"), taps)
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -54,9 +61,11 @@ def _top(logits: torch.Tensor) -> torch.Tensor:
     return logits.topk(min(TOP, logits.shape[-1]), dim=-1).indices
 
 
-def _collect(documents, *, max_tokens: int | None = None, seconds: float | None = None, progress=None) -> FeatureSet:
-    """One FeatureSet from (tokens [n], features [n, H], top [n, TOP]) per document, produced
-    lazily by ``documents``; stops after ``max_tokens`` rows or ``seconds``, whichever first."""
+def _collect(documents, *, max_tokens: int | None = None, seconds: float | None = None, progress=None,
+             taps: tuple[int, ...] = ()) -> FeatureSet:
+    """One FeatureSet from (tokens [n], features [n, H], top [n, TOP], aux [n, k, H] or None)
+    per document, produced lazily by ``documents``; stops after ``max_tokens`` rows or
+    ``seconds``, whichever first."""
     docs, starts = [], [0]
     t0 = time.perf_counter()
     for doc in documents:
@@ -67,63 +76,77 @@ def _collect(documents, *, max_tokens: int | None = None, seconds: float | None 
         if (max_tokens is not None and starts[-1] >= max_tokens) or \
                 (seconds is not None and time.perf_counter() - t0 >= seconds):
             break
-    toks, feats, tops = zip(*docs, strict=True)
-    return FeatureSet(torch.cat(feats), torch.cat(toks), torch.cat(tops), torch.tensor(starts))
+    toks, feats, tops, aux = zip(*docs, strict=True)
+    return FeatureSet(torch.cat(feats), torch.cat(toks), torch.cat(tops), torch.tensor(starts),
+                      torch.cat(aux) if taps else None, taps)
+
+
+def _tapped(out) -> torch.Tensor | None:
+    return None if out.taps is None else out.taps.to(torch.float16)
 
 
 @torch.inference_mode()
 def record(model, sequences, *, max_tokens: int | None = None, seconds: float | None = None,
-           progress=None) -> FeatureSet:
+           progress=None, taps: tuple[int, ...] = (), keep_last: list[int] | None = None) -> FeatureSet:
     """Teacher-force ``model`` (a CausalLM) over each token id list; stop after ``max_tokens``
-    rows or ``seconds`` of forwards, whichever comes first."""
+    rows or ``seconds`` of forwards, whichever comes first. ``taps``: also record these layers'
+    outputs; ``keep_last``: per sequence, keep only its last n rows (the rest is context, e.g. a
+    request before an answer recorded earlier)."""
 
     def documents():
-        for ids in sequences:
+        for d, ids in enumerate(sequences):
             ids = list(ids)[:model.max_length]
             if len(ids) < 2:
                 continue
             model.reset()
-            out = model.forward(torch.tensor(ids), need_hidden=True)
-            yield torch.tensor(ids), out.hidden.to(torch.float16), _top(out.logits)
+            out = model.forward(torch.tensor(ids), need_hidden=True, taps=taps)
+            keep = slice(-keep_last[d] if keep_last else 0, None)
+            aux = _tapped(out)
+            yield (torch.tensor(ids)[keep], out.hidden[keep].to(torch.float16), _top(out.logits[keep]),
+                   None if aux is None else aux[keep])
 
-    data = _collect(documents(), max_tokens=max_tokens, seconds=seconds, progress=progress)
+    data = _collect(documents(), max_tokens=max_tokens, seconds=seconds, progress=progress, taps=taps)
     model.reset()
     return data
 
 
 @torch.inference_mode()
-def record_generation(model, prompt: list[int], max_new_tokens: int, eos_ids=()) -> tuple[list[int], list, list]:
+def record_generation(model, prompt: list[int], max_new_tokens: int, eos_ids=(),
+                      taps: tuple[int, ...] = ()) -> tuple[list[int], list, list, list]:
     """Plain greedy decoding of ``prompt`` that keeps, for the last prompt position and every
-    generated one, the input token, the feature and the top candidates: the target's own
-    answer, recorded at no extra cost (each decoding forward computes them anyway)."""
+    generated one, the input token, the feature, the top candidates (and the tapped layers'
+    outputs): the target's own answer, recorded at no extra cost (each decoding forward
+    computes them anyway)."""
     model.reset()
-    out = model.forward(torch.tensor(prompt), last_only=True, need_hidden=True)
-    toks, feats, tops = [prompt[-1]], [], []
+    out = model.forward(torch.tensor(prompt), last_only=True, need_hidden=True, taps=taps)
+    toks, feats, tops, aux = [prompt[-1]], [], [], []
     for _ in range(max_new_tokens + 1):
         feats.append(out.hidden[-1].to(torch.float16))
         tops.append(_top(out.logits[-1]))
+        if taps:
+            aux.append(_tapped(out)[-1])
         nxt = int(tops[-1][0])
         if nxt in eos_ids or len(toks) > max_new_tokens or model.length >= model.max_length:
             break
         toks.append(nxt)
-        out = model.forward(torch.tensor([nxt]), need_hidden=True)
+        out = model.forward(torch.tensor([nxt]), need_hidden=True, taps=taps)
     model.reset()
-    return toks, feats, tops
+    return toks, feats, tops, aux
 
 
 def record_answers(model, prompts, *, max_new_tokens: int = 160, eos_ids=(), seconds: float | None = None,
-                   progress=None) -> FeatureSet:
+                   progress=None, taps: tuple[int, ...] = ()) -> FeatureSet:
     """record_generation over encoded prompts until ``seconds`` have passed."""
 
     def documents():
         for prompt in prompts:
             if len(prompt) + 2 > model.max_length:
                 continue
-            t, f, p = record_generation(model, prompt, max_new_tokens, eos_ids)
+            t, f, p, a = record_generation(model, prompt, max_new_tokens, eos_ids, taps)
             if len(t) >= 2:
-                yield torch.tensor(t[:len(f)]), torch.stack(f), torch.stack(p)
+                yield torch.tensor(t[:len(f)]), torch.stack(f), torch.stack(p), torch.stack(a) if a else None
 
-    return _collect(documents(), seconds=seconds, progress=progress)
+    return _collect(documents(), seconds=seconds, progress=progress, taps=taps)
 
 
 def concat(sets: list[FeatureSet]) -> FeatureSet:
@@ -132,5 +155,7 @@ def concat(sets: list[FeatureSet]) -> FeatureSet:
     for s in sets:
         starts.append(s.starts[1:] + off)
         off += len(s)
+    taps = sets[0].taps if sets and all(s.aux is not None and s.taps == sets[0].taps for s in sets) else ()
     return FeatureSet(torch.cat([s.features for s in sets]), torch.cat([s.tokens for s in sets]),
-                      torch.cat([s.top for s in sets]), torch.cat(starts))
+                      torch.cat([s.top for s in sets]), torch.cat(starts),
+                      torch.cat([s.aux for s in sets]) if taps else None, taps)

@@ -6,7 +6,15 @@ x_{t+1} the token chosen from it. The head predicts the next feature
     f_{t+1} ~= f_t + W2 silu(W1 [rms(f_t) * g_f ; rms(E[x_{t+1}]) * g_e])      W1 [D, 2H], W2 [H, D]
 
 and the target's own output head, cut to the first ``vocab`` ids, turns it into a guess for
-x_{t+2}. Fed its own prediction and guess, it drafts further. E is the target's embedding
+x_{t+2}. Fed its own prediction and guess, it drafts further.
+
+With ``taps`` (EAGLE-3's fused features) the first step starts from more than the last layer:
+
+    f_t <- F [rms(a_t^1) * g_1 ; ... ; rms(a_t^k) * g_k ; f_t]                  F [H, (k+1)H]
+
+where a_t^i is the output of the target's layer taps[i] at t (a low and a middle layer, say).
+F starts as "take f_t", so training begins at the plain head; later steps feed the head's own
+prediction, as before (the target's layers are not known past t). E is the target's embedding
 (frozen, not stored with the head). EAGLE's draft is the same idea with a transformer layer in
 the middle; this head keeps only the MLP, so one step costs ~2 matrix-vector products of
 ~3H x D: on a 2-core CPU a few ms, against ~85 ms for a forward of the 1.5B target.
@@ -37,6 +45,10 @@ class HeadConfig:
     vocab: int  # guesses come from the first `vocab` token ids (frequent BPE ids come first)
     target: str = ""  # what it was trained on (informative)
     eps: float = 1e-6
+    taps: tuple[int, ...] = ()  # target layers whose outputs the first step also reads (EAGLE-3)
+
+    def __post_init__(self):
+        object.__setattr__(self, "taps", tuple(self.taps))  # head.json holds a list
 
 
 class FeatureHead(torch.nn.Module):
@@ -50,6 +62,21 @@ class FeatureHead(torch.nn.Module):
         self.w2 = torch.nn.Linear(D, H)
         torch.nn.init.zeros_(self.w2.weight)  # starts as "the next feature is this one"
         torch.nn.init.zeros_(self.w2.bias)
+        k = len(cfg.taps)
+        if k:
+            self.g_t = torch.nn.Parameter(torch.ones(k, H))
+            self.fuse = torch.nn.Linear((k + 1) * H, H, bias=False)
+            with torch.no_grad():  # starts as "take the last layer's feature"
+                self.fuse.weight.zero_()
+                self.fuse.weight[:, k * H:] = torch.eye(H)
+
+    def entry(self, f: torch.Tensor, aux: torch.Tensor | None, fuse=None) -> torch.Tensor:
+        """The first step's feature: f [B, H] itself, or fused with aux [B, k, H] (the tapped
+        layers' outputs at the same rows) when the head has taps (``fuse``: a copy of F to use)."""
+        if not self.cfg.taps:
+            return f
+        parts = (self._rms(aux) * self.g_t).flatten(-2)  # [B, kH]
+        return (fuse or self.fuse)(torch.cat([parts, f], -1))
 
     def _rms(self, x: torch.Tensor) -> torch.Tensor:
         return rms(x, self.cfg.eps)

@@ -27,6 +27,7 @@ from .mtp import MTPConfig, MTPModules
 
 @dataclass(frozen=True)
 class TrainConfig:
+    taps: tuple[int, ...] = ()  # target layers fused into the first step's feature (heads.model)
     inner: int = 2048
     vocab: int = 32768
     steps_unrolled: int = 3
@@ -74,6 +75,8 @@ def _unroll(head: FeatureHead | MTPModules, data: FeatureSet, emb: torch.Tensor,
             S: int, vocab: int, negatives: torch.Tensor | None, reg_weight: float):
     """Loss and per-step greedy agreement (argmax over the first `vocab` ids) for start rows."""
     f = data.features[rows].float()  # [B, H]
+    if getattr(head.cfg, "taps", ()):  # EAGLE-3 fused features for the first step
+        f = head.entry(f, data.aux[rows].float())
     loss = 0.0
     agree = []
     for s in range(S):
@@ -108,7 +111,10 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
     if kind == "mtp":
         head = MTPModules(MTPConfig(hidden_size=H, inner=cfg.inner, depth=S, vocab=vocab, target=target_name))
     else:
-        head = FeatureHead(HeadConfig(hidden_size=H, inner=cfg.inner, vocab=vocab, target=target_name))
+        if cfg.taps and (data.aux is None or data.taps != tuple(cfg.taps)):
+            raise ValueError(f"features recorded with taps {list(data.taps)}, but the head wants {list(cfg.taps)}")
+        head = FeatureHead(HeadConfig(hidden_size=H, inner=cfg.inner, vocab=vocab, target=target_name,
+                                      taps=tuple(cfg.taps)))
     n_docs = len(data.starts) - 1
     val_docs, train_docs = split_documents(n_docs, cfg.holdout, cfg.seed)
     val_rows = start_rows(data, val_docs, S)

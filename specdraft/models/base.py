@@ -19,6 +19,18 @@ import torch
 class ModelOutput:
     logits: torch.Tensor  # [T', V] float32, T' = T (all rows) or 1 (last row only)
     hidden: torch.Tensor | None  # [T', H] final-norm hidden states of the same rows, if asked
+    # [T', k, H] the residual stream after each of the k decoder layers asked for (``taps``) at
+    # the same rows, if asked (EAGLE-3 style drafters read a low, a middle and a late layer)
+    taps: torch.Tensor | None = None
+
+
+def check_taps(taps: tuple[int, ...], num_layers: int) -> tuple[int, ...]:
+    """``taps`` if they are ascending layer indices before the last layer (whose output the final
+    norm turns into ``hidden``), else ValueError."""
+    taps = tuple(int(i) for i in taps)
+    if list(taps) != sorted(set(taps)) or (taps and not 0 <= taps[0] <= taps[-1] < num_layers - 1):
+        raise ValueError(f"tapped layers must be ascending indices below {num_layers - 1}, got {list(taps)}")
+    return taps
 
 
 class CausalLM(Protocol):
@@ -35,6 +47,7 @@ class CausalLM(Protocol):
         tree_mask: torch.Tensor | None = None,  # [T, T] bool, new token i may see new token j
         last_only: bool = False,  # compute logits only for the last row (prefill)
         need_hidden: bool = False,  # also return the final-norm hidden states [T, H] (every row)
+        taps: tuple[int, ...] = (),  # with need_hidden: also these layers' outputs (ModelOutput.taps)
     ) -> ModelOutput: ...
 
     def rollback(self, length: int) -> None: ...

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ModelFileError
-from .base import ModelOutput
+from .base import ModelOutput, check_taps
 
 
 class HFModel:
@@ -49,7 +49,7 @@ class HFModel:
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, *, positions=None, tree_mask=None, last_only: bool = False,
-                need_hidden: bool = False) -> ModelOutput:
+                need_hidden: bool = False, taps: tuple[int, ...] = ()) -> ModelOutput:
         if tree_mask is not None:
             raise NotImplementedError("the transformers adapter verifies chains only")
         if self.cache is None:
@@ -60,4 +60,7 @@ class HFModel:
                          output_hidden_states=need_hidden, logits_to_keep=1 if last_only else 0)
         self.length += T
         hidden = out.hidden_states[-1][0] if need_hidden else None  # [T, H] every row
-        return ModelOutput(logits=out.logits[0].float(), hidden=hidden)
+        # hidden_states[i + 1] is layer i's output (the last one normed, so a tap on it is refused)
+        tapped = torch.stack([out.hidden_states[i + 1][0] for i in check_taps(taps, len(out.hidden_states) - 2)], 1) \
+            if need_hidden and taps else None
+        return ModelOutput(logits=out.logits[0].float(), hidden=hidden, taps=tapped)

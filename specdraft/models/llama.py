@@ -15,6 +15,7 @@ L cache positions in use after the forward.
 from __future__ import annotations
 
 import copy
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ModelFileError
-from .base import ModelOutput
+from .base import ModelOutput, check_taps
 from .gguf_weights import GGUFLinear, RequantizedWeights
 from .quant import fbgemm_available, make_linear
 
@@ -333,14 +334,24 @@ class LlamaModel:
             self._ops = self.layers[0].qkv.ops
             self._decoder = self._build_decoder()
 
-    def _build_decoder(self):
-        """Every layer in one native call for blocks the native attention takes (decode steps,
-        drafts, trees): the same kernels in the same order as _native_layers' loop, without its
-        ~18 Python-side calls a layer."""
+    def _build_decoder(self, first: int = 0, end: int | None = None):
+        """Layers first .. end - 1 (default: every layer) in one native call for blocks the native
+        attention takes (decode steps, drafts, trees): the same kernels in the same order as
+        _native_layers' loop, without its ~18 Python-side calls a layer."""
+        part = slice(first, end)
         return self._ops.Decoder(
             [(l.ln1, l.ln2, kc, vc, l.qkv.native_spec(), l.o.native_spec(), l.gate_up.native_spec(),
-              l.down.native_spec()) for l, kc, vc in zip(self.layers, self.k_cache, self.v_cache)],
+              l.down.native_spec()) for l, kc, vc in zip(self.layers[part], self.k_cache[part], self.v_cache[part])],
             self.spec.num_heads, self.spec.rms_eps)
+
+    def _segments(self, taps: tuple[int, ...]) -> list:
+        """Native decoders over the layers cut after each tapped layer (built once per taps): the
+        same steps as the whole decoder, so tapping changes no result."""
+        cache = self.__dict__.setdefault("_segment_cache", {})
+        if taps not in cache:
+            cuts = [0, *(i + 1 for i in taps), len(self.layers)]
+            cache[taps] = [self._build_decoder(a, b) for a, b in itertools.pairwise(cuts)]
+        return cache[taps]
 
     def with_layers(self, keep: list[int], *, share_cache: bool = False) -> LlamaModel:
         """This model running only the decoder layers ``keep`` (ascending), the others skipped:
@@ -355,6 +366,7 @@ class LlamaModel:
         view.k_cache = [own(self.k_cache[i]) for i in keep]
         view.v_cache = [own(self.v_cache[i]) for i in keep]
         view.length = 0
+        view._segment_cache = {}
         if self._decoder is not None:
             view._decoder = view._build_decoder()
         return view
@@ -430,8 +442,9 @@ class LlamaModel:
         return torch.cat([torch.ones(T, L0, dtype=torch.bool), block], dim=1)
 
     def _torch_layers(self, x: torch.Tensor, L0: int, cos: torch.Tensor, sin: torch.Tensor,
-                      tree_mask: torch.Tensor | None) -> torch.Tensor:
-        """The decoder layers with torch ops (any dtype and weight format): x [T, H] -> [T, H]."""
+                      tree_mask: torch.Tensor | None, tapped: dict[int, torch.Tensor]) -> torch.Tensor:
+        """The decoder layers with torch ops (any dtype and weight format): x [T, H] -> [T, H]
+        (``tapped``: layer index -> its output, filled in for the layers it holds)."""
         s = self.spec
         T = x.shape[0]
         L = L0 + T
@@ -451,10 +464,12 @@ class LlamaModel:
             h = self._rms(x, layer.ln2)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)  # [T, I] each
             x = x + layer.down(F.silu(gate) * up)
+            if i in tapped:
+                tapped[i] = x
         return x
 
     def _native_layers(self, x: torch.Tensor, L0: int, cos: torch.Tensor, sin: torch.Tensor,
-                       tree_mask: torch.Tensor | None) -> torch.Tensor:
+                       tree_mask: torch.Tensor | None, tapped: dict[int, torch.Tensor]) -> torch.Tensor:
         """The decoder layers on GGUF weights with fused native steps: x [T, H] float32 -> [T, H].
 
         Per layer: rms_quantize -> qkv -> rope_cache (q rotated; k, v into the cache) ->
@@ -472,7 +487,13 @@ class LlamaModel:
         # the kernel attends causally without a mask; only trees and the prefill path need one
         mask = self._mask(T, L0, tree_mask) if tree_mask is not None or T > ROW_EXACT_MAX else None
         if T <= ROW_EXACT_MAX and self.fused:
-            return self._decoder.forward(x, L0, cos, sin, mask)
+            if not tapped:
+                return self._decoder.forward(x, L0, cos, sin, mask)
+            for i, segment in zip((*tapped, None), self._segments(tuple(tapped))):
+                x = segment.forward(x, L0, cos, sin, mask)
+                if i is not None:
+                    tapped[i] = x
+            return x
         for i, layer in enumerate(self.layers):
             kc, vc = self.k_cache[i], self.v_cache[i]
             qkv = layer.qkv.on_quantized(ops.rms_quantize(x, layer.ln1, s.rms_eps))  # [T, (nh + 2 nkv) hd]
@@ -484,12 +505,14 @@ class LlamaModel:
             x = x + layer.o(o.reshape(T, self._q_size))
             gate_up = layer.gate_up.on_quantized(ops.rms_quantize(x, layer.ln2, s.rms_eps))  # [T, 2I]
             x = x + layer.down.on_quantized(ops.swiglu_quantize(gate_up))
+            if i in tapped:
+                tapped[i] = x
         return x
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, *, positions: torch.Tensor | None = None,
                 tree_mask: torch.Tensor | None = None, last_only: bool = False,
-                need_hidden: bool = False) -> ModelOutput:
+                need_hidden: bool = False, taps: tuple[int, ...] = ()) -> ModelOutput:
         T = int(ids.shape[0])
         L0 = self.length
         L = L0 + T
@@ -501,10 +524,13 @@ class LlamaModel:
             cos, sin = self.cos[positions], self.sin[positions]
         x = self.embed[ids].to(self.dtype)  # [T, H]
         layers = self._native_layers if self._ops is not None else self._torch_layers
-        x = layers(x, L0, cos, sin, tree_mask)
+        # layer -> its output [T, H], in layer order (filled in by the layers)
+        tapped = dict.fromkeys(check_taps(taps, len(self.layers))) if need_hidden else {}
+        x = layers(x, L0, cos, sin, tree_mask, tapped)
         self.length = L
         if last_only and not need_hidden:
             x = x[-1:]
         hidden = self._rms(x, self.norm)  # [T', H]: every row when asked for, else T' = 1 with last_only
         logits = self.lm_head(hidden[-1:] if last_only else hidden).float()  # [T' or 1, V]
-        return ModelOutput(logits=logits, hidden=hidden if need_hidden else None)
+        return ModelOutput(logits=logits, hidden=hidden if need_hidden else None,
+                           taps=torch.stack(list(tapped.values()), 1) if tapped else None)

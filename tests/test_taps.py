@@ -1,0 +1,182 @@
+"""EAGLE-3 style fused features: the target's layer outputs (``taps``) and a head that reads them.
+
+A forward that taps layers must return their outputs without changing anything else, the same on
+every path of the native runtime; recording keeps them aligned with the features; a head with
+taps starts as the plain head, learns to use them, round-trips through its files, and decoding
+with it stays the target's own greedy output.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _tiny import VOCAB, build_hf, drafted, greedy_runs_equal_plain, own_texts, save
+from specdraft.drafters.feature_head import output_weight
+from specdraft.heads.data import FeatureSet, concat, record, record_answers
+from specdraft.heads.model import FeatureHead, HeadConfig, load_head
+from specdraft.heads.train import TrainConfig, train_head
+from specdraft.models.llama import LlamaModel
+
+TAPS = (0, 1)  # of a 4-layer target: a low and a middle layer
+PROMPTS = [[5, 17, 33, 2, 5, 17, 33, 8], [41, 5, 17, 60, 3], [9, 9, 1, 70, 12, 30]]
+IDS = torch.tensor([3, 14, 15, 92, 65, 35, 89, 79, 32, 38])
+
+
+def _target(directory, weight_format: str) -> LlamaModel:
+    if weight_format == "q4k":
+        from specdraft.kernels import KernelUnavailable, gguf_ops
+
+        try:
+            gguf_ops()
+        except KernelUnavailable as e:
+            pytest.skip(str(e))
+    d = save(build_hf("qwen2", seed=3, layers=4), directory)
+    return LlamaModel.from_dir(d, dtype=torch.float32, max_length=256, weight_format=weight_format)
+
+
+@pytest.fixture(scope="module", params=["dense", "q4k"])
+def target(request, tmp_path_factory):
+    return _target(tmp_path_factory.mktemp("taps") / "target", request.param)
+
+
+def test_taps_are_the_layer_outputs_and_change_nothing_else(target):
+    target.reset()
+    plain = target.forward(IDS, need_hidden=True)
+    assert plain.taps is None
+    target.reset()
+    tapped = target.forward(IDS, need_hidden=True, taps=TAPS)
+    assert tapped.taps.shape == (len(IDS), len(TAPS), target.spec.hidden_size)
+    assert torch.equal(tapped.hidden, plain.hidden) and torch.equal(tapped.logits, plain.logits)
+    for j, layer in enumerate(TAPS):  # the tap, normed as the final norm does, is a shorter model's feature
+        short = target.with_layers(list(range(layer + 1)))
+        want = short.forward(IDS, need_hidden=True).hidden
+        torch.testing.assert_close(target._rms(tapped.taps[:, j], target.norm), want, rtol=0, atol=0)
+    target.reset()
+    assert target.forward(IDS, taps=TAPS).taps is None  # taps come with the hidden states only
+
+
+def test_every_native_path_taps_the_same(target):
+    if target._decoder is None:
+        pytest.skip("dense weights: one path")
+    target.reset()
+    fused = target.forward(IDS, need_hidden=True, taps=TAPS)
+    target.fused = False
+    try:
+        target.reset()
+        loop = target.forward(IDS, need_hidden=True, taps=TAPS)
+    finally:
+        target.fused = True
+    assert torch.equal(fused.taps, loop.taps) and torch.equal(fused.hidden, loop.hidden)
+    target.reset()
+    one = target.forward(IDS[:6], need_hidden=True, taps=TAPS)  # a block, then row by row
+    rows = [target.forward(IDS[i:i + 1], need_hidden=True, taps=TAPS).taps for i in range(6, len(IDS))]
+    assert torch.equal(torch.cat([one.taps, *rows]), fused.taps)
+
+
+@pytest.mark.parametrize("taps", [(1, 0), (0, 0), (3,), (-1,)])
+def test_bad_taps_are_refused(target, taps):
+    target.reset()
+    with pytest.raises(ValueError, match="ascending"):
+        target.forward(IDS, need_hidden=True, taps=taps)
+
+
+def test_transformers_adapter_taps_the_same_layers(tmp_path):
+    from specdraft.models.hf import HFModel
+
+    d = save(build_hf("qwen2", seed=3, layers=4), tmp_path / "t")
+    native = LlamaModel.from_dir(d, dtype=torch.float32, max_length=64)
+    hf = HFModel.from_dir(d, dtype=torch.float32, max_length=64)
+    want = native.forward(IDS, need_hidden=True, taps=TAPS).taps
+    torch.testing.assert_close(hf.forward(IDS, need_hidden=True, taps=TAPS).taps, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def q4k(tmp_path_factory):
+    return _target(tmp_path_factory.mktemp("taps-q4k") / "target", "q4k")
+
+
+@pytest.fixture(scope="module")
+def recorded(q4k):
+    return record(q4k, own_texts(q4k, n=16, length=50), taps=TAPS)
+
+
+def test_recording_keeps_taps_aligned_and_round_trips(q4k, recorded, tmp_path):
+    data = recorded
+    assert data.taps == TAPS and data.aux.shape == (len(data), len(TAPS), q4k.spec.hidden_size)
+    a, b = int(data.starts[1]), int(data.starts[2])
+    q4k.reset()
+    out = q4k.forward(data.tokens[a:b], need_hidden=True, taps=TAPS)
+    assert torch.equal(data.aux[a:b], out.taps.to(torch.float16))
+    data.save(tmp_path / "f.pt")
+    back = FeatureSet.load(tmp_path / "f.pt")
+    assert back.taps == TAPS and torch.equal(back.aux, data.aux)
+    assert concat([data, back]).aux.shape[0] == 2 * len(data)
+    plain = FeatureSet(data.features, data.tokens, data.top, data.starts)
+    assert concat([data, plain]).aux is None  # a set without taps drops them all
+    # keep_last keeps a sequence's tail only (an answer after its request)
+    tail = record(q4k, [data.tokens[a:b].tolist()], taps=TAPS, keep_last=[5])
+    assert torch.equal(tail.aux, data.aux[b - 5:b]) and torch.equal(tail.tokens, data.tokens[b - 5:b])
+    answers = record_answers(q4k, [PROMPTS[0]], max_new_tokens=8, taps=TAPS)
+    assert answers.aux.shape == (len(answers), len(TAPS), q4k.spec.hidden_size)
+
+
+def test_a_head_with_taps_starts_as_the_plain_head():
+    cfg = HeadConfig(hidden_size=16, inner=8, vocab=10, taps=[2, 5])
+    head = FeatureHead(cfg)
+    assert cfg.taps == (2, 5)
+    f, aux = torch.randn(3, 16), torch.randn(3, 2, 16)
+    assert torch.equal(head.entry(f, aux), f)
+    assert torch.equal(FeatureHead(HeadConfig(16, 8, 10)).entry(f, None), f)
+
+
+@pytest.fixture(scope="module")
+def trained(q4k, recorded):
+    cfg = TrainConfig(taps=TAPS, inner=128, vocab=VOCAB, epochs=30, batch=64, negatives=32, lr=3e-3, holdout=0.2)
+    return train_head(recorded, q4k.embed, output_weight(q4k, VOCAB), cfg, log=lambda *a: None)
+
+
+def test_training_learns_to_read_the_taps(q4k, recorded, trained):
+    head, report = trained
+    assert head.cfg.taps == TAPS and report["steps"] > 0
+    H = q4k.spec.hidden_size
+    assert head.fuse.weight[:, :len(TAPS) * H].abs().max() > 0  # the tapped part grew from zero
+    no_taps = FeatureSet(recorded.features, recorded.tokens, recorded.top, recorded.starts)
+    with pytest.raises(ValueError, match="taps"):
+        train_head(no_taps, q4k.embed, output_weight(q4k, VOCAB), TrainConfig(taps=TAPS, epochs=1))
+
+
+def test_head_with_taps_round_trips(tmp_path, trained):
+    head, _ = trained
+    head.save(tmp_path / "h")
+    back = load_head(tmp_path / "h")
+    assert back.cfg == head.cfg
+    f, aux = torch.randn(2, head.cfg.hidden_size), torch.randn(2, len(TAPS), head.cfg.hidden_size)
+    # weights are stored in bf16
+    torch.testing.assert_close(back.entry(f, aux), head.entry(f, aux), rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("method", ["head", "hybrid-head", "fusion"])
+def test_greedy_with_a_tapped_head_equals_plain(q4k, trained, method):
+    head, _ = trained
+    greedy_runs_equal_plain(q4k, method, head, PROMPTS)
+
+
+def test_the_drafter_gets_the_tapped_rows_and_fuses_them(q4k, trained, monkeypatch):
+    from specdraft.drafters.feature_head import FeatureHeadDrafter
+
+    head, _ = trained
+    seen = []
+    real = FeatureHeadDrafter.take_features
+
+    def spy(self, hidden):
+        seen.append(hidden.shape[-1])
+        real(self, hidden)
+        k, H = len(TAPS), head.cfg.hidden_size
+        last = hidden[-1].float()
+        want = head.entry(last[None, k * H:], last[None, :k * H].view(1, k, H))[0]
+        # F runs as an int8 copy (a few % off); rows split the wrong way would be ~100% off
+        assert (self.feature - want).norm() <= 0.1 * want.norm()
+
+    monkeypatch.setattr(FeatureHeadDrafter, "take_features", spy)
+    drafted(q4k, "head", PROMPTS[1], head, n=12)
+    assert seen and set(seen) == {(len(TAPS) + 1) * q4k.spec.hidden_size}
