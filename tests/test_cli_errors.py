@@ -319,6 +319,7 @@ def test_eagle_without_a_drafter_or_with_a_head_of_another_kind_gives_one_line(c
     (["--kind", "mlp", "--start", "random"], "--start applies to --kind eagle only"),
     (["--kind", "eagle", "--taps", "1"], "--taps applies to --kind mlp only"),
     (["--kind", "mlp", "--taps", "one,two"], "--taps takes comma-separated layer numbers"),
+    (["--kind", "mtp", "--init", "shipped"], "--init applies to --kind mlp only"),
 ])
 def test_train_drafter_refuses_bad_settings_in_one_line(capsys, tmp_path, args, contains):
     rc, out, err = call(["train-drafter", "--out", str(tmp_path), *args], capsys)
@@ -329,6 +330,13 @@ def test_train_drafter_with_taps_past_the_layers_gives_one_line(capsys, tiny_dir
     rc, out, err = call(["train-drafter", "--out", str(tmp_path / "h"), "--kind", "mlp", "--taps", "0,7",
                          "--target", str(tiny_dir)], capsys)
     assert_one_line_error(rc, out, err, contains="--taps: tapped layers must be ascending indices below")
+    assert not (tmp_path / "h").exists()
+    rc, out, err = call(["train-drafter", "--out", str(tmp_path / "h"), "--kind", "mlp", "--init", "shipped",
+                         "--target", str(tiny_dir)], capsys)
+    assert_one_line_error(rc, out, err, contains="no head is shipped for")
+    rc, out, err = call(["train-drafter", "--out", str(tmp_path / "h"), "--kind", "mlp", "--init", str(tmp_path / "none"),
+                         "--target", str(tiny_dir)], capsys)
+    assert_one_line_error(rc, out, err, contains="no drafting head in")
     assert not (tmp_path / "h").exists()
 
 

@@ -180,3 +180,18 @@ def test_the_drafter_gets_the_tapped_rows_and_fuses_them(q4k, trained, monkeypat
     monkeypatch.setattr(FeatureHeadDrafter, "take_features", spy)
     drafted(q4k, "head", PROMPTS[1], head, n=12)
     assert seen and set(seen) == {(len(TAPS) + 1) * q4k.spec.hidden_size}
+
+
+def test_a_head_with_taps_can_start_from_a_plain_heads_step(q4k, recorded):
+    from specdraft.heads.train import start_from
+
+    plain, _ = train_head(recorded, q4k.embed, output_weight(q4k, VOCAB),
+                          TrainConfig(inner=64, vocab=VOCAB, epochs=2, batch=64, negatives=32), log=lambda *a: None)
+    tapped = FeatureHead(HeadConfig(q4k.spec.hidden_size, 64, VOCAB, taps=TAPS))
+    start_from(tapped, plain)
+    rows = torch.arange(8)
+    f, e = recorded.features[rows].float(), q4k.embed[recorded.tokens[rows + 1]].float()
+    with torch.no_grad():  # taps fused as "take the last layer" until trained: the plain head exactly
+        assert torch.equal(tapped(tapped.entry(f, recorded.aux[rows].float()), e), plain(f, e))
+    with pytest.raises(ValueError, match="inner 64"):
+        start_from(FeatureHead(HeadConfig(q4k.spec.hidden_size, 32, VOCAB)), plain)

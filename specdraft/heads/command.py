@@ -24,6 +24,7 @@ from .data import FeatureSet, concat, encode_corpus, record, record_answers
 from .eagle_train import EagleTrainConfig, TargetShape, train_eagle
 from .medusa import KINDS as MEDUSA_KINDS
 from .medusa import MedusaTrainConfig, train_medusa
+from .model import FeatureHead, load_head, shipped_head_dir
 from .train import TrainConfig, train_head
 
 # what train-drafter trains: an EAGLE layer, the MLP head, Medusa / Hydra heads, MTP modules
@@ -54,6 +55,9 @@ def add_train_args(p, *, kind: str | None = None) -> None:
                    help="mlp only: comma-separated target layers (0-based) whose outputs the head's first step "
                         "also reads, EAGLE-3's fused features, e.g. 1,13,24 for a 28-layer target; "
                         "features are recorded with them")
+    p.add_argument("--init", default=None,
+                   help="mlp only: start from this MLP head's step (a directory, or 'shipped' for the target's "
+                        "shipped head), e.g. to add --taps to a head trained on more data than this machine has")
     p.add_argument("--record-minutes", type=float, default=25.0,
                    help="longest time spent teacher-forcing the target over the text corpus")
     p.add_argument("--answer-minutes", type=float, default=22.0,
@@ -120,6 +124,21 @@ def _feature_sets(args, sd: Speculator, taps: tuple[int, ...] = ()) -> list[tupl
     return sets
 
 
+def _init_head(where: str, target: str) -> tuple[FeatureHead, dict]:
+    """The MLP head to start from (a directory, or 'shipped': the target's shipped head) and where
+    it came from (its directory and the record of its own training), for the new head's train.json."""
+    directory = shipped_head_dir(target) if where == "shipped" else where
+    if directory is None:
+        raise ParameterError(f"no head is shipped for {target}; give --init DIR")
+    head = load_head(directory)
+    record = Path(directory) / "train.json"
+    try:
+        trained = json.loads(record.read_text())
+    except (OSError, ValueError):
+        trained = None
+    return head, {"from": str(directory), "its_train_json": trained}
+
+
 def _taps(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(","))
@@ -157,6 +176,8 @@ def train_from_args(args) -> int:
         raise ParameterError("--taps applies to --kind mlp only")
     if taps:
         given["taps"] = taps
+    if args.init and args.kind != "mlp":
+        raise ParameterError("--init applies to --kind mlp only")
     if args.batch:
         given["rows" if args.kind == "eagle" else "batch"] = args.batch
     cfg = EagleTrainConfig(**given) if args.kind == "eagle" else MedusaTrainConfig(**given) if heads_kind \
@@ -173,6 +194,12 @@ def train_from_args(args) -> int:
             check_taps(taps, target.spec.num_layers)
         except ValueError as e:
             raise ParameterError(f"--taps: {e}") from None
+    init, init_record = _init_head(args.init, name) if args.init else (None, None)
+    if init is not None and (init.cfg.hidden_size, init.cfg.inner, init.cfg.vocab) != \
+            (target.spec.hidden_size, cfg.inner, cfg.vocab):
+        raise ParameterError(f"the head in --init has hidden size {init.cfg.hidden_size}, inner {init.cfg.inner}, "
+                             f"vocab {init.cfg.vocab}; give the same --inner and --vocab (target hidden size "
+                             f"{target.spec.hidden_size})")
     sets = _feature_sets(args, sd, taps)
     weight = torch.cat([torch.full((len(fs.starts) - 1,), w) for fs, w in sets])  # [D]
     w_out = output_weight(target, cfg.vocab)  # what the drafter will multiply by
@@ -190,11 +217,16 @@ def train_from_args(args) -> int:
         head, report = train_medusa(data, w_out, cfg, target_name=name, doc_weight=weight, seconds=seconds,
                                     kind=args.kind, emb=target.embed)
     else:
-        head, report = train_head(data, target.embed, w_out, cfg, target_name=name, doc_weight=weight,
-                                  seconds=seconds, kind=args.kind)
+        try:
+            head, report = train_head(data, target.embed, w_out, cfg, target_name=name, doc_weight=weight,
+                                      seconds=seconds, kind=args.kind, init=init)
+        except ValueError as e:  # features recorded with other taps, or a head of other sizes to start from
+            raise ParameterError(str(e)) from None
     head.save(out)
     made_by = "specdraft " + shlex.join(sys.argv[1:])  # the command that made it, for the record
-    (out / "train.json").write_text(json.dumps({"command": made_by, "config": cfg.__dict__, **report}, indent=1) + "\n")
+    extra = {"init": init_record} if init_record else {}
+    (out / "train.json").write_text(json.dumps({"command": made_by, "config": cfg.__dict__, **report, **extra}, indent=1)
+                                    + "\n")
     print(json.dumps(report))
     return 0
 

@@ -97,13 +97,15 @@ def _unroll(head: FeatureHead | MTPModules, data: FeatureSet, emb: torch.Tensor,
 
 def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: TrainConfig = TrainConfig(),
                target_name: str = "", log=print, seconds: float | None = None,
-               doc_weight: torch.Tensor | None = None, kind: str = "mlp") -> tuple[FeatureHead | MTPModules, dict]:
+               doc_weight: torch.Tensor | None = None, kind: str = "mlp",
+               init: FeatureHead | None = None) -> tuple[FeatureHead | MTPModules, dict]:
     """Train a head (kind "mlp"), or MTP modules (kind "mtp": one per unrolled step). emb [V, H]:
     the target's embedding; w_out [V, H]: its output head (fp32 or bf16;
     ``drafters.feature_head.output_weight`` reads it from a loaded target); doc_weight [D]
     (int): how often each document counts per epoch. Returns the head and validation figures
     (greedy agreement per unrolled step, on held-out documents: overall and for the documents of
-    the largest weight)."""
+    the largest weight). ``init``: an MLP head of the same sizes whose step to start from (a head
+    with taps then learns only how to read them on top of it)."""
     torch.manual_seed(cfg.seed)
     H = data.features.shape[1]
     vocab = min(cfg.vocab, w_out.shape[0])
@@ -115,6 +117,8 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
             raise ValueError(f"features recorded with taps {list(data.taps)}, but the head wants {list(cfg.taps)}")
         head = FeatureHead(HeadConfig(hidden_size=H, inner=cfg.inner, vocab=vocab, target=target_name,
                                       taps=tuple(cfg.taps)))
+    if init is not None:
+        start_from(head, init)
     n_docs = len(data.starts) - 1
     val_docs, train_docs = split_documents(n_docs, cfg.holdout, cfg.seed)
     val_rows = start_rows(data, val_docs, S)
@@ -133,6 +137,19 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
         if agreement is not None:
             report[key] = agreement
     return head, report
+
+
+def start_from(head: FeatureHead, init: FeatureHead) -> None:
+    """Copy ``init``'s step (gains, w1, w2) into ``head``; its fusion of taps, if any, stays
+    "take the last layer's feature". ValueError when the sizes differ."""
+    if not isinstance(head, FeatureHead) or not isinstance(init, FeatureHead):
+        raise ValueError("only an MLP head starts from another one")
+    a, b = head.cfg, init.cfg
+    if (a.hidden_size, a.inner, a.vocab) != (b.hidden_size, b.inner, b.vocab):
+        raise ValueError(f"the head to start from has hidden {b.hidden_size}, inner {b.inner}, vocab {b.vocab}; "
+                         f"this one {a.hidden_size}, {a.inner}, {a.vocab}")
+    step = {k: v for k, v in init.state_dict().items() if k in ("g_f", "g_e") or k.startswith(("w1.", "w2."))}
+    head.load_state_dict(step, strict=False)
 
 
 def _fit(head: FeatureHead | MTPModules, data: FeatureSet, emb: torch.Tensor, w_head: torch.Tensor, train_rows: torch.Tensor,
