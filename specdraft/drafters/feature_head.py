@@ -2,7 +2,8 @@
 
 The engine hands the drafter the target's final-norm hidden state f at the row that produced
 the newest committed token x (after the prefill and after every verification: the verify
-forward computes it anyway). A draft is then ``k`` head steps: (f, E[x]) -> f' -> guess from
+forward computes it anyway); a head with taps (heads.model) also gets the outputs of its target
+layers at that row and fuses them into f once per verification. A draft is then ``k`` head steps: (f, E[x]) -> f' -> guess from
 the target's output head cut to the head's vocabulary -> (f', E[guess]) -> ... No cache, no
 prefill, no catching up: a step costs a few ms, against ~38 ms for a 0.5B draft model's forward.
 

@@ -27,7 +27,6 @@ from .mtp import MTPConfig, MTPModules
 
 @dataclass(frozen=True)
 class TrainConfig:
-    taps: tuple[int, ...] = ()  # target layers fused into the first step's feature (heads.model)
     inner: int = 2048
     vocab: int = 32768
     steps_unrolled: int = 3
@@ -39,6 +38,7 @@ class TrainConfig:
     reg_weight: float = 0.5  # smooth L1 on features vs cross-entropy
     holdout: float = 0.05  # share of documents kept for validation
     seed: int = 0
+    taps: tuple[int, ...] = ()  # target layers fused into the first step's feature (heads.model)
 
 
 def start_rows(data: FeatureSet, docs: torch.Tensor, S: int, weight: torch.Tensor | None = None) -> torch.Tensor:
