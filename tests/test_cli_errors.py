@@ -338,6 +338,16 @@ def test_train_drafter_with_taps_past_the_layers_gives_one_line(capsys, tiny_dir
                          "--target", str(tiny_dir)], capsys)
     assert_one_line_error(rc, out, err, contains="no drafting head in")
     assert not (tmp_path / "h").exists()
+    import torch
+
+    from specdraft.heads.data import FeatureSet  # a file recorded without taps and without its requests
+
+    FeatureSet(torch.zeros(4, 8).half(), torch.arange(4), torch.zeros(4, 16, dtype=torch.int64),
+               torch.tensor([0, 4])).save(tmp_path / "old.pt")
+    rc, out, err = call(["train-drafter", "--out", str(tmp_path / "h"), "--kind", "mlp", "--taps", "0",
+                         "--features", str(tmp_path / "old.pt"), "--target", str(tiny_dir)], capsys)
+    assert_one_line_error(rc, out, err, contains="cannot be recorded again")
+    assert not (tmp_path / "h").exists()
 
 
 def test_self_draft_with_too_many_layers_skipped_gives_one_line(capsys, tiny_dir):

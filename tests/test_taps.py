@@ -195,3 +195,30 @@ def test_a_head_with_taps_can_start_from_a_plain_heads_step(q4k, recorded):
         assert torch.equal(tapped(tapped.entry(f, recorded.aux[rows].float()), e), plain(f, e))
     with pytest.raises(ValueError, match="inner 64"):
         start_from(FeatureHead(HeadConfig(q4k.spec.hidden_size, 32, VOCAB)), plain)
+
+
+def test_answers_keep_their_requests_and_are_recorded_again_with_taps(q4k, tmp_path):
+    from specdraft.heads.data import record_again
+
+    answers = record_answers(q4k, PROMPTS, max_new_tokens=10)
+    assert answers.aux is None and answers.context_starts.tolist()[-1] == sum(len(p) - 1 for p in PROMPTS)
+    docs = answers.documents()
+    assert [d[:len(p)] for d, p in zip(docs, PROMPTS)] == PROMPTS  # request, then the answer's rows
+    answers.save(tmp_path / "a.pt")
+    back = FeatureSet.load(tmp_path / "a.pt")
+    assert back.documents() == docs
+    again = record_again(q4k, back, taps=TAPS)
+    assert torch.equal(again.tokens, answers.tokens) and torch.equal(again.starts, answers.starts)
+    assert again.documents() == docs and again.taps == TAPS
+    # teacher-forced in one block against decoded row by row: the same features up to rounding
+    torch.testing.assert_close(again.features.float(), answers.features.float(), rtol=0.02, atol=0.02)
+    d = 1
+    q4k.reset()
+    out = q4k.forward(torch.tensor(docs[d]), need_hidden=True, taps=TAPS)
+    n = int(answers.starts[d + 1] - answers.starts[d])
+    assert torch.equal(again.aux[int(answers.starts[d]):int(answers.starts[d + 1])], out.taps[-n:].to(torch.float16))
+    both = concat([again, again])
+    assert both.documents() == docs + docs
+    old = FeatureSet(answers.features, answers.tokens, answers.top, answers.starts)
+    with pytest.raises(ValueError, match="without its documents' contexts"):
+        record_again(q4k, old, taps=TAPS)

@@ -20,7 +20,7 @@ from ..models.base import check_taps
 from ..models.registry import DEFAULT_TARGET
 from ..pipeline import Speculator
 from .corpus import chat_requests, default_corpus
-from .data import FeatureSet, concat, encode_corpus, record, record_answers
+from .data import FeatureSet, concat, encode_corpus, record, record_again, record_answers
 from .eagle_train import EagleTrainConfig, TargetShape, train_eagle
 from .medusa import KINDS as MEDUSA_KINDS
 from .medusa import MedusaTrainConfig, train_medusa
@@ -81,17 +81,23 @@ def add_train_args(p, *, kind: str | None = None) -> None:
                         "mtp: the number of modules (default: 3); medusa, hydra: the number of heads (default: 4)")
 
 
-def _recorded(path, what: str, make, taps: tuple[int, ...] = ()) -> FeatureSet:
-    """A FeatureSet from ``path`` when it exists (recorded with ``taps``), else made (with a
-    progress bar) and saved there."""
+def _recorded(path, what: str, make, taps: tuple[int, ...] = (), target=None) -> FeatureSet:
+    """A FeatureSet from ``path`` when it exists (recorded again with ``taps`` if it lacks them
+    and kept its contexts), else made (with a progress bar) and saved there."""
     path = Path(path) if path else None
     if path is not None and path.is_file():
         data = FeatureSet.load(path)
-        if taps and data.taps != taps:
-            raise ParameterError(f"{path} was recorded with taps {list(data.taps) or 'none'}, not {list(taps)}; "
-                                 "give another file to record into")
-        print(f"{what}: {len(data)} positions from {path}")
-        return data
+        if not taps or data.taps == taps:
+            print(f"{what}: {len(data)} positions from {path}")
+            return data
+        if data.context is None:
+            raise ParameterError(f"{path} was recorded with taps {list(data.taps) or 'none'}, not {list(taps)}, and "
+                                 "without its requests, so it cannot be recorded again; give another file to record into")
+
+        def make(progress, old=data):
+            return record_again(target, old, taps=taps, progress=progress)
+
+        what = f"{what} again with taps {list(taps)}"
     from rich.progress import Progress  # here: ~150 ms to import, and the CLI imports this module on every start
 
     with Progress(transient=True) as bar:
@@ -112,13 +118,13 @@ def _feature_sets(args, sd: Speculator, taps: tuple[int, ...] = ()) -> list[tupl
     if args.record_minutes > 0 or (args.features and Path(args.features).is_file()):
         sets.append((_recorded(args.features, "text features", lambda progress: record(
             target, encode_corpus(sd.tokenizer, default_corpus()), seconds=args.record_minutes * 60,
-            progress=progress, taps=taps), taps), 1))
+            progress=progress, taps=taps), taps, target), 1))
     answer_files = [a for a in (args.answers or "").split(",") if a] or [None]
     for seed, path in enumerate(answer_files, start=1):
         if args.answer_weight and (args.answer_minutes > 0 or (path and Path(path).is_file())):
             sets.append((_recorded(path, "answer features", lambda progress, seed=seed: record_answers(
                 target, (sd.encode_prompt(r) for r in chat_requests(5000, seed=seed)), eos_ids=sd.target.eos_ids,
-                seconds=args.answer_minutes * 60, progress=progress, taps=taps), taps), args.answer_weight))
+                seconds=args.answer_minutes * 60, progress=progress, taps=taps), taps, target), args.answer_weight))
     if not sets:
         raise ParameterError("nothing to train on: give --record-minutes or --answer-minutes > 0")
     return sets

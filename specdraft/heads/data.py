@@ -25,9 +25,17 @@ class FeatureSet:
     # style fused features, heads.model), or None when recorded without taps
     aux: torch.Tensor | None = None
     taps: tuple[int, ...] = ()
+    # the token ids before each document's first row (an answer's request), concatenated:
+    # document d's are context[context_starts[d]:context_starts[d+1]] (none for a text document);
+    # None for sets recorded before contexts were kept. With them a set can be recorded again
+    # (``record_again``) without generating anything, and its requests are known.
+    context: torch.Tensor | None = None  # [M] int64
+    context_starts: torch.Tensor | None = None  # [D + 1] int64
 
     def save(self, path) -> None:
         extra = {} if self.aux is None else {"aux": self.aux, "taps": torch.tensor(self.taps)}
+        if self.context is not None:
+            extra |= {"context": self.context, "context_starts": self.context_starts}
         torch.save({"features": self.features, "tokens": self.tokens, "top": self.top, "starts": self.starts,
                     **extra}, path)
 
@@ -35,7 +43,16 @@ class FeatureSet:
     def load(cls, path) -> FeatureSet:
         d = torch.load(path, weights_only=True)
         taps = tuple(d["taps"].tolist()) if "taps" in d else ()
-        return cls(d["features"], d["tokens"], d["top"], d["starts"], d.get("aux"), taps)
+        return cls(d["features"], d["tokens"], d["top"], d["starts"], d.get("aux"), taps,
+                   d.get("context"), d.get("context_starts"))
+
+    def documents(self) -> list[list[int]]:
+        """Each document's whole token ids: its context, then its rows' tokens."""
+        if self.context is None:
+            raise ValueError("this feature set was recorded without its documents' contexts (requests); record it anew")
+        c, cs, s = self.context.tolist(), self.context_starts.tolist(), self.starts.tolist()
+        t = self.tokens.tolist()
+        return [c[cs[d]:cs[d + 1]] + t[s[d]:s[d + 1]] for d in range(len(s) - 1)]
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -76,9 +93,17 @@ def _collect(documents, *, max_tokens: int | None = None, seconds: float | None 
         if (max_tokens is not None and starts[-1] >= max_tokens) or \
                 (seconds is not None and time.perf_counter() - t0 >= seconds):
             break
-    toks, feats, tops, aux = zip(*docs, strict=True)
+    toks, feats, tops, aux, ctx = zip(*docs, strict=True)
     return FeatureSet(torch.cat(feats), torch.cat(toks), torch.cat(tops), torch.tensor(starts),
-                      torch.cat(aux) if taps else None, taps)
+                      torch.cat(aux) if taps else None, taps, *_joined(ctx))
+
+
+def _joined(contexts) -> tuple[torch.Tensor, torch.Tensor]:
+    """(context [M], context_starts [D + 1]) from one token id list per document."""
+    starts = [0]
+    for c in contexts:
+        starts.append(starts[-1] + len(c))
+    return torch.tensor([t for c in contexts for t in c], dtype=torch.int64), torch.tensor(starts)
 
 
 def _tapped(out) -> torch.Tensor | None:
@@ -100,10 +125,10 @@ def record(model, sequences, *, max_tokens: int | None = None, seconds: float | 
                 continue
             model.reset()
             out = model.forward(torch.tensor(ids), need_hidden=True, taps=taps)
-            keep = slice(-keep_last[d] if keep_last else 0, None)
+            cut = len(ids) - min(keep_last[d], len(ids)) if keep_last else 0  # rows before cut: context
             aux = _tapped(out)
-            yield (torch.tensor(ids)[keep], out.hidden[keep].to(torch.float16), _top(out.logits[keep]),
-                   None if aux is None else aux[keep])
+            yield (torch.tensor(ids[cut:]), out.hidden[cut:].to(torch.float16), _top(out.logits[cut:]),
+                   None if aux is None else aux[cut:], ids[:cut])
 
     data = _collect(documents(), max_tokens=max_tokens, seconds=seconds, progress=progress, taps=taps)
     model.reset()
@@ -143,10 +168,20 @@ def record_answers(model, prompts, *, max_new_tokens: int = 160, eos_ids=(), sec
             if len(prompt) + 2 > model.max_length:
                 continue
             t, f, p, a = record_generation(model, prompt, max_new_tokens, eos_ids, taps)
-            if len(t) >= 2:
-                yield torch.tensor(t[:len(f)]), torch.stack(f), torch.stack(p), torch.stack(a) if a else None
+            if len(t) >= 2:  # the first row is the prompt's last token: the rest is its context
+                yield torch.tensor(t[:len(f)]), torch.stack(f), torch.stack(p), torch.stack(a) if a else None, \
+                    list(prompt[:-1])
 
     return _collect(documents(), seconds=seconds, progress=progress, taps=taps)
+
+
+def record_again(model, data: FeatureSet, *, taps: tuple[int, ...] = (), progress=None) -> FeatureSet:
+    """``data``'s documents teacher-forced again (context then rows, its rows kept), e.g. to add
+    ``taps``: an answer set needs no generating a second time. ValueError for a set recorded
+    without contexts."""
+    docs = data.documents()
+    keep = (data.starts[1:] - data.starts[:-1]).tolist()
+    return record(model, docs, taps=taps, keep_last=keep, progress=progress)
 
 
 def concat(sets: list[FeatureSet]) -> FeatureSet:
@@ -156,6 +191,13 @@ def concat(sets: list[FeatureSet]) -> FeatureSet:
         starts.append(s.starts[1:] + off)
         off += len(s)
     taps = sets[0].taps if sets and all(s.aux is not None and s.taps == sets[0].taps for s in sets) else ()
+    context = _joined([c for s in sets for c in _contexts(s)]) if all(s.context is not None for s in sets) \
+        else (None, None)
     return FeatureSet(torch.cat([s.features for s in sets]), torch.cat([s.tokens for s in sets]),
                       torch.cat([s.top for s in sets]), torch.cat(starts),
-                      torch.cat([s.aux for s in sets]) if taps else None, taps)
+                      torch.cat([s.aux for s in sets]) if taps else None, taps, *context)
+
+
+def _contexts(s: FeatureSet) -> list[list[int]]:
+    cs = s.context_starts.tolist()
+    return [s.context[cs[d]:cs[d + 1]].tolist() for d in range(len(cs) - 1)]
