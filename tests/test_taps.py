@@ -193,6 +193,9 @@ def test_a_head_with_taps_can_start_from_a_plain_heads_step(q4k, recorded):
     f, e = recorded.features[rows].float(), q4k.embed[recorded.tokens[rows + 1]].float()
     with torch.no_grad():  # taps fused as "take the last layer" until trained: the plain head exactly
         assert torch.equal(tapped(tapped.entry(f, recorded.aux[rows].float()), e), plain(f, e))
+    other_vocab = FeatureHead(HeadConfig(q4k.spec.hidden_size, 64, VOCAB // 2))
+    start_from(other_vocab, plain)  # the step predicts a feature: any rows of the output head read it
+    assert torch.equal(other_vocab.w1.weight, plain.w1.weight)
     with pytest.raises(ValueError, match="inner 64"):
         start_from(FeatureHead(HeadConfig(q4k.spec.hidden_size, 32, VOCAB)), plain)
 

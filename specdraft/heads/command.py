@@ -201,11 +201,9 @@ def train_from_args(args) -> int:
         except ValueError as e:
             raise ParameterError(f"--taps: {e}") from None
     init, init_record = _init_head(args.init, name) if args.init else (None, None)
-    if init is not None and (init.cfg.hidden_size, init.cfg.inner, init.cfg.vocab) != \
-            (target.spec.hidden_size, cfg.inner, cfg.vocab):
-        raise ParameterError(f"the head in --init has hidden size {init.cfg.hidden_size}, inner {init.cfg.inner}, "
-                             f"vocab {init.cfg.vocab}; give the same --inner and --vocab (target hidden size "
-                             f"{target.spec.hidden_size})")
+    if init is not None and (init.cfg.hidden_size, init.cfg.inner) != (target.spec.hidden_size, cfg.inner):
+        raise ParameterError(f"the head in --init has hidden size {init.cfg.hidden_size} and inner {init.cfg.inner}; "
+                             f"give the same --inner (target hidden size {target.spec.hidden_size})")
     sets = _feature_sets(args, sd, taps)
     weight = torch.cat([torch.full((len(fs.starts) - 1,), w) for fs, w in sets])  # [D]
     w_out = output_weight(target, cfg.vocab)  # what the drafter will multiply by

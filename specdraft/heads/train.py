@@ -141,13 +141,14 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
 
 def start_from(head: FeatureHead, init: FeatureHead) -> None:
     """Copy ``init``'s step (gains, w1, w2) into ``head``; its fusion of taps, if any, stays
-    "take the last layer's feature". ValueError when the sizes differ."""
+    "take the last layer's feature". The vocabularies may differ (the step predicts a feature,
+    which any rows of the output head read). ValueError when the step's sizes differ."""
     if not isinstance(head, FeatureHead) or not isinstance(init, FeatureHead):
         raise ValueError("only an MLP head starts from another one")
     a, b = head.cfg, init.cfg
-    if (a.hidden_size, a.inner, a.vocab) != (b.hidden_size, b.inner, b.vocab):
-        raise ValueError(f"the head to start from has hidden {b.hidden_size}, inner {b.inner}, vocab {b.vocab}; "
-                         f"this one {a.hidden_size}, {a.inner}, {a.vocab}")
+    if (a.hidden_size, a.inner) != (b.hidden_size, b.inner):
+        raise ValueError(f"the head to start from has hidden {b.hidden_size}, inner {b.inner}; "
+                         f"this one {a.hidden_size}, {a.inner}")
     step = {k: v for k, v in init.state_dict().items() if k in ("g_f", "g_e") or k.startswith(("w1.", "w2."))}
     head.load_state_dict(step, strict=False)
 
