@@ -191,13 +191,12 @@ def concat(sets: list[FeatureSet]) -> FeatureSet:
         starts.append(s.starts[1:] + off)
         off += len(s)
     taps = sets[0].taps if sets and all(s.aux is not None and s.taps == sets[0].taps for s in sets) else ()
-    context = _joined([c for s in sets for c in _contexts(s)]) if all(s.context is not None for s in sets) \
-        else (None, None)
+    context = context_starts = None
+    if all(s.context is not None for s in sets):  # offset like the rows' starts
+        context_starts = [torch.zeros(1, dtype=torch.int64)]
+        for s in sets:
+            context_starts.append(s.context_starts[1:] + context_starts[-1][-1])
+        context, context_starts = torch.cat([s.context for s in sets]), torch.cat(context_starts)
     return FeatureSet(torch.cat([s.features for s in sets]), torch.cat([s.tokens for s in sets]),
                       torch.cat([s.top for s in sets]), torch.cat(starts),
-                      torch.cat([s.aux for s in sets]) if taps else None, taps, *context)
-
-
-def _contexts(s: FeatureSet) -> list[list[int]]:
-    cs = s.context_starts.tolist()
-    return [s.context[cs[d]:cs[d + 1]].tolist() for d in range(len(cs) - 1)]
+                      torch.cat([s.aux for s in sets]) if taps else None, taps, context, context_starts)

@@ -61,6 +61,6 @@ class HFModel:
         self.length += T
         hidden = out.hidden_states[-1][0] if need_hidden else None  # [T, H] every row
         # hidden_states[i + 1] is layer i's output (the last one normed, so a tap on it is refused)
-        tapped = torch.stack([out.hidden_states[i + 1][0] for i in check_taps(taps, len(out.hidden_states) - 2)], 1) \
+        tapped = torch.stack([out.hidden_states[i + 1][0] for i in check_taps(taps, len(out.hidden_states) - 1)], 1) \
             if need_hidden and taps else None
         return ModelOutput(logits=out.logits[0].float(), hidden=hidden, taps=tapped)

@@ -328,6 +328,7 @@ class LlamaModel:
         # (kernels/attention.cpp, rows block-independent by construction) and fused steps between
         # the products (kernels/layer_ops.cpp) instead of ~35 small torch calls each.
         self._ops = self._decoder = None
+        self._segment_cache: dict[tuple[int, ...], list] = {}  # taps -> native decoders cut after them
         if (quantized is not None and dtype == torch.float32 and s.head_dim % 16 == 0 and
                 all(isinstance(lin, GGUFLinear) for layer in self.layers
                     for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))):
@@ -347,11 +348,10 @@ class LlamaModel:
     def _segments(self, taps: tuple[int, ...]) -> list:
         """Native decoders over the layers cut after each tapped layer (built once per taps): the
         same steps as the whole decoder, so tapping changes no result."""
-        cache = self.__dict__.setdefault("_segment_cache", {})
-        if taps not in cache:
+        if taps not in self._segment_cache:
             cuts = [0, *(i + 1 for i in taps), len(self.layers)]
-            cache[taps] = [self._build_decoder(a, b) for a, b in itertools.pairwise(cuts)]
-        return cache[taps]
+            self._segment_cache[taps] = [self._build_decoder(a, b) for a, b in itertools.pairwise(cuts)]
+        return self._segment_cache[taps]
 
     def with_layers(self, keep: list[int], *, share_cache: bool = False) -> LlamaModel:
         """This model running only the decoder layers ``keep`` (ascending), the others skipped:
