@@ -16,7 +16,7 @@ from .bench.arguments import add_bench_args
 from .bench.forward_cost import forward_costs
 from .bench.harness import run_bench
 from .bench.kernel_cost import kernel_costs
-from .bench.machine import gguf_kernel_path
+from .bench.machine import gguf_kernel_forms, gguf_kernel_path
 from .config import GenerationConfig, SpecConfig
 from .drafters import drafter_names, needs_draft_model
 from .errors import ParameterError, SpecdraftError
@@ -255,7 +255,10 @@ def _cmd_calibrate(args) -> int:
             print(f"{k:3d} new tokens: {sec * 1000:8.1f} ms  ({sec / one:.2f}x the first block, {k / sec:7.1f} tok/s)")
     paths = {r["kernel_path"] for r in reports.values()} - {None}
     if paths:
-        print(f"GGUF kernel path: {', '.join(sorted(paths))}")
+        forms = gguf_kernel_forms()
+        print(f"GGUF kernel path: {', '.join(sorted(paths))}" + (f"; {forms}" if forms else ""))
+        for r in reports.values():
+            r["kernel_forms"] = forms if r["kernel_path"] else None
     if len(reports) > 1:
         fastest = min(reports, key=lambda label: reports[label]["seconds"][0])
         for label, r in reports.items():
@@ -272,7 +275,9 @@ def _cmd_calibrate(args) -> int:
 def _calibrate_kernels(args, blocks: tuple[int, ...]) -> int:
     """calibrate --kernels: the default target's matrix products per ISA path, no model loaded."""
     paths, costs = kernel_costs(args.kernels, blocks=blocks, repeats=args.repeats)
-    print(f"GGUF matrix products of the default target's shapes, {torch.get_num_threads()} threads (ms; x one token)")
+    forms = gguf_kernel_forms()
+    print(f"GGUF matrix products of the default target's shapes, {torch.get_num_threads()} threads (ms; x one token)"
+          + (f"\nVNNI kernels: {forms}" if forms else ""))
     print("tokens " + "".join(f"{p:>22s}" for p in paths))
     for i, k in enumerate(blocks):
         cells = (f"{costs[p]['seconds'][i] * 1000:10.1f} ({costs[p]['seconds'][i] / costs[p]['seconds'][0]:5.2f}x)"
@@ -280,7 +285,7 @@ def _calibrate_kernels(args, blocks: tuple[int, ...]) -> int:
         print(f"{k:6d} " + "".join(f"{c:>22s}" for c in cells))
     if args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump({"threads": torch.get_num_threads(), "paths": costs}, f, indent=1)
+            json.dump({"threads": torch.get_num_threads(), "vnni_forms": forms, "paths": costs}, f, indent=1)
             f.write("\n")
     return 0
 

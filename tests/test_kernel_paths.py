@@ -113,3 +113,69 @@ def test_calibrate_kernels_refuses_a_path_the_cpu_lacks(ops, capsys):
     from test_cli_errors import assert_one_line_error, call
 
     assert_one_line_error(*call(["calibrate", "--kernels", "sse2"], capsys), contains="cannot run sse2")
+
+
+@pytest.fixture
+def vnni(ops):
+    """The AVX-512 VNNI path with its forms restored afterwards (skipped where the CPU lacks it)."""
+    use(ops, "avx512-vnni")
+    saved = ops.vnni_forms()
+    yield ops
+    ops.set_vnni_forms(saved)
+
+
+@pytest.mark.parametrize("kind,out_f,in_f", SHAPES)
+def test_vnni_forms_give_the_same_bits(vnni, kind, out_f, in_f):
+    """One 8-row group a ymm or two a zmm, for any rows a pass: the AVX2 path's bits every time."""
+    qt, _ = quant_tensor(kind, out_f, in_f, seed=out_f * in_f)
+    xq = vnni.quantize_q8k(torch.randn(20, in_f))
+    vnni.set_kernel_path("avx2")
+    base = matmul(vnni, kind, xq, qt)
+    vnni.set_kernel_path("avx512-vnni")
+    for masks in ([0] * 4, [0x1FE] * 4, [0b1010_1010] * 4, [0b0101_0100] * 4):
+        vnni.set_vnni_forms(masks)
+        assert vnni.vnni_forms() == masks
+        for T in range(1, 21):
+            got = matmul(vnni, kind, tuple(t[:T] for t in xq), qt)
+            assert torch.equal(got, base[:T]), (masks, T)
+
+
+def test_vnni_forms_are_checked(vnni):
+    for bad in ([0, 0], [0, 0, 0, 512], [-1, 0, 0, 0]):
+        with pytest.raises(RuntimeError, match="vnni forms"):
+            vnni.set_vnni_forms(bad)
+
+
+def test_measured_forms_are_kept_and_set(vnni, tmp_path, monkeypatch):
+    """use_measured_forms measures once, keeps the masks under the cache and sets them; a later
+    process reads them back instead of measuring."""
+    from specdraft.kernels import plan
+
+    monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path))
+    monkeypatch.delenv("SPECDRAFT_VNNI_FORMS", raising=False)
+    monkeypatch.setattr(plan, "_applied", [])
+    masks = [0b1100, 0b1110, 0b1000, 0b10]
+    monkeypatch.setattr(plan, "measure", lambda: {"masks": masks})
+    said = plan.use_measured_forms()
+    assert vnni.vnni_forms() == masks and "measured on this CPU" in said and "2-3 (Q4_K short)" in said
+    assert list(tmp_path.glob("kernels/vnni-forms-*.json"))
+    vnni.set_vnni_forms([0] * 4)
+    monkeypatch.setattr(plan, "_applied", [])  # a new process
+
+    def no_measuring():
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(plan, "measure", no_measuring)
+    plan.use_measured_forms()
+    assert vnni.vnni_forms() == masks
+
+
+def test_measure_times_every_class(vnni):
+    from specdraft.kernels import plan
+
+    before = vnni.vnni_forms()
+    result = plan.measure(repeats=1)
+    assert vnni.vnni_forms() == before  # measuring leaves the forms as they were
+    assert len(result["masks"]) == len(plan.CLASSES) and all(0 <= m < 512 and not m & 1 for m in result["masks"])
+    for name in plan.CLASSES:
+        assert all(t > 0 for form in ("ymm", "zmm") for t in result[name][form])

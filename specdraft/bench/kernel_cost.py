@@ -16,13 +16,9 @@ import torch
 
 from ..errors import ParameterError, SpecdraftError
 from ..kernels import KernelUnavailable, gguf_ops
+from ..kernels.plan import DEFAULT_TARGET_SHAPES
 from ..models.gguf_weights import GROUP, QK, REC, QuantTensor
 
-# (kind, out, in) per layer of Qwen2.5-Coder-1.5B Q4_K_M as the runtime stacks them: q, k (and v
-# where it is Q4_K) in one product, gate and up in one; attn_v and ffn_down alternate Q4_K / Q6_K
-_EVEN = [("Q4_K", 2048, 1536), ("Q4_K", 1536, 1536), ("Q4_K", 17920, 1536), ("Q4_K", 1536, 8960)]
-_ODD = [("Q4_K", 1792, 1536), ("Q6_K", 256, 1536), ("Q4_K", 1536, 1536), ("Q4_K", 17920, 1536), ("Q6_K", 1536, 8960)]
-DEFAULT_TARGET_SHAPES = [s for layer in range(28) for s in (_EVEN if layer % 2 == 0 else _ODD)] + [("Q6_K", 151936, 1536)]
 _SCALES = {"Q4_K": (1152, 1216), "Q6_K": (1664, 1696)}  # byte range of a record's f32 scales (d, dmin)
 
 

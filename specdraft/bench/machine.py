@@ -10,6 +10,7 @@ import torch
 import transformers
 
 from ..kernels import KernelUnavailable, gguf_ops
+from ..kernels.plan import PATHS_WITH_FORMS, use_measured_forms
 
 # The CPU flags that decide which kernels run and how fast: AVX2 (the GGUF kernels' baseline),
 # AVX-512 with VNNI (their int8 dot-product path), native bf16, and AMX.
@@ -48,9 +49,16 @@ def gguf_kernel_path() -> str | None:
     return ops.kernel_path() if hasattr(ops, "kernel_path") else None
 
 
+def gguf_kernel_forms() -> str | None:
+    """How the VNNI kernels take blocks of rows here (kernels.plan), None where they do not run."""
+    path = gguf_kernel_path()
+    return use_measured_forms() if path in PATHS_WITH_FORMS else None
+
+
 def machine_info() -> dict:
     return dict(torch=torch.__version__, transformers=transformers.__version__, python=platform.python_version(),
                 platform=platform.platform(), cpu=cpu_info(), gguf_kernel_path=gguf_kernel_path(),
+                gguf_kernel_forms=gguf_kernel_forms(),
                 torch_threads=torch.get_num_threads(), torch_interop_threads=torch.get_num_interop_threads())
 
 
@@ -59,5 +67,6 @@ def machine_line(info: dict) -> str:
     cpu = info["cpu"]
     return (f"machine: {cpu['model']} ({cpu['logical_cpus']} logical CPUs; flags: "
             f"{', '.join(cpu['vector_flags']) or 'none of ' + ', '.join(CPU_FLAGS)}); "
-            f"GGUF kernel path: {info['gguf_kernel_path'] or 'none'}; torch {info['torch']}, "
+            f"GGUF kernel path: {info['gguf_kernel_path'] or 'none'}"
+            f"{' (' + info['gguf_kernel_forms'] + ')' if info.get('gguf_kernel_forms') else ''}; torch {info['torch']}, "
             f"{info['torch_threads']} threads")

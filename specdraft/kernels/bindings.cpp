@@ -7,6 +7,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("kernel_path", &kernel_path, "the ISA path the Q4_K / Q6_K kernels take: avx2, avx-vnni, avx512-vnni or amx-int8");
     m.def("set_kernel_path", &set_kernel_path, "force a kernel path (avx2, avx-vnni, avx512-vnni, amx-int8) or auto (the best this CPU has)");
     m.def("kernel_paths", &kernel_paths, "the kernel paths this CPU can run");
+    m.def("vnni_forms", &vnni_forms, "the AVX-512 VNNI form masks [Q4_K short, Q4_K long, Q6_K short, Q6_K long rows]: bit n set = n rows a pass a zmm");
+    m.def("set_vnni_forms", &set_vnni_forms, "set the AVX-512 VNNI form masks [Q4_K short, Q4_K long, Q6_K short, Q6_K long rows]");
     m.def("block_attention", &block_attention, "q [nh, T, hd], k/v cache [nkv, C, hd], length L, mask [T, L] or None -> [T, nh, hd]",
           pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("length"), pybind11::arg("mask") = pybind11::none());
     m.def("rms_quantize", &rms_quantize, "x [T, H], w [H], eps -> quantize_q8k(RMSNorm(x) * w)");

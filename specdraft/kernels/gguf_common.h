@@ -53,6 +53,10 @@ inline void over_tiles(int64_t T, F&& f) {
 bool cpu_has_avx512_vnni();
 void vnni_matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, const float* xs,
                  const int16_t* bsums, int64_t T, int64_t in, int64_t O, float* y, int64_t ldy);
+// the AVX-512 VNNI kernels' form per rows a pass (bit n set: n rows take the zmm form; see gguf_vnni.cpp),
+// for weights of kind 4 / 6 with short (< 16 super-blocks) and long rows
+uint32_t vnni_zmm_rows(int64_t kind, bool long_rows);
+void set_vnni_zmm_rows(int64_t kind, uint32_t short_rows, uint32_t long_rows);
 bool cpu_has_avx_vnni();
 void avxvnni_matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, const float* xs,
                     const int16_t* bsums, int64_t T, int64_t in, int64_t O, float* y, int64_t ldy);

@@ -314,6 +314,19 @@ std::vector<std::string> kernel_paths() {
     return out;
 }
 
+std::vector<int64_t> vnni_forms() {
+    return {gguf::vnni_zmm_rows(4, false), gguf::vnni_zmm_rows(4, true), gguf::vnni_zmm_rows(6, false),
+            gguf::vnni_zmm_rows(6, true)};
+}
+
+void set_vnni_forms(const std::vector<int64_t>& masks) {
+    TORCH_CHECK(masks.size() == 4, "vnni forms: 4 masks (Q4_K short, Q4_K long, Q6_K short, Q6_K long rows)");
+    for (int64_t m : masks)
+        TORCH_CHECK(m >= 0 && m < 512, "vnni forms: bit masks over rows 1..8 (bit n set: n rows a pass take the zmm form)");
+    gguf::set_vnni_zmm_rows(4, (uint32_t)masks[0], (uint32_t)masks[1]);
+    gguf::set_vnni_zmm_rows(6, (uint32_t)masks[2], (uint32_t)masks[3]);
+}
+
 void gguf_matmul_into(int64_t kind, const int8_t* qx, const float* xs, const int16_t* bsums, int64_t T, int64_t in,
                       const torch::Tensor& w, int64_t O, float* y, int64_t ldy) {
     TORCH_CHECK(kind == 4 || kind == 6, "weight kind must be 4 (Q4_K) or 6 (Q6_K)");

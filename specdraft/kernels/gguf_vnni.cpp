@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -30,17 +31,39 @@ bool cpu_has_avx512_vnni() {
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 }
 
-// Tiles of 8 rows over pairs of groups (16 rows a zmm: 32 registers hold 8 rows' accumulators);
-// one group a ymm for 1-2 rows against short rows (< 16 super-blocks): there two groups' records
-// are two short streams a thread, and one row is memory-bound (measured, Zen 5, one thread, Q6_K
-// 151936 x 1536, one row: 6.3-6.9 ms over pairs, 5.2 one group a ymm, 5.8 AVX2; Q6_K 1536 x 8960:
-// pairs 0.30, one group 0.35)
+// Which form a block of rows takes, per weight type, per rows per pass over the weights (1..8: a
+// block of T rows makes ceil(T / 8) passes of ~T / passes rows) and per row length (short: < 16
+// super-blocks, the 1536-wide inputs of the default target; long: the MLP's down projection): bit n of
+// zmm_rows[Q6_K][long] set = two 8-row groups a zmm (16 rows a vector, half the instructions of a ymm
+// a row), clear = one group a ymm (EVEX vpdpbusd, 32 registers: tiles of 8 rows too). The two
+// forms give the same bits (the same integer sums, the same float steps per lane); which is
+// faster depends on the core: on one whose 512-bit units are full width (Zen 5) the zmm form
+// wins from a few rows, on one that splits a zmm in two halves (Zen 4) the ymm form's single
+// weight stream a thread wins up to ~4 rows (measured, kernels alone, default target's shapes,
+// 2 threads: 3 rows 33.6-34.7 ms against 38.8-39.0, 4 rows 34.7-35.8 against 38.5-39.2; 6 rows
+// 40.6-41.2 against 39.0-39.6). The default is what was measured on the Zen 5 (one row against
+// short rows: 5.2 ms a ymm against 6.3-6.9 over pairs, Q6_K 151936 x 1536, one thread; Q6_K
+// 1536 x 8960: pairs 0.30, one group 0.35); kernels.plan measures this CPU and sets its own.
+namespace {
+constexpr uint32_t DEFAULT_ZMM_SHORT = 0x1F8, DEFAULT_ZMM_LONG = 0x1FE;  // bits 3..8 / 1..8
+// [Q4_K, Q6_K][short, long]
+std::atomic<uint32_t> zmm_rows[2][2] = {{DEFAULT_ZMM_SHORT, DEFAULT_ZMM_LONG}, {DEFAULT_ZMM_SHORT, DEFAULT_ZMM_LONG}};
+}  // namespace
+
+uint32_t vnni_zmm_rows(int64_t kind, bool long_rows) { return zmm_rows[kind == 6][long_rows].load(); }
+
+void set_vnni_zmm_rows(int64_t kind, uint32_t short_rows, uint32_t long_rows) {
+    zmm_rows[kind == 6][0] = short_rows;
+    zmm_rows[kind == 6][1] = long_rows;
+}
+
 void vnni_matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, const float* xs,
                  const int16_t* bsums, int64_t T, int64_t in, int64_t O, float* y, int64_t ldy) {
-    if (T <= 2 && in / 256 < 16)
-        avx512::matmul<avx512::Ymm, 4>(kind, pw, groups, qx, xs, bsums, T, in, O, y, ldy);
-    else
+    const int64_t passes = (T + 7) / 8, per_pass = (T + passes - 1) / passes;
+    if (zmm_rows[kind == 6][in / 256 >= 16].load() >> per_pass & 1)
         avx512::matmul<avx512::Zmm, 8>(kind, pw, groups, qx, xs, bsums, T, in, O, y, ldy);
+    else
+        avx512::matmul<avx512::Ymm, 8>(kind, pw, groups, qx, xs, bsums, T, in, O, y, ldy);
 }
 
 }  // namespace gguf

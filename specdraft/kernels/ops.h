@@ -16,6 +16,11 @@ void gguf_matmul_into(int64_t kind, const int8_t* qx, const float* xs, const int
 std::string kernel_path();
 void set_kernel_path(const std::string& name);
 std::vector<std::string> kernel_paths();
+// the AVX-512 VNNI kernels' form per rows a pass: bit masks (Q4_K short rows, Q4_K long, Q6_K short,
+// Q6_K long), bit n set = n rows take two 8-row groups a zmm, clear = one group a ymm (same bits
+// either way; kernels.plan measures which is faster)
+std::vector<int64_t> vnni_forms();
+void set_vnni_forms(const std::vector<int64_t>& masks);
 
 // attention.cpp: a block of new rows over the KV cache, every row independent of the block -> [T, nh, hd]
 torch::Tensor block_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t L,
