@@ -29,28 +29,31 @@ from .cost_aware import CostAware
 from .trees import best_nodes, judged_confidences, keep_nodes
 
 
-def output_weight(target, n: int) -> torch.Tensor:
-    """[n, H] float32: the target's output head over its first n token ids (int8 rows dequantized)."""
+def output_weight(target, n: int | torch.Tensor) -> torch.Tensor:
+    """[n, H] float32: the target's output head over its first n token ids, or over the ids ``n``
+    [n] (int8 rows dequantized)."""
     head = getattr(target, "lm_head", None)
+    rows = slice(None, n) if isinstance(n, int) else n
     if hasattr(head, "dequantize_rows"):  # GGUF weights
         return head.dequantize_rows(n)
     if getattr(head, "qweight", None) is not None:
-        return head.qweight[:n].float() * head.scales[:n, None]
+        return head.qweight[rows].float() * head.scales[rows, None]
     if getattr(head, "packed", None) is not None:  # fp32 weights in oneDNN's layout
-        return head.packed.to_dense()[:n].float()
+        return head.packed.to_dense()[rows].float()
     if getattr(head, "weight", None) is not None:
-        return head.weight[:n].float()
+        return head.weight[rows].float()
     raise ParameterError("this target's output head cannot be read by a drafting head; use the native runtime")
 
 
-def output_rows(target, n: int):
-    """A fast linear [B, H] float32 -> [B, n] float32 over the same rows (a w8a8 target's int8 rows
-    are reused)."""
+def output_rows(target, n: int | torch.Tensor):
+    """A fast linear [B, H] float32 -> [B, n] float32 over the same rows (the first n, or the ids
+    ``n`` [n]; a w8a8 target's int8 rows are reused)."""
     head = getattr(target, "lm_head", None)
-    if hasattr(head, "first_rows"):  # GGUF weights: the same kernel over the first n rows
-        return head.first_rows(n)
+    if hasattr(head, "first_rows"):  # GGUF weights: the same kernel over those rows
+        return head.first_rows(n) if isinstance(n, int) else head.select_rows(n)
     if getattr(head, "qweight", None) is not None:
-        return W8A8Linear(None, quantized=(head.qweight[:n], head.scales[:n]))
+        rows = slice(None, n) if isinstance(n, int) else n
+        return W8A8Linear(None, quantized=(head.qweight[rows].contiguous(), head.scales[rows].contiguous()))
     dense = DenseLinear(output_weight(target, n).to(target.dtype).contiguous())
     # the drafter's features are float32; a bf16 target's rows take them in its own dtype
     return lambda f: dense(f.to(target.dtype)).float()
@@ -91,7 +94,9 @@ class FeatureHeadDrafter(CostAware):
         self.step = self.build_step(head)  # its step as the drafter runs it
         self.embed = target.embed  # [V, H] the target's token embedding
         self.vocab = head.cfg.vocab
-        self.out = output_rows(target, self.vocab)  # [H] -> [V']
+        # the target ids of the head's guesses [V'] (heads.vocab), None when they are 0..V'-1
+        self.ids = head.token_ids() if getattr(head.cfg, "listed_vocab", False) else None
+        self.out = output_rows(target, self.vocab if self.ids is None else self.ids)  # [H] -> [V']
         self.min_confidence = min_confidence
         self.feature: torch.Tensor | None = None  # [H] f at the newest committed token's row
         self.step_seconds = 0.0  # running mean seconds of one head guess
@@ -102,6 +107,15 @@ class FeatureHeadDrafter(CostAware):
 
     def begin(self, prompt: list[int]) -> None:
         self.feature = None
+
+    def to_target(self, index: int, q: torch.Tensor | None = None) -> tuple[int, torch.Tensor | None]:
+        """A guess's draft index as the target's token id, and its distribution q [V'] over the
+        target's ids (zero outside the head's vocabulary), as the verifier reads them."""
+        if self.ids is None:
+            return index, q
+        if q is not None:
+            q = torch.zeros(len(self.embed), dtype=q.dtype).index_copy_(0, self.ids, q)
+        return int(self.ids[index]), q
 
     @torch.inference_mode()
     def take_features(self, hidden: torch.Tensor) -> None:
@@ -145,6 +159,7 @@ class FeatureHeadDrafter(CostAware):
             f = self.advance([node], [tok], parents, feats)  # [1, H] predicted next feature
             logits = self.out(f)[0]  # [V']
             tok, q, p = choose(logits, sampling, generator, self.min_confidence > 0.0 or costed)
+            tok, q = self.to_target(tok, q)
             confidences.append(p)
             p_all_pass *= self.rates.rate(p) if costed else p
             cumulative.append(p_all_pass)
@@ -188,7 +203,7 @@ class FeatureHeadDrafter(CostAware):
             for b, parent in enumerate(layer):
                 up = 1.0 if parent < 0 else chance[parent]
                 for p, tok in zip(top.values[b].tolist(), top.indices[b].tolist()):
-                    tokens.append(tok)
+                    tokens.append(self.to_target(tok)[0])
                     parents.append(parent)
                     conf.append(p)
                     chance.append(up * (self.rates.rate(p) if costed else p))

@@ -26,6 +26,7 @@ from .medusa import KINDS as MEDUSA_KINDS
 from .medusa import MedusaTrainConfig, train_medusa
 from .model import FeatureHead, load_head, shipped_head_dir
 from .train import TrainConfig, train_head
+from .vocab import choice_counts, frequent_ids
 
 # what train-drafter trains: an EAGLE layer, the MLP head, Medusa / Hydra heads, MTP modules
 KINDS = ("eagle", "mlp", "medusa", "hydra", "mtp")
@@ -68,7 +69,11 @@ def add_train_args(p, *, kind: str | None = None) -> None:
     p.add_argument("--epochs", type=int, default=None,
                    help="passes over the data (default: mlp and mtp 4, eagle 2, medusa and hydra 3)")
     p.add_argument("--inner", type=int, default=None, help=f"MLP width (default: 2048; mtp {MTP_INNER} a module)")
-    p.add_argument("--vocab", type=int, default=None, help="the drafter guesses among the first VOCAB token ids")
+    p.add_argument("--vocab", type=int, default=None, help="the drafter guesses among VOCAB token ids (default 32768)")
+    p.add_argument("--draft-vocab", choices=("frequent", "first"), default=None,
+                   help="which ids: those the target chose most often in the features (FR-Spec, EAGLE-3's draft "
+                        "vocabulary; the default for mlp) or the first ones (the default, and the only choice, "
+                        "for the other kinds)")
     p.add_argument("--lr", type=float, default=None,
                    help="peak learning rate (default: mlp, mtp, medusa, hydra 1e-3; eagle 6e-4)")
     p.add_argument("--batch", type=int, default=None,
@@ -184,6 +189,9 @@ def train_from_args(args) -> int:
         given["taps"] = taps
     if args.init and args.kind != "mlp":
         raise ParameterError("--init applies to --kind mlp only")
+    frequent = (args.draft_vocab or ("frequent" if args.kind == "mlp" else "first")) == "frequent"
+    if frequent and args.kind != "mlp":
+        raise ParameterError("--draft-vocab frequent applies to --kind mlp only")
     if args.batch:
         given["rows" if args.kind == "eagle" else "batch"] = args.batch
     cfg = EagleTrainConfig(**given) if args.kind == "eagle" else MedusaTrainConfig(**given) if heads_kind \
@@ -206,9 +214,10 @@ def train_from_args(args) -> int:
                              f"give the same --inner (target hidden size {target.spec.hidden_size})")
     sets = _feature_sets(args, sd, taps)
     weight = torch.cat([torch.full((len(fs.starts) - 1,), w) for fs, w in sets])  # [D]
-    w_out = output_weight(target, cfg.vocab)  # what the drafter will multiply by
     seconds = None if args.train_minutes is None else args.train_minutes * 60
     data = concat([fs for fs, _ in sets])
+    vocab_ids = frequent_ids(choice_counts(data.top, len(target.embed)), cfg.vocab) if frequent else None
+    w_out = output_weight(target, cfg.vocab if vocab_ids is None else vocab_ids)  # what the drafter will multiply by
     out = Path(args.out)
     if args.kind == "eagle":
         out.mkdir(parents=True, exist_ok=True)
@@ -223,7 +232,7 @@ def train_from_args(args) -> int:
     else:
         try:
             head, report = train_head(data, target.embed, w_out, cfg, target_name=name, doc_weight=weight,
-                                      seconds=seconds, kind=args.kind, init=init)
+                                      seconds=seconds, kind=args.kind, init=init, vocab_ids=vocab_ids)
         except ValueError as e:  # features recorded with other taps, or a head of other sizes to start from
             raise ParameterError(str(e)) from None
     head.save(out)

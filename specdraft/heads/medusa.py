@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from .data import FeatureSet
 from .model import read_drafter, rms, save_drafter
-from .train import fit_rows, sampled_softmax, split_documents, start_rows
+from .train import first_of, fit_rows, sampled_softmax, split_documents, start_rows
 
 KIND = "medusa"
 KINDS = ("medusa", "hydra")
@@ -142,7 +142,7 @@ def _loss(heads: MedusaHeads, data: FeatureSet, w_out: torch.Tensor, rows: torch
     for i in range(K):
         ok = valid[:, i] & (cand[:, i, 0] < vocab)
         if ok.any():
-            loss = loss + cfg.head_decay ** i * sampled_softmax(r[ok, i], cand[ok, i], w_out, negatives, vocab)
+            loss = loss + cfg.head_decay ** i * sampled_softmax(r[ok, i], first_of(cand[ok, i], vocab), w_out, negatives)
     return loss
 
 

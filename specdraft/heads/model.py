@@ -42,10 +42,11 @@ def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
 class HeadConfig:
     hidden_size: int  # H: the target's hidden size
     inner: int  # D: the MLP width
-    vocab: int  # guesses come from the first `vocab` token ids (frequent BPE ids come first)
+    vocab: int  # guesses come from `vocab` token ids: the first ones, or those listed (heads.vocab)
     target: str = ""  # what it was trained on (informative)
     eps: float = 1e-6
     taps: tuple[int, ...] = ()  # target layers whose outputs the first step also reads (EAGLE-3)
+    listed_vocab: bool = False  # the ids are the buffer vocab_ids [vocab] (frequency-ranked), not 0..vocab-1
 
     def __post_init__(self):
         object.__setattr__(self, "taps", tuple(self.taps))  # head.json holds a list
@@ -62,6 +63,8 @@ class FeatureHead(torch.nn.Module):
         self.w2 = torch.nn.Linear(D, H)
         torch.nn.init.zeros_(self.w2.weight)  # starts as "the next feature is this one"
         torch.nn.init.zeros_(self.w2.bias)
+        if cfg.listed_vocab:
+            self.register_buffer("vocab_ids", torch.arange(cfg.vocab))
         k = len(cfg.taps)
         if k:
             self.g_t = torch.nn.Parameter(torch.ones(k, H))
@@ -69,6 +72,10 @@ class FeatureHead(torch.nn.Module):
             with torch.no_grad():  # starts as "take the last layer's feature"
                 self.fuse.weight.zero_()
                 self.fuse.weight[:, k * H:] = torch.eye(H)
+
+    def token_ids(self) -> torch.Tensor:
+        """[vocab] int64: the target ids the head guesses among, in the order of its scores."""
+        return self.vocab_ids if self.cfg.listed_vocab else torch.arange(self.cfg.vocab)
 
     def entry(self, f: torch.Tensor, aux: torch.Tensor | None, fuse=None) -> torch.Tensor:
         """The first step's feature: f [B, H] itself, or fused with aux [B, k, H] (the tapped
@@ -103,11 +110,12 @@ class FeatureHead(torch.nn.Module):
 
 
 def save_drafter(module: torch.nn.Module, directory: str | Path) -> None:
-    """A trained drafter's files: head.safetensors (bf16 weights) and head.json (its config)."""
+    """A trained drafter's files: head.safetensors (bf16 weights, integer buffers as they are) and
+    head.json (its config)."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().to(torch.bfloat16).contiguous() for k, v in module.state_dict().items()},
-              str(d / "head.safetensors"))
+    save_file({k: (v.detach().to(torch.bfloat16) if v.is_floating_point() else v).contiguous()
+               for k, v in module.state_dict().items()}, str(d / "head.safetensors"))
     (d / "head.json").write_text(json.dumps(asdict(module.cfg), indent=1) + "\n")
     (d / "head.safetensors").chmod(0o644)  # safetensors writes 0600; a shipped drafter must be readable
 
@@ -118,7 +126,8 @@ def read_drafter(cls, config_cls, directory: str | Path, *, what: str, command: 
     d = Path(directory)
     try:
         module = cls(config_cls(**json.loads((d / "head.json").read_text())))
-        module.load_state_dict({k: v.float() for k, v in load_file(str(d / "head.safetensors")).items()})
+        module.load_state_dict({k: v.float() if v.is_floating_point() else v
+                                for k, v in load_file(str(d / "head.safetensors")).items()})
     except FileNotFoundError:
         raise ModelFileError(f"no {what} in {d} (head.json + head.safetensors); "
                              f"train one with `specdraft {command}` or pass its directory") from None

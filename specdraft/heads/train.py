@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from .data import FeatureSet
 from .model import FeatureHead, HeadConfig
 from .mtp import MTPConfig, MTPModules
+from .vocab import draft_index
 
 
 @dataclass(frozen=True)
@@ -59,21 +60,26 @@ def split_documents(n_docs: int, holdout: float, seed: int) -> tuple[torch.Tenso
     return perm[:n_val], perm[n_val:]
 
 
-def sampled_softmax(f: torch.Tensor, cand: torch.Tensor, w_out: torch.Tensor, negatives: torch.Tensor,
-                    vocab: int) -> torch.Tensor:
+def sampled_softmax(f: torch.Tensor, cand: torch.Tensor, w_out: torch.Tensor, negatives: torch.Tensor) -> torch.Tensor:
     """Cross-entropy of predicted features f [N, H] over the target's candidates cand [N, TOP]
-    (its choice first, which must be < vocab) plus the shared random ids ``negatives`` [M],
-    scored by the output rows w_out [V', H]; candidates past ``vocab`` and a negative equal to
-    the label (it would compete with itself) are masked."""
-    pos = torch.einsum("nh,nkh->nk", f, w_out[cand.clamp_max(w_out.shape[0] - 1)].float())
-    pos = pos.masked_fill(cand >= vocab, float("-inf"))
+    (draft indices, its choice first, which must be in the vocabulary) plus the shared random
+    draft indices ``negatives`` [M], scored by the output rows w_out [V', H]; candidates outside
+    the vocabulary (-1) and a negative equal to the label (it would compete with itself) are masked."""
+    pos = torch.einsum("nh,nkh->nk", f, w_out[cand.clamp_min(0)].float())
+    pos = pos.masked_fill(cand < 0, float("-inf"))
     neg = (f @ w_out[negatives].float().T).masked_fill(negatives[None, :] == cand[:, :1], float("-inf"))
     return F.cross_entropy(torch.cat([pos, neg], -1), torch.zeros(len(f), dtype=torch.long))
 
 
+def first_of(cand: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Target ids as draft indices of the first ``vocab`` ids: themselves, or -1 past them."""
+    return cand.masked_fill(cand >= vocab, -1)
+
+
 def _unroll(head: FeatureHead | MTPModules, data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, rows: torch.Tensor,
-            S: int, vocab: int, negatives: torch.Tensor | None, reg_weight: float):
-    """Loss and per-step greedy agreement (argmax over the first `vocab` ids) for start rows."""
+            S: int, top: torch.Tensor, negatives: torch.Tensor | None, reg_weight: float):
+    """Loss and per-step greedy agreement (argmax over the vocabulary's rows w_out [V', H]) for
+    start rows; top [N, TOP]: data.top as draft indices (-1 outside the vocabulary)."""
     f = data.features[rows].float()  # [B, H]
     if getattr(head.cfg, "taps", ()):  # EAGLE-3 fused features for the first step
         f = head.entry(f, data.aux[rows].float())
@@ -83,14 +89,14 @@ def _unroll(head: FeatureHead | MTPModules, data: FeatureSet, emb: torch.Tensor,
         nxt = rows + s + 1
         f = head.at_depth(s)(f, emb[data.tokens[nxt]].float())  # [B, H] predicted f_{t+s+1}
         true_f = data.features[nxt].float()
-        label = data.top[nxt, 0]  # [B] the target's choice after position t+s+1
+        label = top[nxt, 0]  # [B] the target's choice after position t+s+1 (its draft index)
         if negatives is not None:
-            valid = label < vocab
-            ce = sampled_softmax(f[valid], data.top[nxt][valid], w_out, negatives, vocab) if valid.any() else 0.0
+            valid = label >= 0
+            ce = sampled_softmax(f[valid], top[nxt][valid], w_out, negatives) if valid.any() else 0.0
             loss = loss + ce + reg_weight * F.smooth_l1_loss(f, true_f)
         else:
             with torch.no_grad():
-                guess = (f @ w_out[:vocab].float().T).argmax(-1)
+                guess = (f @ w_out.float().T).argmax(-1)
                 agree.append((guess == label).float())
     return loss, agree
 
@@ -98,17 +104,20 @@ def _unroll(head: FeatureHead | MTPModules, data: FeatureSet, emb: torch.Tensor,
 def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: TrainConfig = TrainConfig(),
                target_name: str = "", log=print, seconds: float | None = None,
                doc_weight: torch.Tensor | None = None, kind: str = "mlp",
-               init: FeatureHead | None = None) -> tuple[FeatureHead | MTPModules, dict]:
+               init: FeatureHead | None = None, vocab_ids: torch.Tensor | None = None) -> tuple[FeatureHead | MTPModules, dict]:
     """Train a head (kind "mlp"), or MTP modules (kind "mtp": one per unrolled step). emb [V, H]:
-    the target's embedding; w_out [V, H]: its output head (fp32 or bf16;
-    ``drafters.feature_head.output_weight`` reads it from a loaded target); doc_weight [D]
+    the target's embedding; w_out [V', H]: its output head's rows for the drafter's vocabulary
+    (fp32 or bf16; ``drafters.feature_head.output_weight`` reads them from a loaded target):
+    the first ``cfg.vocab`` ids, or ``vocab_ids`` [V'] (heads.vocab; an MLP head only); doc_weight [D]
     (int): how often each document counts per epoch. Returns the head and validation figures
     (greedy agreement per unrolled step, on held-out documents: overall and for the documents of
     the largest weight). ``init``: an MLP head of the same sizes whose step to start from (a head
     with taps then learns only how to read them on top of it)."""
     torch.manual_seed(cfg.seed)
     H = data.features.shape[1]
-    vocab = min(cfg.vocab, w_out.shape[0])
+    vocab = min(cfg.vocab, w_out.shape[0]) if vocab_ids is None else len(vocab_ids)
+    if vocab_ids is not None and (kind != "mlp" or w_out.shape[0] != vocab):
+        raise ValueError("a listed vocabulary is for an MLP head, with one output row per listed id")
     S = cfg.steps_unrolled
     if kind == "mtp":
         head = MTPModules(MTPConfig(hidden_size=H, inner=cfg.inner, depth=S, vocab=vocab, target=target_name))
@@ -116,7 +125,9 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
         if cfg.taps and (data.aux is None or data.taps != tuple(cfg.taps)):
             raise ValueError(f"features recorded with taps {list(data.taps)}, but the head wants {list(cfg.taps)}")
         head = FeatureHead(HeadConfig(hidden_size=H, inner=cfg.inner, vocab=vocab, target=target_name,
-                                      taps=tuple(cfg.taps)))
+                                      taps=tuple(cfg.taps), listed_vocab=vocab_ids is not None))
+        if vocab_ids is not None:
+            head.vocab_ids.copy_(vocab_ids)
     if init is not None:
         start_from(head, init)
     n_docs = len(data.starts) - 1
@@ -124,8 +135,10 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
     val_rows = start_rows(data, val_docs, S)
     train_rows = start_rows(data, train_docs, S, doc_weight)
     w_head = w_out[:vocab].float()  # [V', H]
+    top = first_of(data.top.long(), vocab) if vocab_ids is None else \
+        draft_index(vocab_ids, max(int(data.top.max()), int(vocab_ids.max())) + 1)[data.top.long()]  # [N, TOP] draft indices
     t0 = time.perf_counter()
-    steps = _fit(head, data, emb, w_head, train_rows, cfg, vocab, log, seconds)
+    steps = _fit(head, data, emb, w_head, train_rows, cfg, top, log, seconds)
     head.eval()
     report = {"train_positions": len(train_rows), "val_positions": len(val_rows), "steps": steps,
               "seconds": round(time.perf_counter() - t0, 1)}
@@ -133,7 +146,7 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
     if doc_weight is not None:
         groups["val_agreement_weighted_docs"] = val_docs[doc_weight[val_docs] == doc_weight.max()]
     for key, docs in groups.items():
-        agreement = _agreement(head, data, emb, w_head, start_rows(data, docs, S), S, vocab)
+        agreement = _agreement(head, data, emb, w_head, start_rows(data, docs, S), S, top)
         if agreement is not None:
             report[key] = agreement
     return head, report
@@ -154,12 +167,12 @@ def start_from(head: FeatureHead, init: FeatureHead) -> None:
 
 
 def _fit(head: FeatureHead | MTPModules, data: FeatureSet, emb: torch.Tensor, w_head: torch.Tensor, train_rows: torch.Tensor,
-         cfg: TrainConfig, vocab: int, log, seconds: float | None) -> int:
+         cfg: TrainConfig, top: torch.Tensor, log, seconds: float | None) -> int:
     """fit_rows with the head's unrolled loss; returns the number of optimizer steps."""
 
     def loss_of(rows: torch.Tensor) -> torch.Tensor:
-        negatives = torch.randint(0, vocab, (cfg.negatives,))
-        return _unroll(head, data, emb, w_head, rows, cfg.steps_unrolled, vocab, negatives, cfg.reg_weight)[0]
+        negatives = torch.randint(0, len(w_head), (cfg.negatives,))
+        return _unroll(head, data, emb, w_head, rows, cfg.steps_unrolled, top, negatives, cfg.reg_weight)[0]
 
     return fit_rows(head, train_rows, loss_of, epochs=cfg.epochs, batch=cfg.batch, lr=cfg.lr,
                     weight_decay=cfg.weight_decay, log=log, seconds=seconds)[0]
@@ -202,15 +215,15 @@ def fit_rows(module: torch.nn.Module, train_rows: torch.Tensor, loss_of, *, epoc
 
 
 def _agreement(head: FeatureHead | MTPModules, data: FeatureSet, emb: torch.Tensor, w_head: torch.Tensor, rows: torch.Tensor,
-               S: int, vocab: int) -> list[float] | None:
+               S: int, top: torch.Tensor) -> list[float] | None:
     """Share of start ``rows`` where the head's greedy guess at unrolled step s is the target's
-    choice, per step (None without rows)."""
+    choice, per step (None without rows); top: data.top as draft indices (_unroll)."""
     if not len(rows):
         return None
     with torch.no_grad():
         sums = torch.zeros(S)
         for i in range(0, len(rows), 1024):
-            _, agree = _unroll(head, data, emb, w_head, rows[i:i + 1024], S, vocab, None, 0.0)
+            _, agree = _unroll(head, data, emb, w_head, rows[i:i + 1024], S, top, None, 0.0)
             sums += torch.stack([a.sum() for a in agree])
     return [round(float(x) / len(rows), 4) for x in sums]
 

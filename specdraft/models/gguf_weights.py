@@ -58,6 +58,10 @@ def _f16(b: np.ndarray) -> np.ndarray:
 
 REC = {"Q4_K": 1216, "Q6_K": 1696}  # bytes per super-block record of 8 output rows in the kernel's layout
 GROUP = 8  # output rows per record
+# A record's fields as (first byte, end, bytes before the row index): each field is [before, row
+# (8), after] (see unpack_q4k / unpack_q6k and QuantTensor.dequantize)
+_SECTIONS = {"Q4_K": [(0, 1024, 32), (1024, 1088, 8), (1088, 1152, 4), (1152, 1184, 1), (1184, 1216, 1)],
+             "Q6_K": [(0, 1024, 32), (1024, 1536, 16), (1536, 1664, 16), (1664, 1696, 1)]}
 
 
 def _groups(*arrays: np.ndarray) -> list[np.ndarray]:
@@ -189,6 +193,21 @@ class QuantTensor:
     def rows(self, n: int) -> QuantTensor:
         """The first n output rows."""
         return QuantTensor(self.kind, n, self.in_features, self.w[:-(-n // GROUP)])
+
+    def select(self, ids: torch.Tensor) -> QuantTensor:
+        """The output rows ``ids`` [n] (in that order), re-interleaved 8 to a record: the same
+        bytes per row, so the kernels give each row the bits they give it in the whole matrix."""
+        nb = -(-self.in_features // QK)
+        rec = self.w.reshape(-1, nb, REC[self.kind])
+        G = rec.shape[0]
+        pad = torch.cat([ids, ids[-1:].expand(-len(ids) % GROUP)]).long()  # a last partial record repeats its row
+        out = torch.empty(len(pad) // GROUP, nb, REC[self.kind], dtype=torch.uint8)
+        for start, end, before in _SECTIONS[self.kind]:  # each field is [before, o, after] in a record
+            field = rec[..., start:end].reshape(G, nb, before, GROUP, -1)
+            per_row = field.permute(0, 3, 1, 2, 4).reshape(G * GROUP, nb, before, -1)  # [row, b, before, after]
+            picked = per_row[pad].reshape(-1, GROUP, nb, before, per_row.shape[-1]).permute(0, 2, 3, 1, 4)
+            out[..., start:end] = picked.reshape(-1, nb, end - start)
+        return QuantTensor(self.kind, len(ids), self.in_features, out.reshape(len(pad) // GROUP, -1))
 
     def dequantize(self) -> torch.Tensor:
         """[out, in] float32 (for tests, and for drafters that read the output head)."""
@@ -387,8 +406,15 @@ class GGUFLinear:
         assert len(self.parts) == 1 and self.bias is None
         return GGUFLinear([self.parts[0].rows(n)])
 
-    def dequantize_rows(self, n: int) -> torch.Tensor:
-        """[n, in] float32: the first n output rows of the weights."""
+    def select_rows(self, ids: torch.Tensor) -> GGUFLinear:
+        """The same layer over the outputs ``ids`` [n], in that order (one part only: an output head)."""
+        assert len(self.parts) == 1 and self.bias is None
+        return GGUFLinear([self.parts[0].select(ids)])
+
+    def dequantize_rows(self, n: int | torch.Tensor) -> torch.Tensor:
+        """[n, in] float32: the first n output rows of the weights, or the rows ``n`` [n] (one part)."""
+        if isinstance(n, torch.Tensor):
+            return self.select_rows(n).parts[0].dequantize()
         out, left = [], n
         for p in self.parts:
             if left <= 0:

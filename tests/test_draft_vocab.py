@@ -1,0 +1,146 @@
+"""A frequency-ranked draft vocabulary (heads.vocab, FR-Spec / EAGLE-3's d2t): the head guesses
+among the ids the target chose most often, scored by those rows of the target's output head.
+
+The ids are ranked by counts then by lowest id; the GGUF rows gathered for them give the bits
+the whole matrix gives; a head trained on them keeps its ids through its files, and decoding
+with it stays the target's own greedy output, its sampled guesses' q living on those ids only.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from test_gguf_kernels import quant_tensor
+
+from _tiny import VOCAB, build_hf, drafted, greedy_runs_equal_plain, own_texts, save
+from specdraft.config import SamplingConfig
+from specdraft.drafters.feature_head import FeatureHeadDrafter, output_rows, output_weight
+from specdraft.heads.data import record
+from specdraft.heads.model import FeatureHead, load_head
+from specdraft.heads.train import TrainConfig, train_head
+from specdraft.heads.vocab import choice_counts, draft_index, frequent_ids
+from specdraft.models.gguf_weights import GGUFLinear
+from specdraft.models.llama import LlamaModel
+
+PROMPTS = [[5, 17, 33, 2, 5, 17, 33, 8], [41, 5, 17, 60, 3], [9, 9, 1, 70, 12, 30]]
+SIZE = 40  # of VOCAB = 96 ids
+
+
+def test_frequent_ids_rank_by_counts_then_lowest_id():
+    counts = torch.tensor([0, 5, 0, 9, 5, 1, 0, 0])
+    assert frequent_ids(counts, 3).tolist() == [1, 3, 4]  # 9, then the two 5s
+    assert frequent_ids(counts, 5).tolist() == [0, 1, 3, 4, 5]  # then 1, then the lowest unseen id
+    assert frequent_ids(counts, 20).tolist() == list(range(8))
+    ids = torch.tensor([6, 2, 4])
+    t2d = draft_index(ids, 8)
+    assert t2d.tolist() == [-1, -1, 1, -1, 2, -1, 0, -1]
+    assert choice_counts(torch.tensor([[3, 1], [3, 0], [7, 3]]), 8).tolist() == [0, 0, 0, 2, 0, 0, 0, 1]
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+def test_selected_gguf_rows_are_the_matrix_rows_bit_for_bit(kind):
+    from specdraft.kernels import KernelUnavailable, gguf_ops
+
+    try:
+        gguf_ops()
+    except KernelUnavailable as e:
+        pytest.skip(str(e))
+    qt, _ = quant_tensor(kind, 43, 512, seed=7)
+    ids = torch.tensor([42, 5, 0, 17, 17, 8, 3, 30, 31, 2, 1])  # any order, repeats, a partial last record
+    picked = qt.select(ids)
+    assert picked.out_features == len(ids) and torch.equal(picked.dequantize(), qt.dequantize()[ids])
+    whole, some = GGUFLinear([qt]), GGUFLinear([qt]).select_rows(ids)
+    x = torch.randn(5, 512)
+    assert torch.equal(some(x), whole(x)[:, ids])
+
+
+@pytest.fixture(scope="module", params=["dense", "q4k"])
+def target(request, tmp_path_factory):
+    if request.param == "q4k":
+        from specdraft.kernels import KernelUnavailable, gguf_ops
+
+        try:
+            gguf_ops()
+        except KernelUnavailable as e:
+            pytest.skip(str(e))
+    d = save(build_hf("qwen2", seed=0), tmp_path_factory.mktemp("vocab") / "target")
+    return LlamaModel.from_dir(d, dtype=torch.float32, max_length=256, weight_format=request.param)
+
+
+@pytest.fixture(scope="module")
+def trained(target):
+    data = record(target, own_texts(target))
+    ids = frequent_ids(choice_counts(data.top, VOCAB), SIZE)
+    cfg = TrainConfig(inner=128, vocab=SIZE, epochs=30, batch=64, negatives=32, lr=3e-3, holdout=0.2)
+    head, report = train_head(data, target.embed, output_weight(target, ids), cfg, log=lambda *a: None, vocab_ids=ids)
+    return data, ids, head, report
+
+
+def test_a_head_trains_on_its_listed_ids_and_keeps_them(target, trained, tmp_path):
+    data, ids, head, report = trained
+    assert head.cfg.listed_vocab and torch.equal(head.token_ids(), ids) and report["steps"] > 0
+    t2d = draft_index(ids, VOCAB)
+    assert (t2d[data.top[:, 0]] >= 0).float().mean() > 0.6  # the most frequent 40 of 96 ids hold most choices
+    w = output_weight(target, ids)
+    last = torch.zeros(len(data), dtype=torch.bool)
+    last[data.starts[1:] - 1] = True  # a document's last row has no next row in it
+    rows = torch.arange(len(data))[~last]
+
+    def agreement(h):  # the guess after one step, as a target id, against the target's choice
+        with torch.no_grad():
+            f = h(data.features[rows].float(), target.embed[data.tokens[rows + 1]].float())
+            return float((ids[(f @ w.T).argmax(-1)] == data.top[rows + 1, 0]).float().mean())
+
+    assert agreement(head) > agreement(FeatureHead(head.cfg).eval()) + 0.2
+    head.save(tmp_path / "h")
+    back = load_head(tmp_path / "h")
+    assert back.cfg == head.cfg and back.vocab_ids.dtype == torch.int64 and torch.equal(back.token_ids(), ids)
+    with pytest.raises(ValueError, match="listed vocabulary"):
+        train_head(data, target.embed, output_weight(target, ids[:-1]), TrainConfig(vocab=SIZE, epochs=1), vocab_ids=ids)
+
+
+def test_output_rows_are_those_of_the_listed_ids(target, trained):
+    _, ids, _, _ = trained
+    f = torch.randn(3, target.spec.hidden_size)
+    want = output_rows(target, VOCAB)(f)[:, ids]
+    torch.testing.assert_close(output_rows(target, ids)(f), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(output_weight(target, ids), output_weight(target, VOCAB)[ids])
+
+
+@pytest.mark.parametrize("method", ["head", "hybrid-head"])
+@pytest.mark.parametrize("trees", [False, True])
+def test_greedy_with_a_listed_vocabulary_equals_plain(target, trained, method, trees):
+    _, _, head, _ = trained
+    greedy_runs_equal_plain(target, method, head, PROMPTS, trees=trees)
+
+
+def test_guesses_and_their_q_are_target_ids(target, trained, monkeypatch):
+    _, ids, head, _ = trained
+    allowed = set(ids.tolist())
+    seen = []
+    real = FeatureHeadDrafter.propose
+
+    def spy(self, context, k, sampling, generator):
+        draft = real(self, context, k, sampling, generator)
+        seen.append(draft)
+        return draft
+
+    monkeypatch.setattr(FeatureHeadDrafter, "propose", spy)
+    for sampling in (SamplingConfig(), SamplingConfig(temperature=0.8, seed=3)):
+        drafted(target, "head", PROMPTS[0], head, sampling, n=20)
+    drafts = [d for d in seen if d.tokens]
+    assert drafts and all(set(d.tokens) <= allowed for d in drafts)
+    sampled = [d for d in drafts if d.probs is not None]
+    assert sampled
+    outside = torch.ones(len(target.embed), dtype=torch.bool)
+    outside[ids] = False
+    for d in sampled:
+        assert d.probs.shape[-1] == len(target.embed)
+        torch.testing.assert_close(d.probs.sum(-1), torch.ones(len(d.tokens)))
+        assert d.probs[:, outside].abs().max() == 0
+        assert all(d.probs[i, t] > 0 for i, t in enumerate(d.tokens))
+
+
+def test_an_old_head_guesses_among_the_first_ids(target):
+    head = FeatureHead(FeatureHead.__init__.__globals__["HeadConfig"](target.spec.hidden_size, 16, SIZE)).eval()
+    assert not head.cfg.listed_vocab and torch.equal(head.token_ids(), torch.arange(SIZE))
+    assert FeatureHeadDrafter(target, head).ids is None
