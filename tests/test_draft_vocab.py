@@ -144,3 +144,18 @@ def test_an_old_head_guesses_among_the_first_ids(target):
     head = FeatureHead(FeatureHead.__init__.__globals__["HeadConfig"](target.spec.hidden_size, 16, SIZE)).eval()
     assert not head.cfg.listed_vocab and torch.equal(head.token_ids(), torch.arange(SIZE))
     assert FeatureHeadDrafter(target, head).ids is None
+
+
+def test_mtp_modules_take_a_listed_vocabulary(target, trained, tmp_path):
+    data, ids, _, _ = trained
+    cfg = TrainConfig(inner=64, vocab=SIZE, epochs=4, batch=64, negatives=32, holdout=0.2)
+    modules, _ = train_head(data, target.embed, output_weight(target, ids), cfg, log=lambda *a: None,
+                            kind="mtp", vocab_ids=ids)
+    assert modules.cfg.listed_vocab and torch.equal(modules.token_ids(), ids)
+    modules.save(tmp_path / "m")
+    back = load_head(tmp_path / "m", "mtp")
+    assert back.cfg == modules.cfg and torch.equal(back.token_ids(), ids)
+    greedy_runs_equal_plain(target, "mtp", back, PROMPTS)
+    from specdraft.drafters.mtp import MTPDrafter
+
+    assert torch.equal(MTPDrafter(target, back).ids, ids)

@@ -72,8 +72,8 @@ def add_train_args(p, *, kind: str | None = None) -> None:
     p.add_argument("--vocab", type=int, default=None, help="the drafter guesses among VOCAB token ids (default 32768)")
     p.add_argument("--draft-vocab", choices=("frequent", "first"), default=None,
                    help="which ids: those the target chose most often in the features (FR-Spec, EAGLE-3's draft "
-                        "vocabulary; the default for mlp) or the first ones (the default, and the only choice, "
-                        "for the other kinds)")
+                        "vocabulary; the default for mlp and mtp) or the first ones (the default, and the only "
+                        "choice, for the other kinds)")
     p.add_argument("--lr", type=float, default=None,
                    help="peak learning rate (default: mlp, mtp, medusa, hydra 1e-3; eagle 6e-4)")
     p.add_argument("--batch", type=int, default=None,
@@ -189,9 +189,9 @@ def train_from_args(args) -> int:
         given["taps"] = taps
     if args.init and args.kind != "mlp":
         raise ParameterError("--init applies to --kind mlp only")
-    frequent = (args.draft_vocab or ("frequent" if args.kind == "mlp" else "first")) == "frequent"
-    if frequent and args.kind != "mlp":
-        raise ParameterError("--draft-vocab frequent applies to --kind mlp only")
+    frequent = (args.draft_vocab or ("frequent" if args.kind in ("mlp", "mtp") else "first")) == "frequent"
+    if frequent and args.kind not in ("mlp", "mtp"):
+        raise ParameterError("--draft-vocab frequent applies to --kind mlp and mtp")
     if args.batch:
         given["rows" if args.kind == "eagle" else "batch"] = args.batch
     cfg = EagleTrainConfig(**given) if args.kind == "eagle" else MedusaTrainConfig(**given) if heads_kind \

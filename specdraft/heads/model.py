@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 
 from ..errors import ModelFileError
 from ..models.registry import ALIASES
+from .vocab import ListedVocab
 
 
 def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -52,10 +53,11 @@ class HeadConfig:
         object.__setattr__(self, "taps", tuple(self.taps))  # head.json holds a list
 
 
-class FeatureHead(torch.nn.Module):
+class FeatureHead(ListedVocab, torch.nn.Module):
     def __init__(self, cfg: HeadConfig):
         super().__init__()
         self.cfg = cfg
+        self.init_vocab()
         H, D = cfg.hidden_size, cfg.inner
         self.g_f = torch.nn.Parameter(torch.ones(H))
         self.g_e = torch.nn.Parameter(torch.ones(H))
@@ -63,8 +65,6 @@ class FeatureHead(torch.nn.Module):
         self.w2 = torch.nn.Linear(D, H)
         torch.nn.init.zeros_(self.w2.weight)  # starts as "the next feature is this one"
         torch.nn.init.zeros_(self.w2.bias)
-        if cfg.listed_vocab:
-            self.register_buffer("vocab_ids", torch.arange(cfg.vocab))
         k = len(cfg.taps)
         if k:
             self.g_t = torch.nn.Parameter(torch.ones(k, H))
@@ -72,10 +72,6 @@ class FeatureHead(torch.nn.Module):
             with torch.no_grad():  # starts as "take the last layer's feature"
                 self.fuse.weight.zero_()
                 self.fuse.weight[:, k * H:] = torch.eye(H)
-
-    def token_ids(self) -> torch.Tensor:
-        """[vocab] int64: the target ids the head guesses among, in the order of its scores."""
-        return self.vocab_ids if self.cfg.listed_vocab else torch.arange(self.cfg.vocab)
 
     def entry(self, f: torch.Tensor, aux: torch.Tensor | None, fuse=None) -> torch.Tensor:
         """The first step's feature: f [B, H] itself, or fused with aux [B, k, H] (the tapped

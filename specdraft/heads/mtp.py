@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from .model import FeatureHead, HeadConfig, read_drafter, save_drafter
+from .vocab import ListedVocab
 
 KIND = "mtp"
 
@@ -33,16 +34,18 @@ class MTPConfig:
     hidden_size: int  # H: the target's hidden size
     inner: int  # D: each module's MLP width
     depth: int  # K: modules, module k guessing k + 1 tokens past the feature's row
-    vocab: int  # guesses come from the target's first `vocab` token ids
+    vocab: int  # guesses come from `vocab` token ids: the first ones, or those listed (heads.vocab)
     target: str = ""  # what it was trained on (informative)
     eps: float = 1e-6
     kind: str = KIND
+    listed_vocab: bool = False  # the ids are the buffer vocab_ids [vocab] (frequency-ranked), not 0..vocab-1
 
 
-class MTPModules(torch.nn.Module):
+class MTPModules(ListedVocab, torch.nn.Module):
     def __init__(self, cfg: MTPConfig):
         super().__init__()
         self.cfg = cfg
+        self.init_vocab()
         step = HeadConfig(hidden_size=cfg.hidden_size, inner=cfg.inner, vocab=cfg.vocab, target=cfg.target, eps=cfg.eps)
         self.depths = torch.nn.ModuleList(FeatureHead(step) for _ in range(cfg.depth))
 

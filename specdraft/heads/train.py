@@ -108,7 +108,7 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
     """Train a head (kind "mlp"), or MTP modules (kind "mtp": one per unrolled step). emb [V, H]:
     the target's embedding; w_out [V', H]: its output head's rows for the drafter's vocabulary
     (fp32 or bf16; ``drafters.feature_head.output_weight`` reads them from a loaded target):
-    the first ``cfg.vocab`` ids, or ``vocab_ids`` [V'] (heads.vocab; an MLP head only); doc_weight [D]
+    the first ``cfg.vocab`` ids, or ``vocab_ids`` [V'] (heads.vocab); doc_weight [D]
     (int): how often each document counts per epoch. Returns the head and validation figures
     (greedy agreement per unrolled step, on held-out documents: overall and for the documents of
     the largest weight). ``init``: an MLP head of the same sizes whose step to start from (a head
@@ -116,18 +116,19 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
     torch.manual_seed(cfg.seed)
     H = data.features.shape[1]
     vocab = min(cfg.vocab, w_out.shape[0]) if vocab_ids is None else len(vocab_ids)
-    if vocab_ids is not None and (kind != "mlp" or w_out.shape[0] != vocab):
-        raise ValueError("a listed vocabulary is for an MLP head, with one output row per listed id")
+    if vocab_ids is not None and w_out.shape[0] != vocab:
+        raise ValueError("a listed vocabulary needs one output row per listed id")
     S = cfg.steps_unrolled
     if kind == "mtp":
-        head = MTPModules(MTPConfig(hidden_size=H, inner=cfg.inner, depth=S, vocab=vocab, target=target_name))
+        head = MTPModules(MTPConfig(hidden_size=H, inner=cfg.inner, depth=S, vocab=vocab, target=target_name,
+                                    listed_vocab=vocab_ids is not None))
     else:
         if cfg.taps and (data.aux is None or data.taps != tuple(cfg.taps)):
             raise ValueError(f"features recorded with taps {list(data.taps)}, but the head wants {list(cfg.taps)}")
         head = FeatureHead(HeadConfig(hidden_size=H, inner=cfg.inner, vocab=vocab, target=target_name,
                                       taps=tuple(cfg.taps), listed_vocab=vocab_ids is not None))
-        if vocab_ids is not None:
-            head.vocab_ids.copy_(vocab_ids)
+    if vocab_ids is not None:
+        head.vocab_ids.copy_(vocab_ids)
     if init is not None:
         start_from(head, init)
     n_docs = len(data.starts) - 1

@@ -39,3 +39,16 @@ def draft_index(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     t2d = torch.full((vocab_size,), -1, dtype=torch.int64)
     t2d[ids] = torch.arange(len(ids))
     return t2d
+
+
+class ListedVocab:
+    """For a drafting module whose config has ``vocab`` and ``listed_vocab``: the buffer
+    ``vocab_ids`` [vocab] (saved with the weights) when the ids are listed, and ``token_ids()``."""
+
+    def init_vocab(self) -> None:
+        if self.cfg.listed_vocab:
+            self.register_buffer("vocab_ids", torch.arange(self.cfg.vocab))
+
+    def token_ids(self) -> torch.Tensor:
+        """[vocab] int64: the target ids the module guesses among, in the order of its scores."""
+        return self.vocab_ids if self.cfg.listed_vocab else first_ids(self.cfg.vocab)
