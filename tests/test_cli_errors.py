@@ -320,7 +320,7 @@ def test_eagle_without_a_drafter_or_with_a_head_of_another_kind_gives_one_line(c
     (["--kind", "eagle", "--taps", "1"], "--taps applies to --kind mlp only"),
     (["--kind", "mlp", "--taps", "one,two"], "--taps takes comma-separated layer numbers"),
     (["--kind", "mtp", "--init", "shipped"], "--init applies to --kind mlp only"),
-    (["--kind", "medusa", "--draft-vocab", "frequent"], "--draft-vocab frequent applies to --kind mlp and mtp"),
+    (["--kind", "eagle", "--draft-vocab", "frequent"], "--draft-vocab frequent does not apply to --kind eagle"),
 ])
 def test_train_drafter_refuses_bad_settings_in_one_line(capsys, tmp_path, args, contains):
     rc, out, err = call(["train-drafter", "--out", str(tmp_path), *args], capsys)

@@ -159,3 +159,21 @@ def test_mtp_modules_take_a_listed_vocabulary(target, trained, tmp_path):
     from specdraft.drafters.mtp import MTPDrafter
 
     assert torch.equal(MTPDrafter(target, back).ids, ids)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "hydra"])
+def test_medusa_and_hydra_heads_take_a_listed_vocabulary(target, trained, kind, tmp_path):
+    from specdraft.heads.export import medusa_tensors
+    from specdraft.heads.medusa import MedusaTrainConfig, train_medusa
+
+    data, ids, _, _ = trained
+    cfg = MedusaTrainConfig(num_heads=3, vocab=SIZE, epochs=3, batch=64, negatives=32, holdout=0.2)
+    heads, report = train_medusa(data, output_weight(target, ids), cfg, log=lambda *a: None, kind=kind,
+                                 emb=target.embed, vocab_ids=ids)
+    assert heads.cfg.listed_vocab and torch.equal(heads.token_ids(), ids) and report["steps"] > 0
+    heads.save(tmp_path / kind)
+    back = load_head(tmp_path / kind, kind)
+    assert torch.equal(back.token_ids(), ids)
+    greedy_runs_equal_plain(target, kind, back, PROMPTS)
+    tensors = medusa_tensors(back, output_weight(target, ids))
+    assert torch.equal(tensors["token_map"], ids) and tensors["lm_heads.0.weight"].shape[0] == SIZE

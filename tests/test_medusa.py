@@ -61,8 +61,8 @@ def test_training_fits_every_head(target, trained):
     assert report["steps"] > 0 and report["finished"] and len(report["val_agreement"]) == 3
     rows = start_rows(data, torch.arange(len(data.starts) - 1), 1)
     w = output_weight(target, VOCAB)
-    got = agreement(heads, data, rows, w, VOCAB, target.embed)
-    base = agreement(MedusaHeads(heads.cfg).eval(), data, rows, w, VOCAB, target.embed)
+    got = agreement(heads, data, rows, w, target.embed)
+    base = agreement(MedusaHeads(heads.cfg).eval(), data, rows, w, target.embed)
     # untrained, every head repeats the target's own next guess: right only where a token repeats
     assert got[0] > base[0] + 0.12 and got[2] > base[2] + 0.12, (got, base)
 

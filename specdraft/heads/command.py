@@ -72,8 +72,7 @@ def add_train_args(p, *, kind: str | None = None) -> None:
     p.add_argument("--vocab", type=int, default=None, help="the drafter guesses among VOCAB token ids (default 32768)")
     p.add_argument("--draft-vocab", choices=("frequent", "first"), default=None,
                    help="which ids: those the target chose most often in the features (FR-Spec, EAGLE-3's draft "
-                        "vocabulary; the default for mlp and mtp) or the first ones (the default, and the only "
-                        "choice, for the other kinds)")
+                        "vocabulary; the default) or the first ones (the only choice for eagle)")
     p.add_argument("--lr", type=float, default=None,
                    help="peak learning rate (default: mlp, mtp, medusa, hydra 1e-3; eagle 6e-4)")
     p.add_argument("--batch", type=int, default=None,
@@ -189,9 +188,9 @@ def train_from_args(args) -> int:
         given["taps"] = taps
     if args.init and args.kind != "mlp":
         raise ParameterError("--init applies to --kind mlp only")
-    frequent = (args.draft_vocab or ("frequent" if args.kind in ("mlp", "mtp") else "first")) == "frequent"
-    if frequent and args.kind not in ("mlp", "mtp"):
-        raise ParameterError("--draft-vocab frequent applies to --kind mlp and mtp")
+    frequent = (args.draft_vocab or ("first" if args.kind == "eagle" else "frequent")) == "frequent"
+    if frequent and args.kind == "eagle":
+        raise ParameterError("--draft-vocab frequent does not apply to --kind eagle (it guesses among the first ids)")
     if args.batch:
         given["rows" if args.kind == "eagle" else "batch"] = args.batch
     cfg = EagleTrainConfig(**given) if args.kind == "eagle" else MedusaTrainConfig(**given) if heads_kind \
@@ -228,7 +227,7 @@ def train_from_args(args) -> int:
             checkpoint.unlink(missing_ok=True)
     elif heads_kind:
         head, report = train_medusa(data, w_out, cfg, target_name=name, doc_weight=weight, seconds=seconds,
-                                    kind=args.kind, emb=target.embed)
+                                    kind=args.kind, emb=target.embed, vocab_ids=vocab_ids)
     else:
         try:
             head, report = train_head(data, target.embed, w_out, cfg, target_name=name, doc_weight=weight,
@@ -284,7 +283,7 @@ def export_from_args(args) -> int:
     lm_rows = None
     if kind == "medusa":  # the heads share the target's output head: the export carries its rows
         sd = Speculator(name, dtype="fp32", runtime="native", max_length=64, load_draft=False)
-        lm_rows = output_weight(sd.target.model, head.cfg.vocab)
+        lm_rows = output_weight(sd.target.model, head.token_ids() if head.cfg.listed_vocab else head.cfg.vocab)
     for path in export(head, args.out, args.to, verifier, verifier_config, lm_rows):
         print(path)
     return 0

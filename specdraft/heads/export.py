@@ -90,14 +90,14 @@ def vllm_config(head: EagleHead, verifier: str, verifier_config: dict) -> dict:
 
 def medusa_tensors(heads: MedusaHeads, lm_rows: torch.Tensor) -> dict[str, torch.Tensor]:
     """The heads' weights under vLLM Medusa's names (bf16); lm_rows [V', H]: the target's output
-    head's first V' rows; token_map (int64) maps draft ids to the target's."""
+    head's rows for the heads' vocabulary; token_map (int64) maps draft ids to the target's."""
     out = {}
     for i, block in enumerate(heads.blocks):
         out[f"blocks.{i}.layers.0.weight"] = block.weight
         out[f"blocks.{i}.layers.0.bias"] = block.bias
     out["lm_heads.0.weight"] = lm_rows[:heads.cfg.vocab]
     tensors = {name: t.detach().to(torch.bfloat16).contiguous() for name, t in out.items()}
-    tensors["token_map"] = torch.arange(heads.cfg.vocab, dtype=torch.int64)
+    tensors["token_map"] = heads.token_ids().to(torch.int64)
     return tensors
 
 

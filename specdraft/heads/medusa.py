@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from .data import FeatureSet
 from .model import read_drafter, rms, save_drafter
 from .train import first_of, fit_rows, sampled_softmax, split_documents, start_rows
+from .vocab import ListedVocab, draft_index
 
 KIND = "medusa"
 KINDS = ("medusa", "hydra")
@@ -46,22 +47,24 @@ KINDS = ("medusa", "hydra")
 class MedusaConfig:
     hidden_size: int  # H: the target's hidden size
     num_heads: int  # K: head i guesses i + 1 tokens past the feature's row
-    vocab: int  # guesses come from the target's first `vocab` token ids
+    vocab: int  # guesses come from `vocab` token ids: the first ones, or those listed (heads.vocab)
     target: str = ""  # what it was trained on (informative)
     kind: str = KIND  # "medusa", or "hydra": each head also reads the token before its guess
     eps: float = 1e-6
+    listed_vocab: bool = False  # the ids are the buffer vocab_ids [vocab] (frequency-ranked), not 0..vocab-1
 
     @property
     def reads_token(self) -> bool:
         return self.kind == "hydra"
 
 
-class MedusaHeads(torch.nn.Module):
+class MedusaHeads(ListedVocab, torch.nn.Module):
     def __init__(self, cfg: MedusaConfig):
         super().__init__()
         if cfg.kind not in KINDS:
             raise ValueError(f"kind {cfg.kind!r} is not one of {KINDS}")
         self.cfg = cfg
+        self.init_vocab()
         H = cfg.hidden_size
         self.blocks = torch.nn.ModuleList(torch.nn.Linear(2 * H if cfg.reads_token else H, H)
                                           for _ in range(cfg.num_heads))
@@ -128,34 +131,43 @@ def _labels(data: FeatureSet, rows: torch.Tensor, K: int) -> tuple[torch.Tensor,
 
 
 def _heads_on(heads: MedusaHeads, data: FeatureSet, rows: torch.Tensor, emb: torch.Tensor | None):
-    """[B, K, H] every head on rows' features, (candidates, valid) as _labels gives them."""
+    """[B, K, H] every head on rows' features, (candidates as draft indices, -1 outside the heads'
+    vocabulary; valid) as _labels gives them."""
     cand, valid, tokens = _labels(data, rows, heads.cfg.num_heads)
     e = emb[tokens].float() if heads.cfg.reads_token else None  # [B, K, H]
-    return heads(data.features[rows].float(), e), cand, valid
+    return heads(data.features[rows].float(), e), _draft_indices(heads, cand), valid
+
+
+def _draft_indices(heads: MedusaHeads, cand: torch.Tensor) -> torch.Tensor:
+    """Target ids as the heads' draft indices (-1 outside their vocabulary)."""
+    if not heads.cfg.listed_vocab:
+        return first_of(cand, heads.cfg.vocab)
+    ids = heads.token_ids()
+    return draft_index(ids, max(int(cand.max()), int(ids.max())) + 1)[cand]
 
 
 def _loss(heads: MedusaHeads, data: FeatureSet, w_out: torch.Tensor, rows: torch.Tensor, cfg: MedusaTrainConfig,
-          vocab: int, negatives: torch.Tensor, emb: torch.Tensor | None) -> torch.Tensor:
+          negatives: torch.Tensor, emb: torch.Tensor | None) -> torch.Tensor:
     K = heads.cfg.num_heads
     r, cand, valid = _heads_on(heads, data, rows, emb)
     loss = 0.0
     for i in range(K):
-        ok = valid[:, i] & (cand[:, i, 0] < vocab)
+        ok = valid[:, i] & (cand[:, i, 0] >= 0)
         if ok.any():
-            loss = loss + cfg.head_decay ** i * sampled_softmax(r[ok, i], first_of(cand[ok, i], vocab), w_out, negatives)
+            loss = loss + cfg.head_decay ** i * sampled_softmax(r[ok, i], cand[ok, i], w_out, negatives)
     return loss
 
 
 @torch.no_grad()
-def agreement(heads: MedusaHeads, data: FeatureSet, rows: torch.Tensor, w_out: torch.Tensor, vocab: int,
+def agreement(heads: MedusaHeads, data: FeatureSet, rows: torch.Tensor, w_out: torch.Tensor,
               emb: torch.Tensor | None = None) -> list[float] | None:
     """Per head, the share of rows (with a label) where its greedy guess is the target's choice
-    (Hydra: given the true tokens before it)."""
+    (Hydra: given the true tokens before it); w_out [V', H]: the rows of the heads' vocabulary."""
     K = heads.cfg.num_heads
     hits, counts = torch.zeros(K), torch.zeros(K)
     for i in range(0, len(rows), 2048):
         r, cand, valid = _heads_on(heads, data, rows[i:i + 2048], emb)
-        guess = (r @ w_out[:vocab].T).argmax(-1)  # [B, K]
+        guess = (r @ w_out.T).argmax(-1)  # [B, K] draft indices
         hits += ((guess == cand[..., 0]) & valid).sum(0)
         counts += valid.sum(0)
     if counts[0] == 0:
@@ -166,15 +178,21 @@ def agreement(heads: MedusaHeads, data: FeatureSet, rows: torch.Tensor, w_out: t
 def train_medusa(data: FeatureSet, w_out: torch.Tensor, cfg: MedusaTrainConfig = MedusaTrainConfig(), *,
                  target_name: str = "", log=print, seconds: float | None = None,
                  doc_weight: torch.Tensor | None = None, kind: str = KIND,
-                 emb: torch.Tensor | None = None) -> tuple[MedusaHeads, dict]:
-    """Train K Medusa (or Hydra) heads. w_out [V', H]: the target's output head's first rows;
-    emb [V, H]: its embedding (Hydra); doc_weight [D]: how often each document counts per epoch.
+                 emb: torch.Tensor | None = None, vocab_ids: torch.Tensor | None = None) -> tuple[MedusaHeads, dict]:
+    """Train K Medusa (or Hydra) heads. w_out [V', H]: the target's output head's rows for the heads'
+    vocabulary (its first rows, or those of ``vocab_ids`` [V'], heads.vocab); emb [V, H]: its
+    embedding (Hydra); doc_weight [D]: how often each document counts per epoch.
     Returns the heads and their report (held-out agreement per head: every document, and those
     of the largest weight)."""
     torch.manual_seed(cfg.seed)
     H, K = data.features.shape[1], cfg.num_heads
-    vocab = min(cfg.vocab, w_out.shape[0])
-    heads = MedusaHeads(MedusaConfig(hidden_size=H, num_heads=K, vocab=vocab, target=target_name, kind=kind))
+    vocab = min(cfg.vocab, w_out.shape[0]) if vocab_ids is None else len(vocab_ids)
+    if vocab_ids is not None and w_out.shape[0] != vocab:
+        raise ValueError("a listed vocabulary needs one output row per listed id")
+    heads = MedusaHeads(MedusaConfig(hidden_size=H, num_heads=K, vocab=vocab, target=target_name, kind=kind,
+                                     listed_vocab=vocab_ids is not None))
+    if vocab_ids is not None:
+        heads.vocab_ids.copy_(vocab_ids)
     if heads.cfg.reads_token and emb is None:
         raise ValueError("Hydra heads learn from the target's embedding: pass emb")
     w_out = w_out[:vocab].float().contiguous()
@@ -184,7 +202,7 @@ def train_medusa(data: FeatureSet, w_out: torch.Tensor, cfg: MedusaTrainConfig =
     t0 = time.perf_counter()
     step, total = fit_rows(
         heads, train_rows,
-        lambda rows: _loss(heads, data, w_out, rows, cfg, vocab, torch.randint(0, vocab, (cfg.negatives,)), emb),
+        lambda rows: _loss(heads, data, w_out, rows, cfg, torch.randint(0, vocab, (cfg.negatives,)), emb),
         epochs=cfg.epochs, batch=cfg.batch, lr=cfg.lr, weight_decay=cfg.weight_decay, log=log, seconds=seconds)
     heads.eval()
     report = {"train_positions": len(train_rows), "steps": step, "finished": step >= total,
@@ -193,7 +211,7 @@ def train_medusa(data: FeatureSet, w_out: torch.Tensor, cfg: MedusaTrainConfig =
     if doc_weight is not None:
         groups["val_agreement_weighted_docs"] = val_docs[doc_weight[val_docs] == doc_weight.max()]
     for key, docs in groups.items():
-        got = agreement(heads, data, start_rows(data, docs, 1), w_out, vocab, emb)
+        got = agreement(heads, data, start_rows(data, docs, 1), w_out, emb)
         if got is not None:
             report[key] = got
     return heads, report
