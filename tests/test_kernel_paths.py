@@ -168,6 +168,19 @@ def test_measured_forms_are_kept_and_set(vnni, tmp_path, monkeypatch):
     monkeypatch.setattr(plan, "measure", no_measuring)
     plan.use_measured_forms()
     assert vnni.vnni_forms() == masks
+    # a kept file that is not 4 masks of rows 1..8 is measured again, never set
+    kept = next(tmp_path.glob("kernels/vnni-forms-*.json"))
+    for bad in ('{"masks": [1, 2]}', '{"masks": [0, 0, 0, 4096]}', "{not json"):
+        kept.write_text(bad)
+        monkeypatch.setattr(plan, "_applied", [])
+        monkeypatch.setattr(plan, "measure", lambda: {"masks": [0, 0, 0, 0]})
+        plan.use_measured_forms()
+        assert vnni.vnni_forms() == [0, 0, 0, 0]
+    monkeypatch.setenv("SPECDRAFT_VNNI_FORMS", "measure")  # measured again even with a good file kept
+    monkeypatch.setattr(plan, "_applied", [])
+    monkeypatch.setattr(plan, "measure", lambda: {"masks": masks})
+    plan.use_measured_forms()
+    assert vnni.vnni_forms() == masks
 
 
 def test_measure_times_every_class(vnni):

@@ -20,7 +20,8 @@ from specdraft.errors import ModelFileError
 from specdraft.heads.data import record
 from specdraft.heads.model import load_head
 from specdraft.heads.mtp import MTPConfig, MTPModules
-from specdraft.heads.train import TrainConfig, _agreement, first_of, start_rows, train_head
+from specdraft.heads.train import TrainConfig, _agreement, start_rows, train_head
+from specdraft.heads.vocab import as_draft_indices
 
 PROMPTS = [[5, 17, 33, 2, 5, 17, 33, 8], [41, 5, 17, 60, 3], [9, 9, 1, 70, 12, 30]]
 
@@ -43,14 +44,14 @@ def test_every_module_learns_its_own_depth(target, trained):
     assert isinstance(modules, MTPModules) and modules.cfg.depth == 3 and len(report["val_agreement"]) == 3
     rows = start_rows(data, torch.arange(len(data.starts) - 1), 3)
     w = output_weight(target, VOCAB)
-    got = _agreement(modules, data, target.embed, w, rows, 3, first_of(data.top, VOCAB))
-    base = _agreement(MTPModules(modules.cfg).eval(), data, target.embed, w, rows, 3, first_of(data.top, VOCAB))
+    got = _agreement(modules, data, target.embed, w, rows, 3, as_draft_indices(data.top, VOCAB))
+    base = _agreement(MTPModules(modules.cfg).eval(), data, target.embed, w, rows, 3, as_draft_indices(data.top, VOCAB))
     assert all(g > b + 0.15 for g, b in zip(got, base)), (got, base)
     # each module was trained for its depth: swapping the first two loses depth-one agreement
     swapped = MTPModules(modules.cfg).eval()
     swapped.load_state_dict(modules.state_dict())
     swapped.depths[0], swapped.depths[1] = swapped.depths[1], swapped.depths[0]
-    assert _agreement(swapped, data, target.embed, w, rows, 3, first_of(data.top, VOCAB))[0] < got[0] - 0.05
+    assert _agreement(swapped, data, target.embed, w, rows, 3, as_draft_indices(data.top, VOCAB))[0] < got[0] - 0.05
 
 
 def test_a_nodes_children_come_from_the_module_of_its_depth(target, trained):

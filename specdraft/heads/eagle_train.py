@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from ..errors import ParameterError
 from .data import FeatureSet
 from .eagle import EagleConfig, EagleHead
-from .train import first_of, sampled_softmax, split_documents, warmup_cosine
+from .train import sampled_softmax, split_documents, warmup_cosine
+from .vocab import as_draft_indices
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ def _loss(head, batch_tensors, emb, w_out, cfg: EagleTrainConfig, vocab: int, ne
         if not label_ok.any():
             continue
         hv = h[label_ok]  # [N, H]
-        ce = sampled_softmax(hv, first_of(cand[label_ok], vocab), w_out, negatives)
+        ce = sampled_softmax(hv, as_draft_indices(cand[label_ok], vocab), w_out, negatives)
         reg = F.smooth_l1_loss(hv, feats[:, nxt][label_ok])
         loss = loss + cfg.step_decay ** j * (ce + cfg.reg_weight * reg)
     return loss

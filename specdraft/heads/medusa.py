@@ -36,8 +36,8 @@ import torch.nn.functional as F
 
 from .data import FeatureSet
 from .model import read_drafter, rms, save_drafter
-from .train import first_of, fit_rows, sampled_softmax, split_documents, start_rows
-from .vocab import ListedVocab, draft_index
+from .train import fit_rows, sampled_softmax, split_documents, start_rows
+from .vocab import ListedVocab, as_draft_indices
 
 KIND = "medusa"
 KINDS = ("medusa", "hydra")
@@ -135,15 +135,8 @@ def _heads_on(heads: MedusaHeads, data: FeatureSet, rows: torch.Tensor, emb: tor
     vocabulary; valid) as _labels gives them."""
     cand, valid, tokens = _labels(data, rows, heads.cfg.num_heads)
     e = emb[tokens].float() if heads.cfg.reads_token else None  # [B, K, H]
-    return heads(data.features[rows].float(), e), _draft_indices(heads, cand), valid
-
-
-def _draft_indices(heads: MedusaHeads, cand: torch.Tensor) -> torch.Tensor:
-    """Target ids as the heads' draft indices (-1 outside their vocabulary)."""
-    if not heads.cfg.listed_vocab:
-        return first_of(cand, heads.cfg.vocab)
-    ids = heads.token_ids()
-    return draft_index(ids, max(int(cand.max()), int(ids.max())) + 1)[cand]
+    ids = heads.token_ids() if heads.cfg.listed_vocab else None
+    return heads(data.features[rows].float(), e), as_draft_indices(cand, heads.cfg.vocab, ids), valid
 
 
 def _loss(heads: MedusaHeads, data: FeatureSet, w_out: torch.Tensor, rows: torch.Tensor, cfg: MedusaTrainConfig,

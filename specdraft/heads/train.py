@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from .data import FeatureSet
 from .model import FeatureHead, HeadConfig
 from .mtp import MTPConfig, MTPModules
-from .vocab import draft_index
+from .vocab import as_draft_indices
 
 
 @dataclass(frozen=True)
@@ -69,11 +69,6 @@ def sampled_softmax(f: torch.Tensor, cand: torch.Tensor, w_out: torch.Tensor, ne
     pos = pos.masked_fill(cand < 0, float("-inf"))
     neg = (f @ w_out[negatives].float().T).masked_fill(negatives[None, :] == cand[:, :1], float("-inf"))
     return F.cross_entropy(torch.cat([pos, neg], -1), torch.zeros(len(f), dtype=torch.long))
-
-
-def first_of(cand: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Target ids as draft indices of the first ``vocab`` ids: themselves, or -1 past them."""
-    return cand.masked_fill(cand >= vocab, -1)
 
 
 def _unroll(head: FeatureHead | MTPModules, data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, rows: torch.Tensor,
@@ -136,8 +131,7 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
     val_rows = start_rows(data, val_docs, S)
     train_rows = start_rows(data, train_docs, S, doc_weight)
     w_head = w_out[:vocab].float()  # [V', H]
-    top = first_of(data.top.long(), vocab) if vocab_ids is None else \
-        draft_index(vocab_ids, max(int(data.top.max()), int(vocab_ids.max())) + 1)[data.top.long()]  # [N, TOP] draft indices
+    top = as_draft_indices(data.top.long(), vocab, vocab_ids)  # [N, TOP]
     t0 = time.perf_counter()
     steps = _fit(head, data, emb, w_head, train_rows, cfg, top, log, seconds)
     head.eval()

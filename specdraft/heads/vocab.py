@@ -41,6 +41,14 @@ def draft_index(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return t2d
 
 
+def as_draft_indices(cand: torch.Tensor, vocab: int, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Target ids ``cand`` [...] as draft indices: for the first ``vocab`` ids (``ids`` None)
+    themselves, else their place in ``ids``; -1 outside the vocabulary."""
+    if ids is None:
+        return cand.masked_fill(cand >= vocab, -1)
+    return draft_index(ids, max(int(cand.max()), int(ids.max())) + 1)[cand]
+
+
 class ListedVocab:
     """For a drafting module whose config has ``vocab`` and ``listed_vocab``: the buffer
     ``vocab_ids`` [vocab] (saved with the weights) when the ids are listed, and ``token_ids()``."""

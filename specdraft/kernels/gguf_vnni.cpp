@@ -34,7 +34,7 @@ bool cpu_has_avx512_vnni() {
 // Which form a block of rows takes, per weight type, per rows per pass over the weights (1..8: a
 // block of T rows makes ceil(T / 8) passes of ~T / passes rows) and per row length (short: < 16
 // super-blocks, the 1536-wide inputs of the default target; long: the MLP's down projection): bit n of
-// zmm_rows[Q6_K][long] set = two 8-row groups a zmm (16 rows a vector, half the instructions of a ymm
+// zmm_rows[type][length] set = two 8-row groups a zmm (16 rows a vector, half the instructions of a ymm
 // a row), clear = one group a ymm (EVEX vpdpbusd, 32 registers: tiles of 8 rows too). The two
 // forms give the same bits (the same integer sums, the same float steps per lane); which is
 // faster depends on the core: on one whose 512-bit units are full width (Zen 5) the zmm form

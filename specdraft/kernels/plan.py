@@ -9,7 +9,8 @@ kernel build (~3 s): for 1..8 rows a pass and per weight type and row length, ea
 its products within the default target's whole forward (~1 GB of records, streamed from memory
 as a model's are), the forms round robin so a slow phase of the machine hits both. The result is kept
 under ``<cache>/kernels/`` and set in the kernels at first use; ``SPECDRAFT_VNNI_FORMS=default``
-keeps the built-in choice instead.
+keeps the built-in choice instead, ``=measure`` measures again (say, after a measurement taken
+while other work loaded the machine).
 """
 from __future__ import annotations
 
@@ -105,24 +106,37 @@ def use_measured_forms() -> str:
         return "not used (kernel path " + ops.kernel_path() + ")"
     if _applied:
         return _applied[0]
-    if os.environ.get("SPECDRAFT_VNNI_FORMS", "") == "default":
+    choice = os.environ.get("SPECDRAFT_VNNI_FORMS", "")
+    if choice == "default":
         _applied.append(describe(ops.vnni_forms()) + " (built in)")
         return _applied[0]
     path = _plan_file(ops)
-    try:
-        masks = json.loads(path.read_text())["masks"]
-    except (OSError, ValueError, KeyError, TypeError):
+    masks = None if choice == "measure" else _kept_masks(path)
+    if masks is None:
         with console().status("measuring the GGUF kernels' forms on this CPU (once, a few seconds)..."):
             result = measure()
         masks = result["masks"]
-        try:
+        try:  # whole or not at all: another process may be reading it
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(result, indent=1) + "\n")
+            part = path.with_suffix(f".{os.getpid()}.part")
+            part.write_text(json.dumps(result, indent=1) + "\n")
+            part.replace(path)
         except OSError:
             pass  # a read-only cache: measured again next time
     ops.set_vnni_forms(masks)
     _applied.append(describe(masks) + " (measured on this CPU)")
     return _applied[0]
+
+
+def _kept_masks(path) -> list[int] | None:
+    """The masks kept in ``path``, or None when there are none or they are not 4 masks of rows 1..8."""
+    try:
+        masks = json.loads(path.read_text())["masks"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    ok = isinstance(masks, list) and len(masks) == len(CLASSES) and \
+        all(isinstance(m, int) and 0 <= m < 512 for m in masks)
+    return masks if ok else None
 
 
 def describe(masks) -> str:
