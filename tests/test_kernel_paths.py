@@ -153,6 +153,12 @@ def test_measured_forms_are_kept_and_set(vnni, tmp_path, monkeypatch):
 
     monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path))
     monkeypatch.delenv("SPECDRAFT_VNNI_FORMS", raising=False)
+    monkeypatch.setattr(plan, "_busy", lambda: True)  # measured while busy: used, not kept
+    monkeypatch.setattr(plan, "_applied", [])
+    monkeypatch.setattr(plan, "measure", lambda: {"masks": [0b110, 0, 0, 0]})
+    plan.use_measured_forms()
+    assert vnni.vnni_forms() == [0b110, 0, 0, 0] and not list(tmp_path.glob("kernels/*"))
+    monkeypatch.setattr(plan, "_busy", lambda: False)
     monkeypatch.setattr(plan, "_applied", [])
     masks = [0b1100, 0b1110, 0b1000, 0b10]
     monkeypatch.setattr(plan, "measure", lambda: {"masks": masks})

@@ -9,8 +9,8 @@ kernel build (~3 s): for 1..8 rows a pass and per weight type and row length, ea
 its products within the default target's whole forward (~1 GB of records, streamed from memory
 as a model's are), the forms round robin so a slow phase of the machine hits both. The result is kept
 under ``<cache>/kernels/`` and set in the kernels at first use; ``SPECDRAFT_VNNI_FORMS=default``
-keeps the built-in choice instead, ``=measure`` measures again (say, after a measurement taken
-while other work loaded the machine).
+keeps the built-in choice instead, ``=measure`` measures again. A measurement taken while other
+work loads the machine (load average above the CPU count + 1) is used but not kept.
 """
 from __future__ import annotations
 
@@ -113,10 +113,13 @@ def use_measured_forms() -> str:
     path = _plan_file(ops)
     masks = None if choice == "measure" else _kept_masks(path)
     if masks is None:
+        busy = _busy()  # other work now would skew the timings: use them, but do not keep them
         with console().status("measuring the GGUF kernels' forms on this CPU (once, a few seconds)..."):
             result = measure()
         masks = result["masks"]
         try:  # whole or not at all: another process may be reading it
+            if busy:
+                raise OSError("measured while the machine was busy")
             path.parent.mkdir(parents=True, exist_ok=True)
             part = path.with_suffix(f".{os.getpid()}.part")
             part.write_text(json.dumps(result, indent=1) + "\n")
@@ -126,6 +129,15 @@ def use_measured_forms() -> str:
     ops.set_vnni_forms(masks)
     _applied.append(describe(masks) + " (measured on this CPU)")
     return _applied[0]
+
+
+def _busy() -> bool:
+    """Whether other work loads the CPUs: the 1-minute load average above one more than the CPU
+    count (this process's own threads account for up to the count)."""
+    try:
+        return os.getloadavg()[0] > (os.cpu_count() or 1) + 1
+    except OSError:
+        return False
 
 
 def _kept_masks(path) -> list[int] | None:
