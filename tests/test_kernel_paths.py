@@ -156,7 +156,7 @@ def test_measured_forms_are_kept_and_set(vnni, tmp_path, monkeypatch):
     monkeypatch.setattr(plan, "_busy", lambda: True)  # measured while busy: used, not kept
     monkeypatch.setattr(plan, "_applied", [])
     monkeypatch.setattr(plan, "measure", lambda: {"masks": [0b110, 0, 0, 0]})
-    plan.use_measured_forms()
+    assert "not kept" in plan.use_measured_forms()
     assert vnni.vnni_forms() == [0b110, 0, 0, 0] and not list(tmp_path.glob("kernels/*"))
     monkeypatch.setattr(plan, "_busy", lambda: False)
     monkeypatch.setattr(plan, "_applied", [])

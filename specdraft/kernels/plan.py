@@ -112,6 +112,7 @@ def use_measured_forms() -> str:
         return _applied[0]
     path = _plan_file(ops)
     masks = None if choice == "measure" else _kept_masks(path)
+    how = "measured on this CPU"
     if masks is None:
         busy = _busy()  # other work now would skew the timings: use them, but do not keep them
         with console().status("measuring the GGUF kernels' forms on this CPU (once, a few seconds)..."):
@@ -119,7 +120,8 @@ def use_measured_forms() -> str:
         masks = result["masks"]
         try:  # whole or not at all: another process may be reading it
             if busy:
-                raise OSError("measured while the machine was busy")
+                how = "measured on this CPU while other work loaded it; not kept"
+                raise OSError(how)
             path.parent.mkdir(parents=True, exist_ok=True)
             part = path.with_suffix(f".{os.getpid()}.part")
             part.write_text(json.dumps(result, indent=1) + "\n")
@@ -127,7 +129,7 @@ def use_measured_forms() -> str:
         except OSError:
             pass  # a read-only cache: measured again next time
     ops.set_vnni_forms(masks)
-    _applied.append(describe(masks) + " (measured on this CPU)")
+    _applied.append(describe(masks) + f" ({how})")
     return _applied[0]
 
 
