@@ -1,0 +1,61 @@
+"""Held-out agreement of trained drafters with the target, and how much of the target's choices a
+vocabulary covers: python scripts/heldout_agreement.py HELDOUT.pt DIR... [--coverage TRAIN.pt,...]
+
+HELDOUT.pt: a feature file recorded on documents no drafter trained on (`specdraft train-drafter
+--answers` writes such files); DIR: MLP-head, MTP, Medusa or Hydra drafter directories. For each:
+its vocabulary (first or listed ids), their coverage of the held-out choices, and greedy agreement
+per step (MLP/MTP: given the drafter's own earlier predictions) or per head (Medusa/Hydra).
+--coverage: feature files whose choices rank ids by frequency; prints the coverage of the first N
+ids against the N most frequent for several N."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from specdraft.drafters.feature_head import output_weight
+from specdraft.heads import train
+from specdraft.heads.data import FeatureSet
+from specdraft.heads.medusa import agreement as heads_agreement
+from specdraft.heads.model import load_head
+from specdraft.heads.vocab import choice_counts, draft_index, frequent_ids
+from specdraft.pipeline import Speculator
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("heldout")
+    p.add_argument("drafters", nargs="*")
+    p.add_argument("--coverage", default=None)
+    p.add_argument("--target", default="qwen2.5-coder-1.5b")
+    args = p.parse_args()
+    held = FeatureSet.load(args.heldout)
+    docs = torch.arange(len(held.starts) - 1)
+    if args.coverage:
+        counts = sum(choice_counts(FeatureSet.load(f).top, 151936) for f in args.coverage.split(","))
+        choices = held.top[:, 0].long()
+        for n in (4096, 8192, 12288, 16384, 32768):
+            listed = draft_index(frequent_ids(counts, n), len(counts))[choices] >= 0
+            print(f"{n:6d} ids: frequency-ranked {listed.float().mean():.4f}, first {(choices < n).float().mean():.4f}")
+    if not args.drafters:
+        return
+    target = Speculator(args.target, dtype="fp32", runtime="native", max_length=1024, load_draft=False).target.model
+    for d in args.drafters:
+        kind = json.loads((Path(d) / "head.json").read_text()).get("kind", "mlp")
+        head = load_head(d, kind)
+        ids = head.token_ids()
+        w = output_weight(target, ids).float()
+        top = draft_index(ids, len(target.embed))[held.top.long()]
+        cover = float((top[:, 0] >= 0).float().mean())
+        if kind in ("medusa", "hydra"):
+            got = heads_agreement(head, held, train.start_rows(held, docs, 1), w, target.embed)
+        else:
+            got = train._agreement(head, held, target.embed, w, train.start_rows(held, docs, 3), 3, top)
+        listed = "listed" if head.cfg.listed_vocab else "first"
+        print(f"{d} {kind} {head.cfg.vocab} {listed} ids, coverage {cover:.4f}, agreement {got}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
