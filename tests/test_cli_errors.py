@@ -315,11 +315,14 @@ def test_eagle_without_a_drafter_or_with_a_head_of_another_kind_gives_one_line(c
     (["--epochs", "0"], "epochs"),
     (["--batch", "0"], "batch"),
     (["--lr", "2"], "lr must be"),
+    (["--holdout", "1"], "holdout must be"),
     (["--kind", "medusa", "--inner", "64"], "--inner does not apply"),
-    (["--kind", "mlp", "--start", "random"], "--start applies to --kind eagle only"),
+    (["--kind", "mlp", "--start", "random"], "--start applies to --kind eagle without --init only"),
+    (["--kind", "eagle", "--init", "shipped", "--start", "random"], "--start applies to --kind eagle without --init"),
+    (["--kind", "eagle", "--init", "shipped", "--vocab", "100"], "takes its width, taps and vocabulary from the MLP"),
     (["--kind", "eagle", "--taps", "1"], "--taps applies to --kind mlp only"),
     (["--kind", "mlp", "--taps", "one,two"], "--taps takes comma-separated layer numbers"),
-    (["--kind", "mtp", "--init", "shipped"], "--init applies to --kind mlp only"),
+    (["--kind", "mtp", "--init", "shipped"], "--init applies to --kind mlp and eagle only"),
     (["--kind", "eagle", "--draft-vocab", "frequent"], "--draft-vocab frequent does not apply to --kind eagle"),
 ])
 def test_train_drafter_refuses_bad_settings_in_one_line(capsys, tmp_path, args, contains):

@@ -29,6 +29,7 @@ from specdraft.heads.eagle_train import (
     unrolled,
 )
 from specdraft.heads.model import FeatureHead, HeadConfig, load_head
+from specdraft.heads.vocab import as_draft_indices
 
 PROMPTS = [[5, 17, 33, 2, 5, 17, 33, 8], [41, 5, 17, 60, 3], [9, 9, 1, 70, 12, 30]]
 
@@ -66,8 +67,8 @@ def test_training_beats_the_untrained_layer(target, trained):
     items = stretches(data, torch.arange(len(data.starts) - 1), 64)
     w = output_weight(target, VOCAB)
     untrained = EagleHead(head.cfg).eval()
-    got = agreement(head, data, items, target.embed, w, 3, VOCAB)
-    base = agreement(untrained, data, items, target.embed, w, 3, VOCAB)
+    got = agreement(head, data, items, target.embed, w, 3)
+    base = agreement(untrained, data, items, target.embed, w, 3)
     assert got[0] > base[0] + 0.2 and got[2] > base[2] + 0.1, (got, base)
 
 
@@ -98,7 +99,7 @@ def test_the_drafter_sees_what_training_showed(target, trained):
     data, head, _ = trained
     a, b = int(data.starts[0]), int(data.starts[1])
     n = 10  # committed rows 0..n-1 -> pairs 0..n-1 cached, the last is the root (start p = n-1)
-    feats, tokens, top, pos, lengths = _gather(data, [(a, b - a, 0)])
+    feats, tokens, _, pos, lengths, _ = _gather(data, [(a, b - a, 0)], data.top)
     want = [h[0, n - 1] for h, _ in unrolled(head, feats, tokens, pos, lengths, target.embed, 3)]
 
     drafter = engine(target, "eagle", head).drafter
@@ -168,3 +169,109 @@ def test_training_stops_on_time_with_a_checkpoint_and_resumes_from_it(tmp_path):
     assert rest["finished"] and rest["steps"] > 1 and any(line.startswith("resumed from") for line in logs)
     with pytest.raises(ParameterError, match="other settings"):
         train_eagle(data, emb, w, shape, EagleTrainConfig(**{**cfg.__dict__, "lr": 1e-3}), checkpoint=ck, log=logs.append)
+
+
+# ---------------------------------------------------------------------- the "head" form
+TAPS = (0, 1)  # of the 4-layer tiny target
+
+
+@pytest.fixture(scope="module")
+def tapped(tmp_path_factory):
+    """A 4-layer tiny target, features of its own greedy text with taps, an MLP head with taps
+    and a listed vocabulary trained on them, and a "head" form layer trained from that head."""
+    from specdraft.heads.train import TrainConfig, train_head
+    from specdraft.heads.vocab import choice_counts, frequent_ids
+
+    model = load_native(save(build_hf("qwen2", seed=3, layers=4), tmp_path_factory.mktemp("eagle-head") / "target"))
+    data = record(model, own_texts(model), taps=TAPS)
+    ids = frequent_ids(choice_counts(data.top, VOCAB), VOCAB // 2)
+    w = output_weight(model, ids)
+    mlp, _ = train_head(data, model.embed, w, TrainConfig(inner=64, vocab=len(ids), epochs=6, batch=64, negatives=16,
+                                                          lr=3e-3, holdout=0.2, taps=TAPS),
+                        log=lambda *a: None, vocab_ids=ids)
+    cfg = EagleTrainConfig(form="head", taps=TAPS, inner=64, vocab=len(ids), epochs=30, rows=256, chunk=64,
+                           negatives=16, lr=3e-3, holdout=0.2)
+    head, report = train_eagle(data, model.embed, w, TargetShape.of(model.spec), cfg, log=lambda *a: None,
+                               vocab_ids=ids, start_head=mlp)
+    return model, data, mlp, head, report, ids
+
+
+def test_the_head_form_starts_as_the_mlp_head_it_is_built_on(tapped):
+    """o at zero: step 0 over real rows (fused taps) and later steps on its own predictions give
+    the MLP head's features, whatever the attention sees."""
+    model, data, mlp, _, _, ids = tapped
+    from specdraft.heads.eagle import EagleMLPHead
+
+    layer = EagleMLPHead(EagleConfig(hidden_size=mlp.cfg.hidden_size, num_heads=4, num_kv_heads=2, head_dim=16,
+                                     inner=mlp.cfg.inner, vocab=len(ids), form="head", taps=TAPS, listed_vocab=True))
+    layer.start_from(mlp)
+    assert torch.equal(layer.token_ids(), mlp.token_ids())
+    feats, tokens, _, pos, lengths, aux = _gather(data, [(0, int(data.starts[1]), 0)], data.top, taps=True)
+    with torch.no_grad():
+        got = [h for h, _ in unrolled(layer, feats, tokens, pos, lengths, model.embed, 3, aux)]
+        f = mlp.entry(feats[0, :-1], aux[0, :-1])
+        for j in range(3):
+            nxt = (torch.arange(f.shape[0]) + j + 1).clamp_max(f.shape[0])
+            f = mlp(f, model.embed[tokens[0, nxt]].float())
+            torch.testing.assert_close(got[j][0], f, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="MLP head to start from"):
+        EagleMLPHead(EagleConfig(hidden_size=mlp.cfg.hidden_size, num_heads=4, num_kv_heads=2, head_dim=16,
+                                 inner=mlp.cfg.inner + 8, vocab=len(ids), form="head", taps=TAPS,
+                                 listed_vocab=True)).start_from(mlp)
+
+
+def test_the_head_form_learns_round_trips_and_decodes_exactly(tapped, tmp_path):
+    model, data, mlp, head, report, ids = tapped
+    from specdraft.heads.eagle import EagleMLPHead
+    from specdraft.heads.eagle_train import agreement
+
+    items = stretches(data, torch.arange(len(data.starts) - 1), 64)
+    w = output_weight(model, ids)
+    top = as_draft_indices(data.top.long(), len(ids), ids)
+    from specdraft.heads.train import _agreement, start_rows
+
+    got = agreement(head, data, items, model.embed, w, 3, top)[0]
+    untrained = agreement(EagleMLPHead(head.cfg).eval(), data, items, model.embed, w, 3, top)[0]
+    its_head = _agreement(mlp, data, model.embed, w, start_rows(data, torch.arange(len(data.starts) - 1), 3), 3, top)[0]
+    assert got > untrained + 0.15 and got > its_head + 0.05, (got, untrained, its_head)
+    head.save(tmp_path / "eagle")
+    back = load_head(tmp_path / "eagle", "eagle")
+    assert isinstance(back, EagleMLPHead) and back.cfg == head.cfg and torch.equal(back.vocab_ids, ids)
+    for trees in (False, True):
+        runs = greedy_runs_equal_plain(model, "eagle", back, PROMPTS, trees=trees)
+        assert sum(s.accepted_tokens for s in runs) > 0
+
+
+def test_the_head_form_drafter_sees_what_training_showed(tapped):
+    """The drafter's cache of fused real rows and its chain steps give the training unroll's h_j."""
+    model, data, _, head, _, _ = tapped
+    a, b = int(data.starts[0]), int(data.starts[1])
+    n = 10
+    feats, tokens, _, pos, lengths, aux = _gather(data, [(a, b - a, 0)], data.top, taps=True)
+    want = [h[0, n - 1] for h, _ in unrolled(head, feats, tokens, pos, lengths, model.embed, 3, aux)]
+    drafter = engine(model, "eagle", head).drafter
+    drafter.step = None  # the module's own fp32 matrices, as training ran them
+    drafter.fuse = None
+    rows = torch.cat([data.aux[a:a + n].float().flatten(1), data.features[a:a + n].float()], -1)  # as the engine gives
+    context = data.tokens[a:a + n + 3].tolist()
+    drafter.begin(context[:n - 4])
+    drafter.take_features(rows[:n - 5])
+    drafter.context = context[:n - 3]
+    drafter.advance([-1], [context[n - 4]], [], [])
+    drafter.take_features(rows[n - 5:])
+    drafter.context = context[:n + 1]
+    got = [drafter.advance([-1], [context[n]], [], [])[0]]
+    parents, feats_ = [], []
+    for j in (1, 2):
+        parents.append(j - 2)
+        feats_.append(got[-1])
+        got.append(drafter.advance([j - 1], [context[n + j]], parents, feats_)[0])
+    for j in range(3):
+        torch.testing.assert_close(got[j], want[j], atol=1e-4, rtol=1e-4)
+
+
+def test_a_layer_form_refuses_taps_and_unknown_forms():
+    with pytest.raises(ValueError, match="reads neither taps"):
+        EagleConfig(hidden_size=8, num_heads=2, num_kv_heads=1, head_dim=4, inner=8, vocab=8, taps=(0,))
+    with pytest.raises(ValueError, match="unknown EAGLE form"):
+        EagleConfig(hidden_size=8, num_heads=2, num_kv_heads=1, head_dim=4, inner=8, vocab=8, form="tower")

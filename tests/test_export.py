@@ -123,3 +123,10 @@ def test_other_layouts_and_kinds_are_refused_in_one_line(head, tmp_path):
         export(head, tmp_path, "sglang", "x", VERIFIER)
     with pytest.raises(ParameterError, match="--to medusa writes medusa drafters"):
         export(head, tmp_path, "medusa", "x", VERIFIER)
+    from specdraft.heads.eagle import EagleMLPHead
+
+    on_head = EagleMLPHead(EagleConfig(hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8, inner=16, vocab=96,
+                                       form="head"))
+    with pytest.raises(ParameterError, match="'head' form"):
+        export(on_head, tmp_path, "vllm", "x", VERIFIER)
+    assert not any(tmp_path.iterdir())  # nothing written

@@ -1,4 +1,5 @@
-"""EAGLE as the prophet: one trained decoder layer over the target's features (heads.eagle).
+"""EAGLE as the prophet: one trained decoder layer over the target's features (heads.eagle,
+either form: the EAGLE-1 layer, or attention in front of the MLP head's step with fused taps).
 
 The layer keeps its own KV cache of the *real* pairs (f_p, x_{p+1}) of the context: the
 engine hands over the target's features of every committed row (take_features), and the next
@@ -37,29 +38,35 @@ class EagleDrafter(FeatureHeadDrafter):
         self.node_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # this draft's stepped nodes
 
     def build_step(self, head) -> dict:
-        """The layer's matrices in int8 (per output channel) with ~14-bit activations: guesses
-        only, the target checks each, so their rounding never changes the output."""
+        """The layer's matrices (head.LINEARS) in int8 (per output channel) with ~14-bit
+        activations: guesses only, the target checks each, so their rounding never changes the output."""
         return {name: W8A8Linear(lin.weight.detach().float(), None if lin.bias is None else lin.bias.detach(), passes=2)
-                for name, lin in ((n, getattr(head, n)) for n in ("fc", "qkv", "o", "gate_up", "down"))}
+                for name, lin in ((n, getattr(head, n)) for n in head.LINEARS)}
 
     def begin(self, prompt: list[int]) -> None:
         self.cached, self.pending, self.feature, self.root = 0, [], None, None
 
+    @torch.inference_mode()
     def take_features(self, hidden: torch.Tensor) -> None:
-        self.pending.append(hidden.float())
-        self.feature = hidden[-1]  # ready() and the cost rule read it
+        """hidden [n, H], or [n, (k + 1) H] with the tapped layers' outputs first: every row is a
+        real pair's feature (fused, with taps) for the cache."""
+        f = hidden.float()
+        if self.feature_layers:
+            k, H = len(self.feature_layers), self.head.cfg.hidden_size
+            f = self.head.first(f[:, k * H:], f[:, :k * H].view(-1, k, H), self.fuse)
+        self.pending.append(f)
+        self.feature = f[-1]  # ready() and the cost rule read it
 
     def _layer(self, f: torch.Tensor, ids: list[int], positions: torch.Tensor, keys, values, mask):
         """The layer over rows (f [R, H], tokens ids [R]) at ``positions`` [R], attending to
         keys/values [S, nkv, hd] (masked by mask [R, S]) and to the rows' own keys appended after
         them: returns (h [R, H], k [R, nkv, hd], v [R, nkv, hd])."""
         head = self.head
-        lin = self.step
-        x = head.inputs(f, self.embed[ids].float(), fc=lin["fc"])  # [R, H]
+        x = head.inputs(f, self.embed[ids].float(), self.step)  # [R, H] (form "head": [R, 2H])
         cos, sin = head.rope_tables(positions)
-        q, k, v = head.project(x, cos, sin, qkv=lin["qkv"])
+        q, k, v = head.project(x, cos, sin, self.step)
         o = attend(q, torch.cat([keys, k]), torch.cat([values, v]), mask)
-        return head.finish(x, o, o=lin["o"], gate_up=lin["gate_up"], down=lin["down"]), k, v
+        return head.finish(x, o, self.step), k, v
 
     def advance(self, nodes: list[int], ids: list[int], parents: list[int], feats: list[torch.Tensor]) -> torch.Tensor:
         n = self.cached

@@ -53,12 +53,14 @@ def add_train_args(p, *, kind: str | None = None) -> None:
                    help="recorded features of the target's own answers (.pt, or several separated by commas): "
                         "each reused when it exists, else recorded (the Nth file on request set N) and saved there")
     p.add_argument("--taps", default=None,
-                   help="mlp only: comma-separated target layers (0-based) whose outputs the head's first step "
+                   help="mlp: comma-separated target layers (0-based) whose outputs the head's first step "
                         "also reads, EAGLE-3's fused features, e.g. 1,13,24 for a 28-layer target; "
-                        "features are recorded with them")
+                        "features are recorded with them (eagle with --init: the head's own)")
     p.add_argument("--init", default=None,
-                   help="mlp only: start from this MLP head's step (a directory, or 'shipped' for the target's "
-                        "shipped head), e.g. to add --taps to a head trained on more data than this machine has")
+                   help="start from this MLP head (a directory, or 'shipped' for the target's shipped head). "
+                        "mlp: its step, e.g. to add --taps to a head trained on more data than this machine has; "
+                        "eagle: an EAGLE layer of the 'head' form, attention in front of that head's step, which "
+                        "starts as the head and keeps its taps, vocabulary and width")
     p.add_argument("--record-minutes", type=float, default=25.0,
                    help="longest time spent teacher-forcing the target over the text corpus")
     p.add_argument("--answer-minutes", type=float, default=22.0,
@@ -83,6 +85,8 @@ def add_train_args(p, *, kind: str | None = None) -> None:
     p.add_argument("--unroll", type=int, default=None,
                    help="drafting steps trained in sequence, each fed the drafter's own prediction (default: 3); "
                         "mtp: the number of modules (default: 3); medusa, hydra: the number of heads (default: 4)")
+    p.add_argument("--holdout", type=float, default=None,
+                   help="share of the documents kept out of training to measure agreement on (default 0.05)")
 
 
 def _recorded(path, what: str, make, taps: tuple[int, ...] = (), target=None) -> FeatureSet:
@@ -165,16 +169,21 @@ def train_from_args(args) -> int:
             raise ParameterError("epochs, unroll, batch >= 1, inner >= 8, vocab >= 2")
     if args.lr is not None and not 0 < args.lr < 1:
         raise ParameterError("lr must be in (0, 1)")
+    if args.holdout is not None and not 0 <= args.holdout < 1:
+        raise ParameterError("holdout must be in [0, 1)")
     if args.answer_weight < 0 or args.record_minutes < 0 or args.answer_minutes < 0 or \
             (args.train_minutes is not None and args.train_minutes <= 0):
         raise ParameterError("minutes and answer-weight >= 0 (train-minutes > 0)")
-    given = {k: v for k, v in (("epochs", args.epochs), ("inner", args.inner), ("vocab", args.vocab), ("lr", args.lr))
-             if v is not None}
+    given = {k: v for k, v in (("epochs", args.epochs), ("inner", args.inner), ("vocab", args.vocab), ("lr", args.lr),
+                               ("holdout", args.holdout)) if v is not None}
     heads_kind = args.kind in MEDUSA_KINDS
+    on_head = args.kind == "eagle" and bool(args.init)  # an EAGLE layer of the "head" form
     if args.start is not None:
-        if args.kind != "eagle":
-            raise ParameterError("--start applies to --kind eagle only")
+        if args.kind != "eagle" or on_head:
+            raise ParameterError("--start applies to --kind eagle without --init only")
         given["start"] = args.start
+    if on_head and ({"inner", "vocab"} & set(given) or args.taps or args.draft_vocab):
+        raise ParameterError("--kind eagle --init takes its width, taps and vocabulary from the MLP head it starts as")
     if heads_kind and given.pop("inner", None) is not None:
         raise ParameterError(f"--inner does not apply to {args.kind} heads (each is one residual block of the hidden size)")
     if args.unroll:
@@ -186,11 +195,12 @@ def train_from_args(args) -> int:
         raise ParameterError("--taps applies to --kind mlp only")
     if taps:
         given["taps"] = taps
-    if args.init and args.kind != "mlp":
-        raise ParameterError("--init applies to --kind mlp only")
+    if args.init and args.kind not in ("mlp", "eagle"):
+        raise ParameterError("--init applies to --kind mlp and eagle only")
     frequent = (args.draft_vocab or ("first" if args.kind == "eagle" else "frequent")) == "frequent"
     if frequent and args.kind == "eagle":
-        raise ParameterError("--draft-vocab frequent does not apply to --kind eagle (it guesses among the first ids)")
+        raise ParameterError("--draft-vocab frequent does not apply to --kind eagle (the layer form guesses among "
+                             "the first ids; with --init, the head's vocabulary)")
     if args.batch:
         given["rows" if args.kind == "eagle" else "batch"] = args.batch
     cfg = EagleTrainConfig(**given) if args.kind == "eagle" else MedusaTrainConfig(**given) if heads_kind \
@@ -208,6 +218,15 @@ def train_from_args(args) -> int:
         except ValueError as e:
             raise ParameterError(f"--taps: {e}") from None
     init, init_record = _init_head(args.init, name) if args.init else (None, None)
+    vocab_ids = None
+    if on_head:  # its attention gets half the target's query heads: the default target's 12 -> 6 keep the
+        # layer, with the MLP head it starts as, under ~50 MB in bf16
+        taps = init.cfg.taps
+        kv = target.spec.num_kv_heads  # half the target's query heads, in whole groups of its key/value heads
+        heads = max(kv, target.spec.num_heads // 2 // kv * kv)
+        given |= {"form": "head", "taps": taps, "inner": init.cfg.inner, "vocab": init.cfg.vocab, "heads": heads}
+        cfg = EagleTrainConfig(**given)
+        vocab_ids = init.token_ids() if init.cfg.listed_vocab else None
     if init is not None and (init.cfg.hidden_size, init.cfg.inner) != (target.spec.hidden_size, cfg.inner):
         raise ParameterError(f"the head in --init has hidden size {init.cfg.hidden_size} and inner {init.cfg.inner}; "
                              f"give the same --inner (target hidden size {target.spec.hidden_size})")
@@ -215,14 +234,19 @@ def train_from_args(args) -> int:
     weight = torch.cat([torch.full((len(fs.starts) - 1,), w) for fs, w in sets])  # [D]
     seconds = None if args.train_minutes is None else args.train_minutes * 60
     data = concat([fs for fs, _ in sets])
-    vocab_ids = frequent_ids(choice_counts(data.top, len(target.embed)), cfg.vocab) if frequent else None
+    if frequent:
+        vocab_ids = frequent_ids(choice_counts(data.top, len(target.embed)), cfg.vocab)
     w_out = output_weight(target, cfg.vocab if vocab_ids is None else vocab_ids)  # what the drafter will multiply by
     out = Path(args.out)
     if args.kind == "eagle":
         out.mkdir(parents=True, exist_ok=True)
         checkpoint = out / "checkpoint.pt"
-        head, report = train_eagle(data, target.embed, w_out, TargetShape.of(target.spec), cfg, target_name=name,
-                                   doc_weight=weight, seconds=seconds, checkpoint=checkpoint, init=target.norm)
+        try:
+            head, report = train_eagle(data, target.embed, w_out, TargetShape.of(target.spec), cfg, target_name=name,
+                                       doc_weight=weight, seconds=seconds, checkpoint=checkpoint, init=target.norm,
+                                       vocab_ids=vocab_ids, start_head=init)
+        except ValueError as e:  # features recorded with other taps
+            raise ParameterError(str(e)) from None
         if report["finished"]:
             checkpoint.unlink(missing_ok=True)
     elif heads_kind:

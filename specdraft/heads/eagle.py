@@ -20,6 +20,19 @@ This is the EAGLE-1 / HASS layer with layernorms (vLLM speculators' "eagle" mode
 head), so it exports to that layout exactly (heads.export). Every function takes rows with any
 leading dims ([..., H]) and its linear maps as arguments (default: the module's own), so the
 drafter can run int8 copies of the same weights.
+
+The second form, ``form="head"`` (EagleMLPHead), is the same attention in front of the MLP
+head's step (heads.model) instead of a Llama MLP, with the MLP head's EAGLE-3 fused features
+(taps) and frequency-ranked vocabulary:
+
+    z   = [rms(E[x]) * a_e ; rms(f) * a_f]                 the attention reads feature and token
+    u   = f + o(attn(rope(q), rope(k), v))  with q, k, v = qkv(z)
+    h   = u + W2 silu(W1 [rms(u) * g_f ; rms(E[x]) * g_e])   the MLP head's step on u
+
+o starts at zero, so the layer starts as exactly the MLP head it is built on (``start_from``):
+training adds what attending over the context's features is worth, on top of a head that already
+guesses well, instead of learning a layer from nothing on the little data one CPU records. That
+form has no serving-engine layout (its MLP reads the token too); the "layer" form exports.
 """
 from __future__ import annotations
 
@@ -29,7 +42,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .model import read_drafter, rms, save_drafter
+from .model import FusedEntry, MLPStep, read_drafter, rms, save_drafter
+from .vocab import ListedVocab
 
 KIND = "eagle"
 
@@ -46,6 +60,19 @@ class EagleConfig:
     target: str = ""  # what it was trained on (informative)
     eps: float = 1e-6
     kind: str = KIND
+    form: str = "layer"  # "layer": EagleHead (EAGLE-1 layer, exports); "head": EagleMLPHead
+    taps: tuple[int, ...] = ()  # form "head": target layers fused into real rows' features (heads.model)
+    listed_vocab: bool = False  # form "head": the ids are the buffer vocab_ids (heads.vocab)
+
+    def __post_init__(self):
+        object.__setattr__(self, "taps", tuple(self.taps))  # head.json holds a list
+        if self.form not in FORMS:
+            raise ValueError(f"unknown EAGLE form {self.form!r}; the forms are {', '.join(FORMS)}")
+        if self.form == "layer" and (self.taps or self.listed_vocab):
+            raise ValueError("the 'layer' form reads neither taps nor a listed vocabulary")
+
+
+FORMS = ("layer", "head")
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -55,10 +82,58 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos.unsqueeze(-2) + rotated * sin.unsqueeze(-2)
 
 
-class EagleHead(torch.nn.Module):
+class _Layer(torch.nn.Module):
+    """What both forms share: RoPE tables, norms, the linear maps by name, files. Their
+    inputs / project / finish take ``lin``: a dict of the linear maps to use by name (LINEARS;
+    default: the module's own), so the drafter can run int8 copies."""
+
+    LINEARS: tuple[str, ...] = ()
+
     def __init__(self, cfg: EagleConfig):
         super().__init__()
         self.cfg = cfg
+        hd = cfg.head_dim
+        inv = 1.0 / cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd)  # [hd/2]
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def _rms(self, x: torch.Tensor) -> torch.Tensor:
+        return rms(x, self.cfg.eps)
+
+    def _lin(self, lin: dict | None, name: str):
+        return lin[name] if lin else getattr(self, name)
+
+    def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [..., hd] for integer positions [...]."""
+        angles = positions.float().unsqueeze(-1) * self.inv_freq  # [..., hd/2]
+        angles = torch.cat([angles, angles], -1)
+        return angles.cos(), angles.sin()
+
+    def _heads(self, out: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """The qkv projection's output [..., (nh + 2 nkv) hd] -> q [..., nh, hd], k and v
+        [..., nkv, hd] (q and k rotated)."""
+        c = self.cfg
+        q, k, v = out.split([c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim], -1)
+        q = q.unflatten(-1, (c.num_heads, c.head_dim))
+        k = k.unflatten(-1, (c.num_kv_heads, c.head_dim))
+        return rope(q, cos, sin), rope(k, cos, sin), v.unflatten(-1, (c.num_kv_heads, c.head_dim))
+
+    def save(self, directory: str | Path) -> None:
+        save_drafter(self, directory)
+
+    @classmethod
+    def load(cls, directory: str | Path) -> EagleHead | EagleMLPHead:
+        """The EAGLE drafter in ``directory``, of the form its head.json names."""
+        return read_drafter(eagle_module, EagleConfig, directory, what="EAGLE drafter",
+                            command="train-drafter --kind eagle")
+
+
+class EagleHead(_Layer):
+    """The "layer" form."""
+
+    LINEARS = ("fc", "qkv", "o", "gate_up", "down")
+
+    def __init__(self, cfg: EagleConfig):
+        super().__init__(cfg)
         H, hd = cfg.hidden_size, cfg.head_dim
         self.g_e = torch.nn.Parameter(torch.ones(H))
         self.ln1 = torch.nn.Parameter(torch.ones(H))
@@ -71,46 +146,78 @@ class EagleHead(torch.nn.Module):
         self.down = torch.nn.Linear(cfg.inner, H, bias=False)
         torch.nn.init.zeros_(self.o.weight)  # the layer starts as fc alone; attention and MLP grow in
         torch.nn.init.zeros_(self.down.weight)
-        inv = 1.0 / cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd)  # [hd/2]
-        self.register_buffer("inv_freq", inv, persistent=False)
 
-    # ------------------------------------------------------------------ the layer, in pieces
-    def _rms(self, x: torch.Tensor) -> torch.Tensor:
-        return rms(x, self.cfg.eps)
+    def first(self, f: torch.Tensor, aux: torch.Tensor | None) -> torch.Tensor:
+        """A real row's feature f [..., H] as the layer reads it (this form reads no taps)."""
+        return f
 
-    def inputs(self, f: torch.Tensor, e: torch.Tensor, fc=None) -> torch.Tensor:
+    def inputs(self, f: torch.Tensor, e: torch.Tensor, lin: dict | None = None) -> torch.Tensor:
         """f, e [..., H] (a feature, the embedding of the token chosen from it) -> x [..., H]."""
-        return (fc or self.fc)(torch.cat([f, self._rms(e) * self.g_e], -1))
+        return self._lin(lin, "fc")(torch.cat([f, self._rms(e) * self.g_e], -1))
 
-    def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [..., hd] for integer positions [...]."""
-        angles = positions.float().unsqueeze(-1) * self.inv_freq  # [..., hd/2]
-        angles = torch.cat([angles, angles], -1)
-        return angles.cos(), angles.sin()
-
-    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, qkv=None):
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lin: dict | None = None):
         """x [..., H] -> q [..., nh, hd], k and v [..., nkv, hd] (q and k rotated)."""
-        c = self.cfg
-        out = (qkv or self.qkv)(self._rms(x) * self.ln1)
-        q, k, v = out.split([c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim], -1)
-        q = q.unflatten(-1, (c.num_heads, c.head_dim))
-        k = k.unflatten(-1, (c.num_kv_heads, c.head_dim))
-        return rope(q, cos, sin), rope(k, cos, sin), v.unflatten(-1, (c.num_kv_heads, c.head_dim))
+        return self._heads(self._lin(lin, "qkv")(self._rms(x) * self.ln1), cos, sin)
 
-    def finish(self, x: torch.Tensor, attended: torch.Tensor, o=None, gate_up=None, down=None) -> torch.Tensor:
+    def finish(self, x: torch.Tensor, attended: torch.Tensor, lin: dict | None = None) -> torch.Tensor:
         """x [..., H] the layer's input, attended [..., nh, hd] -> h [..., H] the predicted feature."""
-        x = x + (o or self.o)(attended.flatten(-2))
-        gate, up = (gate_up or self.gate_up)(self._rms(x) * self.ln2).chunk(2, -1)
-        x = x + (down or self.down)(F.silu(gate) * up)
+        x = x + self._lin(lin, "o")(attended.flatten(-2))
+        gate, up = self._lin(lin, "gate_up")(self._rms(x) * self.ln2).chunk(2, -1)
+        x = x + self._lin(lin, "down")(F.silu(gate) * up)
         return self._rms(x) * self.g_out
 
-    # ------------------------------------------------------------------ files
-    def save(self, directory: str | Path) -> None:
-        save_drafter(self, directory)
 
-    @classmethod
-    def load(cls, directory: str | Path) -> EagleHead:
-        return read_drafter(cls, EagleConfig, directory, what="EAGLE drafter", command="train-drafter --kind eagle")
+class EagleMLPHead(MLPStep, FusedEntry, ListedVocab, _Layer):
+    """The "head" form: attention over the context's features in front of the MLP head's step
+    (module docstring). x, what inputs() gives and project() / finish() read, is [f ; E[x]]
+    [..., 2H]; its parameters keep the MLP head's names (g_f, g_e, w1, w2; g_t, fuse with taps)."""
+
+    LINEARS = ("qkv", "o", "w1", "w2")
+
+    def __init__(self, cfg: EagleConfig):
+        super().__init__(cfg)
+        self.init_vocab()
+        H, hd = cfg.hidden_size, cfg.head_dim
+        self.a_f = torch.nn.Parameter(torch.ones(H))
+        self.a_e = torch.nn.Parameter(torch.ones(H))
+        self.qkv = torch.nn.Linear(2 * H, (cfg.num_heads + 2 * cfg.num_kv_heads) * hd)
+        self.o = torch.nn.Linear(cfg.num_heads * hd, H, bias=False)
+        torch.nn.init.zeros_(self.o.weight)  # starts as the MLP head alone
+        self.init_step()
+        self.init_entry()
+
+    def first(self, f: torch.Tensor, aux: torch.Tensor | None, fuse=None) -> torch.Tensor:
+        """A real row's feature: f [..., H] fused with the tapped layers' outputs aux [..., k, H]."""
+        return self.entry(f, aux, fuse)
+
+    def inputs(self, f: torch.Tensor, e: torch.Tensor, lin: dict | None = None) -> torch.Tensor:
+        return torch.cat([f, e], -1)
+
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lin: dict | None = None):
+        f, e = x.chunk(2, -1)
+        z = torch.cat([self._rms(e) * self.a_e, self._rms(f) * self.a_f], -1)  # [..., 2H]
+        return self._heads(self._lin(lin, "qkv")(z), cos, sin)
+
+    def finish(self, x: torch.Tensor, attended: torch.Tensor, lin: dict | None = None) -> torch.Tensor:
+        f, e = x.chunk(2, -1)
+        u = f + self._lin(lin, "o")(attended.flatten(-2))
+        return self.step(u, e, self._lin(lin, "w1"), self._lin(lin, "w2"))
+
+    def start_from(self, head) -> None:
+        """Take an MLP head's step, fusion and vocabulary (heads.model.FeatureHead of the same
+        sizes, taps and vocabulary size): with o at zero this layer then guesses as that head."""
+        c, h = self.cfg, head.cfg
+        if (c.hidden_size, c.inner, c.taps, c.vocab, c.listed_vocab) != \
+                (h.hidden_size, h.inner, h.taps, h.vocab, h.listed_vocab):
+            raise ValueError(f"the MLP head to start from has hidden {h.hidden_size}, inner {h.inner}, taps "
+                             f"{list(h.taps)}, vocab {h.vocab} (listed: {h.listed_vocab}); this layer "
+                             f"{c.hidden_size}, {c.inner}, {list(c.taps)}, {c.vocab} (listed: {c.listed_vocab})")
+        self.load_state_dict(head.state_dict(), strict=False)
+
+
+def eagle_module(cfg: EagleConfig) -> EagleHead | EagleMLPHead:
+    """The module of the config's form."""
+    return EagleMLPHead(cfg) if cfg.form == "head" else EagleHead(cfg)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ..errors import ParameterError
 from .data import FeatureSet
-from .eagle import EagleConfig, EagleHead
+from .eagle import EagleConfig, EagleHead, EagleMLPHead, eagle_module
 from .train import sampled_softmax, split_documents, warmup_cosine
 from .vocab import as_draft_indices
 
@@ -44,9 +44,15 @@ class EagleTrainConfig:
     reg_weight: float = 0.5  # smooth L1 on features vs cross-entropy
     step_decay: float = 0.8  # step j's losses weigh step_decay ** j
     rope_theta: float = 10000.0  # the layer's own RoPE base (positions stay within a few thousand)
-    start: str = "identity"  # identity: the layer starts as h = f (start_as_identity); random: fc at random
+    start: str = "identity"  # layer form: "identity" starts as h = f (start_as_identity); "random": fc at random
     holdout: float = 0.05
     seed: int = 0
+    form: str = "layer"  # heads.eagle: "layer" (EAGLE-1 layer) or "head" (attention in front of an MLP head's step)
+    heads: int = 0  # the layer's query heads (0: the target's; a multiple of its key/value heads)
+    taps: tuple[int, ...] = ()  # form "head": target layers fused into real rows' features
+
+    def __post_init__(self):
+        object.__setattr__(self, "taps", tuple(self.taps))
 
 
 @dataclass(frozen=True)
@@ -91,19 +97,23 @@ def batches(items: list[tuple], rows: int, generator: torch.Generator) -> list[l
     return [out[i] for i in torch.randperm(len(out), generator=generator).tolist()]
 
 
-def _gather(data: FeatureSet, batch: list[tuple]):
-    """Padded tensors of a batch: features [B, T, H] fp32, tokens [B, T], top [B, T, K],
-    positions [B, T], lengths [B]."""
+def _gather(data: FeatureSet, batch: list[tuple], top: torch.Tensor, taps: bool = False):
+    """Padded tensors of a batch: features [B, T, H] fp32, tokens [B, T], top [B, T, K] (rows of
+    ``top``: data.top as draft indices), positions [B, T], lengths [B], and with ``taps`` the
+    tapped layers' outputs [B, T, k, H] fp32 (else None)."""
     T = max(n for _, n, _ in batch)
     idx = torch.stack([torch.arange(a, a + T).clamp_max(a + n - 1) for a, n, _ in batch])  # [B, T]
     pos = torch.stack([torch.arange(p0, p0 + T) for _, _, p0 in batch])
     lengths = torch.tensor([n for _, n, _ in batch])
-    return data.features[idx].float(), data.tokens[idx], data.top[idx], pos, lengths
+    aux = data.aux[idx].float() if taps else None
+    return data.features[idx].float(), data.tokens[idx], top[idx], pos, lengths, aux
 
 
-def unrolled(head: EagleHead, feats, tokens, pos, lengths, emb: torch.Tensor, steps: int):
+def unrolled(head: EagleHead | EagleMLPHead, feats, tokens, pos, lengths, emb: torch.Tensor, steps: int,
+             aux: torch.Tensor | None = None):
     """The layer's predictions for every start p and step j: [(h_j [B, P, H], valid_j [B, P])]
-    with P = T - 1 pairs; valid_j: the step's input token and its target exist."""
+    with P = T - 1 pairs; valid_j: the step's input token and its target exist. aux [B, T, k, H]:
+    the tapped layers' outputs, fused into the real rows' features (form "head" with taps)."""
     B, T, _ = feats.shape
     P = T - 1
     c = head.cfg
@@ -118,7 +128,8 @@ def unrolled(head: EagleHead, feats, tokens, pos, lengths, emb: torch.Tensor, st
         return q.view(B, P, c.num_kv_heads, g, c.head_dim).permute(0, 2, 3, 1, 4)
 
     # step 0: the real pairs (f_p, x_{p+1}) at positions p
-    x = head.inputs(feats[:, :P], emb[shifted_tokens(0)].float())  # [B, P, H]
+    real = head.first(feats[:, :P], None if aux is None else aux[:, :P])  # [B, P, H]
+    x = head.inputs(real, emb[shifted_tokens(0)].float())  # [B, P, H] (form "head": [B, P, 2H])
     cos, sin = head.rope_tables(pos[:, :P])
     q, k0, v0 = head.project(x, cos, sin)  # [B, P, nh|nkv, hd]
     k0, v0 = k0.transpose(1, 2), v0.transpose(1, 2)  # [B, nkv, P, hd]
@@ -147,34 +158,37 @@ def unrolled(head: EagleHead, feats, tokens, pos, lengths, emb: torch.Tensor, st
     return out
 
 
-def _loss(head, batch_tensors, emb, w_out, cfg: EagleTrainConfig, vocab: int, negatives: torch.Tensor):
-    feats, tokens, top, pos, lengths = batch_tensors
+def _loss(head, batch_tensors, emb, w_out, cfg: EagleTrainConfig, negatives: torch.Tensor):
+    feats, tokens, top, pos, lengths, aux = batch_tensors
     P = feats.shape[1] - 1
     loss = 0.0
-    for j, (h, valid) in enumerate(unrolled(head, feats, tokens, pos, lengths, emb, cfg.steps)):
+    for j, (h, valid) in enumerate(unrolled(head, feats, tokens, pos, lengths, emb, cfg.steps, aux)):
         nxt = (torch.arange(P) + j + 1).clamp_max(P)  # row p+j+1: the target there
-        cand = top[:, nxt]  # [B, P, K], the target's choice first
-        label_ok = valid & (cand[..., 0] < vocab)
+        cand = top[:, nxt]  # [B, P, K] draft indices, the target's choice first
+        label_ok = valid & (cand[..., 0] >= 0)
         if not label_ok.any():
             continue
         hv = h[label_ok]  # [N, H]
-        ce = sampled_softmax(hv, as_draft_indices(cand[label_ok], vocab), w_out, negatives)
+        ce = sampled_softmax(hv, cand[label_ok], w_out, negatives)
         reg = F.smooth_l1_loss(hv, feats[:, nxt][label_ok])
         loss = loss + cfg.step_decay ** j * (ce + cfg.reg_weight * reg)
     return loss
 
 
 @torch.no_grad()
-def agreement(head: EagleHead, data: FeatureSet, items: list[tuple], emb, w_out, steps: int, vocab: int) -> list[float] | None:
-    """Share of (start, step j) where the layer's greedy guess over the first ``vocab`` ids is the
-    target's choice, given the true tokens before it, per step (None without rows)."""
+def agreement(head: EagleHead | EagleMLPHead, data: FeatureSet, items: list[tuple], emb, w_out, steps: int,
+              top: torch.Tensor | None = None) -> list[float] | None:
+    """Share of (start, step j) where the layer's greedy guess over its vocabulary (the rows
+    w_out [V', H]) is the target's choice, given the true tokens before it, per step (None
+    without rows); top: data.top as draft indices (default: the first V' ids)."""
+    top = as_draft_indices(data.top.long(), len(w_out)) if top is None else top
     hits, counts = torch.zeros(steps), torch.zeros(steps)
     for batch in batches(items, 2048, torch.Generator().manual_seed(0)):
-        feats, tokens, top, pos, lengths = _gather(data, batch)
+        feats, tokens, cand, pos, lengths, aux = _gather(data, batch, top, bool(head.cfg.taps))
         P = feats.shape[1] - 1
-        for j, (h, valid) in enumerate(unrolled(head, feats, tokens, pos, lengths, emb, steps)):
-            label = top[:, (torch.arange(P) + j + 1).clamp_max(P), 0]
-            guess = (h @ w_out[:vocab].T).argmax(-1)
+        for j, (h, valid) in enumerate(unrolled(head, feats, tokens, pos, lengths, emb, steps, aux)):
+            label = cand[:, (torch.arange(P) + j + 1).clamp_max(P), 0]
+            guess = (h @ w_out.T).argmax(-1)
             hits[j] += ((guess == label) & valid).sum()
             counts[j] += valid.sum()
     if counts[0] == 0:
@@ -199,28 +213,45 @@ def start_as_identity(head: EagleHead, features: torch.Tensor, noise: float = 0.
 def train_eagle(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, shape: TargetShape,
                 cfg: EagleTrainConfig = EagleTrainConfig(), *, target_name: str = "", log=print,
                 seconds: float | None = None, doc_weight: torch.Tensor | None = None,
-                checkpoint: str | Path | None = None, init: torch.Tensor | None = None) -> tuple[EagleHead, dict]:
+                checkpoint: str | Path | None = None, init: torch.Tensor | None = None,
+                vocab_ids: torch.Tensor | None = None, start_head=None) -> tuple[EagleHead | EagleMLPHead, dict]:
     """Train an EAGLE layer. emb [V, H]: the target's embedding; w_out [V', H] its output head's
-    first rows (fp32); doc_weight [D]: how often each document counts per epoch; ``checkpoint``:
-    a file the run is saved to every few minutes and resumed from when it exists; ``init`` [H]:
-    the target's final-norm weight, the output gain's start when ``cfg.start`` is "random". Returns the layer and its report
-    (held-out agreement per step: every document, and those of the largest weight)."""
+    rows for the drafter's vocabulary, the first ``cfg.vocab`` ids or ``vocab_ids`` [V'] (fp32);
+    doc_weight [D]: how often each document counts per epoch; ``checkpoint``: a file the run is
+    saved to every few minutes and resumed from when it exists; ``init`` [H]: the target's
+    final-norm weight, the output gain's start when ``cfg.start`` is "random" (layer form);
+    ``start_head``: the MLP head (heads.model.FeatureHead) a "head" form layer starts as. Returns
+    the layer and its report (held-out agreement per step: every document, and those of the
+    largest weight). ValueError when the features lack the taps asked for or ``start_head`` does
+    not fit."""
     torch.manual_seed(cfg.seed)
     H = data.features.shape[1]
-    vocab = min(cfg.vocab, w_out.shape[0])
-    head = EagleHead(EagleConfig(hidden_size=H, num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads,
-                                 head_dim=shape.head_dim, inner=cfg.inner, vocab=vocab,
-                                 rope_theta=cfg.rope_theta, target=target_name))
-    if cfg.start == "identity":
+    vocab = min(cfg.vocab, w_out.shape[0]) if vocab_ids is None else len(vocab_ids)
+    if cfg.taps and (data.aux is None or data.taps != cfg.taps):
+        raise ValueError(f"features recorded with taps {list(data.taps)}, but the layer wants {list(cfg.taps)}")
+    num_heads = cfg.heads or shape.num_heads
+    if num_heads % shape.num_kv_heads:
+        raise ValueError(f"{num_heads} query heads do not group over the target's {shape.num_kv_heads} key/value heads")
+    head = eagle_module(EagleConfig(hidden_size=H, num_heads=num_heads, num_kv_heads=shape.num_kv_heads,
+                                    head_dim=shape.head_dim, inner=cfg.inner, vocab=vocab, rope_theta=cfg.rope_theta,
+                                    target=target_name, form=cfg.form, taps=cfg.taps,
+                                    listed_vocab=vocab_ids is not None))
+    if vocab_ids is not None:
+        head.vocab_ids.copy_(vocab_ids)
+    if cfg.form == "head":
+        if start_head is not None:
+            head.start_from(start_head)
+    elif cfg.start == "identity":
         start_as_identity(head, data.features)
     elif init is not None:
         head.g_out.data.copy_(init.float())
     w_out = w_out[:vocab].float().contiguous()
+    top = as_draft_indices(data.top.long(), vocab, vocab_ids)  # [N, TOP] draft indices, -1 outside
     n_docs = len(data.starts) - 1
     val_docs, train_docs = split_documents(n_docs, cfg.holdout, cfg.seed)
     train_items = stretches(data, train_docs, cfg.chunk, doc_weight)
     t0 = time.perf_counter()
-    steps = _fit(head, data, emb, w_out, train_items, cfg, vocab, log, seconds, checkpoint)
+    steps = _fit(head, data, emb, w_out, top, train_items, cfg, log, seconds, checkpoint)
     head.eval()
     total = cfg.epochs * len(batches(train_items, cfg.rows, torch.Generator()))
     report = {"train_pairs": sum(n - 1 for _, n, _ in train_items), "steps": steps, "finished": steps >= total,
@@ -229,13 +260,13 @@ def train_eagle(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, shape:
     if doc_weight is not None:
         groups["val_agreement_weighted_docs"] = val_docs[doc_weight[val_docs] == doc_weight.max()]
     for key, docs in groups.items():
-        got = agreement(head, data, stretches(data, docs, cfg.chunk), emb, w_out, cfg.steps, vocab)
+        got = agreement(head, data, stretches(data, docs, cfg.chunk), emb, w_out, cfg.steps, top)
         if got is not None:
             report[key] = got
     return head, report
 
 
-def _fit(head, data, emb, w_out, items, cfg: EagleTrainConfig, vocab: int, log, seconds, checkpoint) -> int:
+def _fit(head, data, emb, w_out, top, items, cfg: EagleTrainConfig, log, seconds, checkpoint) -> int:
     """AdamW, warm-up then cosine decay over ``cfg.epochs`` passes; saves and resumes ``checkpoint``."""
     matrices = [p for p in head.parameters() if p.dim() == 2]
     others = [p for p in head.parameters() if p.dim() != 2]
@@ -261,8 +292,8 @@ def _fit(head, data, emb, w_out, items, cfg: EagleTrainConfig, vocab: int, log, 
     for epoch in range(step // per_epoch, cfg.epochs):
         order = batches(items, cfg.rows, torch.Generator().manual_seed(cfg.seed * 1000 + epoch))
         for batch in order[step - epoch * per_epoch:]:
-            negatives = torch.randint(0, vocab, (cfg.negatives,))
-            loss = _loss(head, _gather(data, batch), emb, w_out, cfg, vocab, negatives)
+            negatives = torch.randint(0, len(w_out), (cfg.negatives,))
+            loss = _loss(head, _gather(data, batch, top, bool(cfg.taps)), emb, w_out, cfg, negatives)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)

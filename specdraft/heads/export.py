@@ -128,6 +128,10 @@ def export(head, out: str | Path, to: str, verifier: str, verifier_config: dict,
     """Write ``head`` in the layout ``to`` into directory ``out`` (Medusa: with ``lm_rows`` [V', H],
     the target's output head's first rows); returns the files written."""
     check_layout(to)
+    if getattr(head.cfg, "form", None) == "head":
+        raise ParameterError("this EAGLE drafter is of the 'head' form (attention in front of the MLP head's step, "
+                             "whose MLP reads the token too): no serving engine's layout holds it; "
+                             "--to vllm exports the 'layer' form (train-drafter --kind eagle --form layer)")
     if not isinstance(head, LAYOUTS[to]):
         kind = "eagle" if to == "vllm" else "medusa"
         raise ParameterError(f"--to {to} writes {kind} drafters (train one with `specdraft train-drafter --kind {kind}`)")

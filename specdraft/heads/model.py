@@ -53,19 +53,12 @@ class HeadConfig:
         object.__setattr__(self, "taps", tuple(self.taps))  # head.json holds a list
 
 
-class FeatureHead(ListedVocab, torch.nn.Module):
-    def __init__(self, cfg: HeadConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.init_vocab()
-        H, D = cfg.hidden_size, cfg.inner
-        self.g_f = torch.nn.Parameter(torch.ones(H))
-        self.g_e = torch.nn.Parameter(torch.ones(H))
-        self.w1 = torch.nn.Linear(2 * H, D)
-        self.w2 = torch.nn.Linear(D, H)
-        torch.nn.init.zeros_(self.w2.weight)  # starts as "the next feature is this one"
-        torch.nn.init.zeros_(self.w2.bias)
-        k = len(cfg.taps)
+class FusedEntry:
+    """For a drafting module whose config has ``hidden_size``, ``taps`` and ``eps``: the fusion F
+    of the tapped layers' outputs with the last feature (module docstring), and ``entry``."""
+
+    def init_entry(self) -> None:
+        k, H = len(self.cfg.taps), self.cfg.hidden_size
         if k:
             self.g_t = torch.nn.Parameter(torch.ones(k, H))
             self.fuse = torch.nn.Linear((k + 1) * H, H, bias=False)
@@ -74,12 +67,43 @@ class FeatureHead(ListedVocab, torch.nn.Module):
                 self.fuse.weight[:, k * H:] = torch.eye(H)
 
     def entry(self, f: torch.Tensor, aux: torch.Tensor | None, fuse=None) -> torch.Tensor:
-        """The first step's feature: f [B, H] itself, or fused with aux [B, k, H] (the tapped
-        layers' outputs at the same rows) when the head has taps (``fuse``: a copy of F to use)."""
+        """The first step's feature: f [..., H] itself, or fused with aux [..., k, H] (the tapped
+        layers' outputs at the same rows) when the module has taps (``fuse``: a copy of F to use)."""
         if not self.cfg.taps:
             return f
-        parts = (self._rms(aux) * self.g_t).flatten(-2)  # [B, kH]
+        parts = (rms(aux, self.cfg.eps) * self.g_t).flatten(-2)  # [..., kH]
         return (fuse or self.fuse)(torch.cat([parts, f], -1))
+
+
+class MLPStep:
+    """For a drafting module whose config has ``hidden_size``, ``inner`` and ``eps``: the MLP step
+    f + W2 silu(W1 [rms(f) * g_f ; rms(e) * g_e]) (module docstring), starting as "the next
+    feature is this one" (W2 at zero)."""
+
+    def init_step(self) -> None:
+        H, D = self.cfg.hidden_size, self.cfg.inner
+        self.g_f = torch.nn.Parameter(torch.ones(H))
+        self.g_e = torch.nn.Parameter(torch.ones(H))
+        self.w1 = torch.nn.Linear(2 * H, D)
+        self.w2 = torch.nn.Linear(D, H)
+        torch.nn.init.zeros_(self.w2.weight)
+        torch.nn.init.zeros_(self.w2.bias)
+
+    def step(self, f: torch.Tensor, e: torch.Tensor, w1=None, w2=None) -> torch.Tensor:
+        """f, e [..., H] -> the next feature [..., H], with the two matrices given (a drafter may
+        run quantized copies of w1, w2; default: the module's own)."""
+        eps = self.cfg.eps
+        z = torch.cat([rms(f, eps) * self.g_f, rms(e, eps) * self.g_e], -1)  # [..., 2H]
+        return f + (w2 or self.w2)(F.silu((w1 or self.w1)(z)))
+
+
+class FeatureHead(MLPStep, FusedEntry, ListedVocab, torch.nn.Module):
+    def __init__(self, cfg: HeadConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.init_vocab()
+        self.init_step()
+        self.init_entry()
 
     def _rms(self, x: torch.Tensor) -> torch.Tensor:
         return rms(x, self.cfg.eps)
@@ -90,12 +114,7 @@ class FeatureHead(ListedVocab, torch.nn.Module):
 
     def forward(self, f: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         """f [B, H] features, e [B, H] embeddings of the tokens chosen from them -> [B, H]."""
-        return self.step(f, e, self.w1, self.w2)
-
-    def step(self, f: torch.Tensor, e: torch.Tensor, w1, w2) -> torch.Tensor:
-        """forward with the two matrices given (a drafter may run quantized copies of w1, w2)."""
-        z = torch.cat([self._rms(f) * self.g_f, self._rms(e) * self.g_e], -1)  # [B, 2H]
-        return f + w2(F.silu(w1(z)))
+        return self.step(f, e)
 
     def save(self, directory: str | Path) -> None:
         save_drafter(self, directory)

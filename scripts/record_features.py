@@ -1,0 +1,46 @@
+"""Record the target's features on text or on its own answers, with chosen corpus and request seeds:
+python scripts/record_features.py text|answers MINUTES OUT.pt [--seed S] [--taps 1,13,24]
+
+`specdraft train-drafter --features F --answers A` records missing files itself, always from the
+corpus shuffled with seed 0 and the Nth answers file from request set N; this records a set from
+another shuffle (text) or request set (answers), e.g. requests no shipped drafter was trained on.
+The shipped EAGLE layer's features came from
+
+    python scripts/record_features.py answers 24 answers11.pt --seed 11
+    python scripts/record_features.py text 10 text.pt --seed 5
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+from specdraft.heads.corpus import chat_requests, default_corpus
+from specdraft.heads.data import encode_corpus, record, record_answers
+from specdraft.pipeline import Speculator
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("what", choices=("text", "answers"))
+    p.add_argument("minutes", type=float)
+    p.add_argument("out")
+    p.add_argument("--seed", type=int, default=0, help="text: the corpus shuffle; answers: the request set")
+    p.add_argument("--taps", default="1,13,24")
+    p.add_argument("--target", default="qwen2.5-coder-1.5b")
+    args = p.parse_args()
+    taps = tuple(int(x) for x in args.taps.split(",")) if args.taps else ()
+    sd = Speculator(args.target, dtype="fp32", runtime="native", max_length=1024, load_draft=False)
+    target = sd.target.model
+    t0 = time.perf_counter()
+    if args.what == "text":
+        data = record(target, encode_corpus(sd.tokenizer, default_corpus(seed=args.seed)), seconds=args.minutes * 60,
+                      taps=taps)
+    else:
+        data = record_answers(target, (sd.encode_prompt(r) for r in chat_requests(5000, seed=args.seed)),
+                              eos_ids=sd.target.eos_ids, seconds=args.minutes * 60, taps=taps)
+    data.save(args.out)
+    print(f"{args.what}: {len(data)} positions, {len(data.starts) - 1} documents, {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
