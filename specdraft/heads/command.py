@@ -272,7 +272,8 @@ def add_export_args(p) -> None:
     p.add_argument("drafter", nargs="?", default=None,
                    help="directory of a trained drafter of the kind --to writes (default: the one shipped for --target)")
     p.add_argument("--to", choices=("vllm", "sglang", "medusa"), default="vllm",
-                   help="vllm: an EAGLE drafter in speculators' eagle layout; medusa: Medusa heads in the "
+                   help="vllm: a layer-form EAGLE drafter in speculators' eagle layout (the shipped one is of the "
+                        "head form, which no serving engine loads: give DIR); medusa: Medusa heads in the "
                         "medusa_num_heads layout vLLM loads (config.json + model.safetensors each)")
     p.add_argument("--out", required=True, help="directory to write to")
     p.add_argument("--target", default=None, help="the drafter's target (default: the default target)")

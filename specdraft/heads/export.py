@@ -131,7 +131,7 @@ def export(head, out: str | Path, to: str, verifier: str, verifier_config: dict,
     if getattr(head.cfg, "form", None) == "head":
         raise ParameterError("this EAGLE drafter is of the 'head' form (attention in front of the MLP head's step, "
                              "whose MLP reads the token too): no serving engine's layout holds it; "
-                             "--to vllm exports the 'layer' form (train-drafter --kind eagle --form layer)")
+                             "--to vllm exports the 'layer' form (train-drafter --kind eagle without --init)")
     if not isinstance(head, LAYOUTS[to]):
         kind = "eagle" if to == "vllm" else "medusa"
         raise ParameterError(f"--to {to} writes {kind} drafters (train one with `specdraft train-drafter --kind {kind}`)")
