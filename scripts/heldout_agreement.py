@@ -2,11 +2,16 @@
 vocabulary covers: python scripts/heldout_agreement.py HELDOUT.pt DIR... [--coverage TRAIN.pt,...]
 
 HELDOUT.pt: a feature file recorded on documents no drafter trained on (`specdraft train-drafter
---answers` writes such files); DIR: MLP-head, MTP, Medusa or Hydra drafter directories. For each:
-its vocabulary (first or listed ids), their coverage of the held-out choices, and greedy agreement
-per step (MLP/MTP: given the drafter's own earlier predictions) or per head (Medusa/Hydra).
---coverage: feature files whose choices rank ids by frequency; prints the coverage of the first N
-ids against the N most frequent for several N."""
+--answers` writes such files); DIR: MLP-head, EAGLE, MTP, Medusa or Hydra drafter directories. For
+each: its vocabulary (first or listed ids), their coverage of the held-out choices, and greedy
+agreement per step (MLP/EAGLE/MTP: given the drafter's own earlier predictions) or per head
+(Medusa/Hydra). --coverage: feature files whose choices rank ids by frequency; prints the coverage
+of the first N ids against the N most frequent for several N.
+
+With --holdout H, HELDOUT is the training files of a `train-drafter` run (commas between them,
+--weights as its --answer-weight gave them: 1 for the corpus, the weight for answers) and the
+drafters are judged on the documents that run held out (the same split, seed 0), all of them and
+those of the largest weight (the answers)."""
 from __future__ import annotations
 
 import argparse
@@ -17,7 +22,9 @@ import torch
 
 from specdraft.drafters.feature_head import output_weight
 from specdraft.heads import train
-from specdraft.heads.data import FeatureSet
+from specdraft.heads.data import FeatureSet, concat
+from specdraft.heads.eagle_train import agreement as eagle_agreement
+from specdraft.heads.eagle_train import stretches
 from specdraft.heads.medusa import agreement as heads_agreement
 from specdraft.heads.model import load_head
 from specdraft.heads.vocab import choice_counts, draft_index, frequent_ids
@@ -30,9 +37,17 @@ def main() -> None:
     p.add_argument("drafters", nargs="*")
     p.add_argument("--coverage", default=None)
     p.add_argument("--target", default="qwen2.5-coder-1.5b")
+    p.add_argument("--holdout", type=float, default=None)
+    p.add_argument("--weights", default=None)
     args = p.parse_args()
-    held = FeatureSet.load(args.heldout)
-    docs = torch.arange(len(held.starts) - 1)
+    sets = [FeatureSet.load(f) for f in args.heldout.split(",")]
+    held = concat(sets)
+    groups = {"all": torch.arange(len(held.starts) - 1)}
+    if args.holdout is not None:
+        weights = [int(w) for w in args.weights.split(",")] if args.weights else [1] * len(sets)
+        weight = torch.cat([torch.full((len(fs.starts) - 1,), w) for fs, w in zip(sets, weights)])
+        val, _ = train.split_documents(len(held.starts) - 1, args.holdout, 0)
+        groups = {"held out": val, "held-out answers": val[weight[val] == weight.max()]}
     if args.coverage:
         counts = sum(choice_counts(FeatureSet.load(f).top, 151936) for f in args.coverage.split(","))
         choices = held.top[:, 0].long()
@@ -45,16 +60,21 @@ def main() -> None:
     for d in args.drafters:
         kind = json.loads((Path(d) / "head.json").read_text()).get("kind", "mlp")
         head = load_head(d, kind)
-        ids = head.token_ids()
+        ids = head.token_ids() if hasattr(head, "token_ids") else torch.arange(head.cfg.vocab)  # the layer form: first ids
         w = output_weight(target, ids).float()
         top = draft_index(ids, len(target.embed))[held.top.long()]
-        cover = float((top[:, 0] >= 0).float().mean())
-        if kind in ("medusa", "hydra"):
-            got = heads_agreement(head, held, train.start_rows(held, docs, 1), w, target.embed)
-        else:
-            got = train._agreement(head, held, target.embed, w, train.start_rows(held, docs, 3), 3, top)
-        listed = "listed" if head.cfg.listed_vocab else "first"
-        print(f"{d} {kind} {head.cfg.vocab} {listed} ids, coverage {cover:.4f}, agreement {got}", flush=True)
+        for name, docs in groups.items():
+            rows = torch.cat([torch.arange(int(held.starts[i]), int(held.starts[i + 1])) for i in docs.tolist()])
+            cover = float((top[rows, 0] >= 0).float().mean())
+            if kind in ("medusa", "hydra"):
+                got = heads_agreement(head, held, train.start_rows(held, docs, 1), w, target.embed)
+            elif kind == "eagle":
+                got = eagle_agreement(head, held, stretches(held, docs, 512), target.embed, w, 3, top)
+            else:
+                got = train._agreement(head, held, target.embed, w, train.start_rows(held, docs, 3), 3, top)
+            listed = "listed" if getattr(head.cfg, "listed_vocab", False) else "first"
+            print(f"{d} {kind} {head.cfg.vocab} {listed} ids, coverage {cover:.4f}, agreement ({name}) {got}",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -177,3 +177,20 @@ def test_medusa_and_hydra_heads_take_a_listed_vocabulary(target, trained, kind, 
     greedy_runs_equal_plain(target, kind, back, PROMPTS)
     tensors = medusa_tensors(back, output_weight(target, ids))
     assert torch.equal(tensors["token_map"], ids) and tensors["lm_heads.0.weight"].shape[0] == SIZE
+
+
+def test_train_drafter_ranks_its_vocabulary_on_the_training_documents_only():
+    """An id only held-out documents choose is not ranked in: their agreement stays held out."""
+    from specdraft.heads.command import training_vocab
+    from specdraft.heads.data import FeatureSet
+    from specdraft.heads.train import TrainConfig, split_documents
+
+    cfg = TrainConfig(vocab=3, holdout=0.25, seed=0)
+    starts = torch.tensor([0, 10, 20, 30, 40])
+    val, train = split_documents(4, cfg.holdout, cfg.seed)
+    top = torch.zeros(40, 16, dtype=torch.int64)
+    for d in train.tolist():  # training documents choose 5, 6 and 7
+        top[starts[d]:starts[d + 1], 0] = torch.tensor([5, 6, 7, 5, 6, 7, 5, 6, 7, 5])
+    top[starts[val[0]]:starts[val[0] + 1], 0] = 9  # the held-out document chooses only 9
+    data = FeatureSet(torch.zeros(40, 4).half(), torch.zeros(40, dtype=torch.int64), top, starts)
+    assert training_vocab(data, cfg, 12).tolist() == [5, 6, 7]

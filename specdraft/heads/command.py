@@ -25,7 +25,7 @@ from .eagle_train import EagleTrainConfig, TargetShape, train_eagle
 from .medusa import KINDS as MEDUSA_KINDS
 from .medusa import MedusaTrainConfig, train_medusa
 from .model import FeatureHead, load_head, shipped_head_dir
-from .train import TrainConfig, train_head
+from .train import TrainConfig, split_documents, train_head
 from .vocab import choice_counts, frequent_ids
 
 # what train-drafter trains: an EAGLE layer, the MLP head, Medusa / Hydra heads, MTP modules
@@ -138,6 +138,15 @@ def _feature_sets(args, sd: Speculator, taps: tuple[int, ...] = ()) -> list[tupl
     return sets
 
 
+def training_vocab(data, cfg, vocab_size: int) -> torch.Tensor:
+    """[cfg.vocab] the ids the target chose most often in the documents a training run with
+    ``cfg`` trains on (heads.vocab.frequent_ids): never counting the held-out ones, so held-out
+    agreement and coverage stay held out."""
+    _, train_docs = split_documents(len(data.starts) - 1, cfg.holdout, cfg.seed)
+    rows = torch.cat([torch.arange(int(data.starts[d]), int(data.starts[d + 1])) for d in train_docs.tolist()])
+    return frequent_ids(choice_counts(data.top[rows], vocab_size), cfg.vocab)
+
+
 def _init_head(where: str, target: str) -> tuple[FeatureHead, dict]:
     """The MLP head to start from (a directory, or 'shipped': the target's shipped head) and where
     it came from (its directory and the record of its own training), for the new head's train.json."""
@@ -235,7 +244,7 @@ def train_from_args(args) -> int:
     seconds = None if args.train_minutes is None else args.train_minutes * 60
     data = concat([fs for fs, _ in sets])
     if frequent:
-        vocab_ids = frequent_ids(choice_counts(data.top, len(target.embed)), cfg.vocab)
+        vocab_ids = training_vocab(data, cfg, len(target.embed))
     w_out = output_weight(target, cfg.vocab if vocab_ids is None else vocab_ids)  # what the drafter will multiply by
     out = Path(args.out)
     if args.kind == "eagle":
