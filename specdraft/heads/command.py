@@ -228,10 +228,11 @@ def train_from_args(args) -> int:
             raise ParameterError(f"--taps: {e}") from None
     init, init_record = _init_head(args.init, name) if args.init else (None, None)
     vocab_ids = None
-    if on_head:  # its attention gets half the target's query heads: the default target's 12 -> 6 keep the
-        # layer, with the MLP head it starts as, under ~50 MB in bf16
+    if on_head:
         taps = init.cfg.taps
-        kv = target.spec.num_kv_heads  # half the target's query heads, in whole groups of its key/value heads
+        # the attention gets half the target's query heads, in whole groups of its key/value heads:
+        # the default target's 12 -> 6 keep the layer, with the MLP head it starts as, under ~50 MB in bf16
+        kv = target.spec.num_kv_heads
         heads = max(kv, target.spec.num_heads // 2 // kv * kv)
         given |= {"form": "head", "taps": taps, "inner": init.cfg.inner, "vocab": init.cfg.vocab, "heads": heads}
         cfg = EagleTrainConfig(**given)
