@@ -60,7 +60,7 @@ def main() -> None:
     for d in args.drafters:
         kind = json.loads((Path(d) / "head.json").read_text()).get("kind", "mlp")
         head = load_head(d, kind)
-        ids = head.token_ids() if hasattr(head, "token_ids") else torch.arange(head.cfg.vocab)  # the layer form: first ids
+        ids = head.token_ids()
         w = output_weight(target, ids).float()
         top = draft_index(ids, len(target.embed))[held.top.long()]
         for name, docs in groups.items():

@@ -50,10 +50,7 @@ class EagleDrafter(FeatureHeadDrafter):
     def take_features(self, hidden: torch.Tensor) -> None:
         """hidden [n, H], or [n, (k + 1) H] with the tapped layers' outputs first: every row is a
         real pair's feature (fused, with taps) for the cache."""
-        f = hidden.float()
-        if self.feature_layers:
-            k, H = len(self.feature_layers), self.head.cfg.hidden_size
-            f = self.head.first(f[:, k * H:], f[:, :k * H].view(-1, k, H), self.fuse)
+        f = self.fused(hidden)
         self.pending.append(f)
         self.feature = f[-1]  # ready() and the cost rule read it
 

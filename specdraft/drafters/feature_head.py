@@ -119,12 +119,16 @@ class FeatureHeadDrafter(CostAware):
 
     @torch.inference_mode()
     def take_features(self, hidden: torch.Tensor) -> None:
-        last = hidden[-1].float()  # the row that chose the newest token: [H], or [(k+1)H] with taps
+        self.feature = self.fused(hidden[-1:])[0]  # the row that chose the newest token
+
+    def fused(self, rows: torch.Tensor) -> torch.Tensor:
+        """Rows as the engine hands them over ([n, H], or [n, (k + 1) H] with the tapped layers'
+        outputs first) -> [n, H] float32 features, fused by the head's entry when it has taps."""
+        rows = rows.float()
         if not self.feature_layers:
-            self.feature = last
-            return
+            return rows
         k, H = len(self.feature_layers), self.head.cfg.hidden_size
-        self.feature = self.head.entry(last[None, k * H:], last[None, :k * H].view(1, k, H), self.fuse)[0]
+        return self.head.entry(rows[:, k * H:], rows[:, :k * H].view(-1, k, H), self.fuse)
 
     def ready(self) -> bool:
         """Whether a draft can start (a feature has been seen since ``begin``)."""

@@ -82,16 +82,19 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos.unsqueeze(-2) + rotated * sin.unsqueeze(-2)
 
 
-class _Layer(torch.nn.Module):
-    """What both forms share: RoPE tables, norms, the linear maps by name, files. Their
-    inputs / project / finish take ``lin``: a dict of the linear maps to use by name (LINEARS;
-    default: the module's own), so the drafter can run int8 copies."""
+class _Layer(FusedEntry, ListedVocab, torch.nn.Module):
+    """What both forms share: RoPE tables, norms, the linear maps by name, files, the entry of
+    real rows (fused with taps) and the vocabulary (the layer form has neither taps nor listed
+    ids). Their inputs / project / finish take ``lin``: a dict of the linear maps to use by name
+    (LINEARS; default: the module's own), so the drafter can run int8 copies."""
 
     LINEARS: tuple[str, ...] = ()
 
     def __init__(self, cfg: EagleConfig):
         super().__init__()
         self.cfg = cfg
+        self.init_vocab()
+        self.init_entry()
         hd = cfg.head_dim
         inv = 1.0 / cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd)  # [hd/2]
         self.register_buffer("inv_freq", inv, persistent=False)
@@ -147,10 +150,6 @@ class EagleHead(_Layer):
         torch.nn.init.zeros_(self.o.weight)  # the layer starts as fc alone; attention and MLP grow in
         torch.nn.init.zeros_(self.down.weight)
 
-    def first(self, f: torch.Tensor, aux: torch.Tensor | None) -> torch.Tensor:
-        """A real row's feature f [..., H] as the layer reads it (this form reads no taps)."""
-        return f
-
     def inputs(self, f: torch.Tensor, e: torch.Tensor, lin: dict | None = None) -> torch.Tensor:
         """f, e [..., H] (a feature, the embedding of the token chosen from it) -> x [..., H]."""
         return self._lin(lin, "fc")(torch.cat([f, self._rms(e) * self.g_e], -1))
@@ -167,7 +166,7 @@ class EagleHead(_Layer):
         return self._rms(x) * self.g_out
 
 
-class EagleMLPHead(MLPStep, FusedEntry, ListedVocab, _Layer):
+class EagleMLPHead(MLPStep, _Layer):
     """The "head" form: attention over the context's features in front of the MLP head's step
     (module docstring). x, what inputs() gives and project() / finish() read, is [f ; E[x]]
     [..., 2H]; its parameters keep the MLP head's names (g_f, g_e, w1, w2; g_t, fuse with taps)."""
@@ -176,7 +175,6 @@ class EagleMLPHead(MLPStep, FusedEntry, ListedVocab, _Layer):
 
     def __init__(self, cfg: EagleConfig):
         super().__init__(cfg)
-        self.init_vocab()
         H, hd = cfg.hidden_size, cfg.head_dim
         self.a_f = torch.nn.Parameter(torch.ones(H))
         self.a_e = torch.nn.Parameter(torch.ones(H))
@@ -184,11 +182,6 @@ class EagleMLPHead(MLPStep, FusedEntry, ListedVocab, _Layer):
         self.o = torch.nn.Linear(cfg.num_heads * hd, H, bias=False)
         torch.nn.init.zeros_(self.o.weight)  # starts as the MLP head alone
         self.init_step()
-        self.init_entry()
-
-    def first(self, f: torch.Tensor, aux: torch.Tensor | None, fuse=None) -> torch.Tensor:
-        """A real row's feature: f [..., H] fused with the tapped layers' outputs aux [..., k, H]."""
-        return self.entry(f, aux, fuse)
 
     def inputs(self, f: torch.Tensor, e: torch.Tensor, lin: dict | None = None) -> torch.Tensor:
         return torch.cat([f, e], -1)

@@ -128,7 +128,7 @@ def unrolled(head: EagleHead | EagleMLPHead, feats, tokens, pos, lengths, emb: t
         return q.view(B, P, c.num_kv_heads, g, c.head_dim).permute(0, 2, 3, 1, 4)
 
     # step 0: the real pairs (f_p, x_{p+1}) at positions p
-    real = head.first(feats[:, :P], None if aux is None else aux[:, :P])  # [B, P, H]
+    real = head.entry(feats[:, :P], None if aux is None else aux[:, :P])  # [B, P, H] (fused with taps)
     x = head.inputs(real, emb[shifted_tokens(0)].float())  # [B, P, H] (form "head": [B, P, 2H])
     cos, sin = head.rope_tables(pos[:, :P])
     q, k0, v0 = head.project(x, cos, sin)  # [B, P, nh|nkv, hd]
