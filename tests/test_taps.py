@@ -200,6 +200,44 @@ def test_a_head_with_taps_can_start_from_a_plain_heads_step(q4k, recorded):
         start_from(FeatureHead(HeadConfig(q4k.spec.hidden_size, 32, VOCAB)), plain)
 
 
+def test_a_head_goes_on_from_a_tapped_head_with_its_fusion(q4k, trained, recorded):
+    from specdraft.heads.train import start_from
+
+    head, _ = trained
+    assert head.fuse.weight[:, :len(TAPS) * head.cfg.hidden_size].abs().max() > 0  # it learned to read the taps
+    again = FeatureHead(head.cfg)
+    start_from(again, head)
+    rows = torch.arange(8)
+    f, aux = recorded.features[rows].float(), recorded.aux[rows].float()
+    with torch.no_grad():  # the same taps: the fusion comes too, so it starts as the head itself
+        assert torch.equal(again.entry(f, aux), head.entry(f, aux))
+    other_taps = FeatureHead(HeadConfig(head.cfg.hidden_size, head.cfg.inner, VOCAB, taps=TAPS[:1]))
+    start_from(other_taps, head)  # other taps: only the step, and F starts as "take the last layer"
+    assert torch.equal(other_taps.w1.weight, head.w1.weight)
+    with torch.no_grad():
+        assert torch.equal(other_taps.entry(f, aux[:, :1]), f)
+
+
+def test_train_drafter_init_goes_on_with_the_heads_taps_vocabulary_and_width(tmp_path):
+    """``train-drafter --kind mlp --init DIR``: what is not asked for otherwise is the head's own."""
+    from _tiny import make_cli_model
+    from specdraft.cli import main
+
+    tiny = make_cli_model(tmp_path / "tiny")
+    model = LlamaModel.from_dir(tiny, dtype=torch.float32, max_length=256)
+    record(model, own_texts(model, n=6, length=30), taps=(0,)).save(tmp_path / "f.pt")
+    common = ["train-drafter", "--kind", "mlp", "--target", str(tiny), "--features", str(tmp_path / "f.pt"),
+              "--answer-minutes", "0", "--epochs", "1", "--batch", "16"]
+    assert main([*common, "--out", str(tmp_path / "h0"), "--taps", "0", "--vocab", "24", "--inner", "40"]) == 0
+    first = load_head(tmp_path / "h0")
+    assert main([*common, "--out", str(tmp_path / "h1"), "--init", str(tmp_path / "h0")]) == 0
+    second = load_head(tmp_path / "h1")
+    assert second.cfg.taps == (0,) and second.cfg.inner == 40 and second.cfg.listed_vocab
+    assert torch.equal(second.token_ids(), first.token_ids())
+    assert main([*common, "--out", str(tmp_path / "h2"), "--init", str(tmp_path / "h0"), "--vocab", "12"]) == 0
+    assert load_head(tmp_path / "h2").cfg.vocab == 12  # asked for: a vocabulary of its own, ranked again
+
+
 def test_answers_keep_their_requests_and_are_recorded_again_with_taps(q4k, tmp_path):
     from specdraft.heads.data import record_again
 

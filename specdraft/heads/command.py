@@ -58,7 +58,9 @@ def add_train_args(p, *, kind: str | None = None) -> None:
                         "features are recorded with them (eagle with --init: the head's own)")
     p.add_argument("--init", default=None,
                    help="start from this MLP head (a directory, or 'shipped' for the target's shipped head). "
-                        "mlp: its step, e.g. to add --taps to a head trained on more data than this machine has; "
+                        "mlp: its step, fusion of taps, vocabulary and width, each unless --taps, --vocab, "
+                        "--draft-vocab or --inner asks otherwise (to go on training it on new features, or to "
+                        "add --taps to it); "
                         "eagle: an EAGLE layer of the 'head' form, attention in front of that head's step, which "
                         "starts as the head and keeps its taps, vocabulary and width")
     p.add_argument("--record-minutes", type=float, default=25.0,
@@ -237,6 +239,16 @@ def train_from_args(args) -> int:
         given |= {"form": "head", "taps": taps, "inner": init.cfg.inner, "vocab": init.cfg.vocab, "heads": heads}
         cfg = EagleTrainConfig(**given)
         vocab_ids = init.token_ids() if init.cfg.listed_vocab else None
+    elif init is not None:  # an MLP head goes on from the one given: what is not asked for otherwise is its own
+        given.setdefault("inner", init.cfg.inner)
+        if not args.taps:
+            taps = init.cfg.taps
+            given["taps"] = taps
+        if args.vocab is None and args.draft_vocab is None:
+            frequent = False
+            given["vocab"] = init.cfg.vocab
+            vocab_ids = init.token_ids() if init.cfg.listed_vocab else None
+        cfg = TrainConfig(**given)
     if init is not None and (init.cfg.hidden_size, init.cfg.inner) != (target.spec.hidden_size, cfg.inner):
         raise ParameterError(f"the head in --init has hidden size {init.cfg.hidden_size} and inner {init.cfg.inner}; "
                              f"give the same --inner (target hidden size {target.spec.hidden_size})")

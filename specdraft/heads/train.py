@@ -106,8 +106,8 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
     the first ``cfg.vocab`` ids, or ``vocab_ids`` [V'] (heads.vocab); doc_weight [D]
     (int): how often each document counts per epoch. Returns the head and validation figures
     (greedy agreement per unrolled step, on held-out documents: overall and for the documents of
-    the largest weight). ``init``: an MLP head of the same sizes whose step to start from (a head
-    with taps then learns only how to read them on top of it)."""
+    the largest weight). ``init``: an MLP head of the same sizes to start from (``start_from``: its
+    step, and its fusion when the taps are the same)."""
     torch.manual_seed(cfg.seed)
     H = data.features.shape[1]
     vocab = min(cfg.vocab, w_out.shape[0]) if vocab_ids is None else len(vocab_ids)
@@ -148,17 +148,19 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
 
 
 def start_from(head: FeatureHead, init: FeatureHead) -> None:
-    """Copy ``init``'s step (gains, w1, w2) into ``head``; its fusion of taps, if any, stays
-    "take the last layer's feature". The vocabularies may differ (the step predicts a feature,
-    which any rows of the output head read). ValueError when the step's sizes differ."""
+    """Copy ``init``'s step (gains, w1, w2) into ``head``, and its fusion of taps when both read the
+    same taps (else the fusion stays "take the last layer's feature", for a head that learns to
+    read new taps on top of the step). The vocabularies may differ (the step predicts a feature,
+    which any rows of the output head read); the caller lists the ids. ValueError when the step's
+    sizes differ."""
     if not isinstance(head, FeatureHead) or not isinstance(init, FeatureHead):
         raise ValueError("only an MLP head starts from another one")
     a, b = head.cfg, init.cfg
     if (a.hidden_size, a.inner) != (b.hidden_size, b.inner):
         raise ValueError(f"the head to start from has hidden {b.hidden_size}, inner {b.inner}; "
                          f"this one {a.hidden_size}, {a.inner}")
-    step = {k: v for k, v in init.state_dict().items() if k in ("g_f", "g_e") or k.startswith(("w1.", "w2."))}
-    head.load_state_dict(step, strict=False)
+    copied = ("g_f", "g_e", "w1.", "w2.") + (("g_t", "fuse.") if a.taps and a.taps == b.taps else ())
+    head.load_state_dict({k: v for k, v in init.state_dict().items() if k.startswith(copied)}, strict=False)
 
 
 def _fit(head: FeatureHead | MTPModules, data: FeatureSet, emb: torch.Tensor, w_head: torch.Tensor, train_rows: torch.Tensor,
