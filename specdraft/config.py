@@ -93,9 +93,9 @@ class SpecConfig:
     # drafter's default (DEFAULT_DRAFT_WINDOW). Bounds the draft's prefill on long prompts;
     # lossless (only the guesses change).
     draft_window: int | None = None
-    # Cut greedy drafts by the target's measured forward costs (costs.ForwardCosts; drafters that
-    # size their drafts by cost: head, draft-model, and the copies of hybrid / hybrid-head).
-    # False: only min_confidence and k bound a draft.
+    # The engine's cost rule (policy.DraftPolicy): send the likeliest guesses that pay for their
+    # check by the target's measured forward costs, stop drafting where a further guess would not
+    # pay, skip a drafter while its steps do not pay. False: only min_confidence and k bound a draft.
     cost_rule: bool = True
     # head / hybrid-head, greedy: draft EAGLE-2 dynamic token trees (several guesses a position)
     # where the target verifies tree masks; False: one chain of guesses. Off by default: on the

@@ -5,7 +5,8 @@ tokens it is expected to commit, 1 + P1 + ... + Pn (Pi: the chance that the firs
 pass), are worth more than what the longer block costs over a one-token forward. How much more a
 block costs depends on the machine and the weight format (measured here, AVX2 EPYC, 1.5B target:
 w8a8 1/2/4/8 tokens 84/88/100/145 ms, gguf 60/68/91/161 ms), so the engine times its own
-forwards and drafters cut their drafts to the length with the most expected tokens per second.
+forwards and its policy (policy.DraftPolicy) sends the guesses with the most expected tokens
+per second.
 """
 from __future__ import annotations
 
@@ -110,7 +111,7 @@ class PassRates:
     sure and wrong), and the cost rule above sends a guess only when that chance pays for the
     longer verification. Guesses are counted in confidence bins; each bin starts from a prior of
     its own confidence (weight PRIOR), so an unseen bin trusts the prophet and a seen one learns.
-    Only guesses the verifier judged count: those up to and including the first rejection.
+    Only guesses the verifier judged count (policy.DraftPolicy.judged).
     """
 
     BINS = 10
@@ -127,20 +128,19 @@ class PassRates:
         b = self._bin(confidence)
         return self.passed[b] / self.tried[b]
 
-    def record(self, confidences: list[float], accepted: int) -> None:
-        """confidences of the guesses sent, in order; accepted: how many of the first passed."""
-        for i, c in enumerate(confidences[:accepted + 1]):
-            b = self._bin(c)
-            self.tried[b] += 1
-            self.passed[b] += i < accepted
+    def record(self, confidence: float, passed: bool) -> None:
+        """A judged guess of this confidence passed or not."""
+        b = self._bin(confidence)
+        self.tried[b] += 1
+        self.passed[b] += passed
 
 
 class CopyRates:
-    """Cost-aware length of a copied draft (prompt lookup): how often the i-th copied token passed
-    given that the ones before it did (counts with a prior of 2 in 3), and so how many of a copy's
-    tokens pay for their verification. Copies cost nothing to make, but each one lengthens the
-    target's forward: on a CPU where a forward over 4 tokens costs ~2.3 one-token forwards, an
-    8-token copy after a chance 3-gram match loses time."""
+    """How often the i-th copied token of a copy (prompt lookup) passed given that the ones before
+    it did (counts with a prior of 2 in 3): a copy's chances, by which the engine's policy sends
+    as many copied tokens as pay for their check. Copies cost nothing to make, but each one
+    lengthens the target's forward: on a CPU where a forward over 4 tokens costs ~2.3 one-token
+    forwards, an 8-token copy after a chance 3-gram match loses time."""
 
     SIZE = 64
 
@@ -148,27 +148,26 @@ class CopyRates:
         self.tried = [3.0] * self.SIZE
         self.passed = [2.0] * self.SIZE
 
-    def length(self, n: int, costs: ForwardCosts | None) -> int:
-        """How many of n copied tokens to send (all of them until forward costs are measured)."""
-        if costs is None or not costs.measured:
-            return n
-        sure, cumulative = 1.0, []
-        for i in range(min(n, self.SIZE)):
-            sure *= self.passed[i] / self.tried[i]
-            cumulative.append(sure)
-        return costs.choose_length(cumulative)
+    def chances(self, n: int) -> list[float]:
+        """[n] P(the first i + 1 copied tokens all pass)."""
+        sure, out = 1.0, []
+        for i in range(n):
+            j = min(i, self.SIZE - 1)
+            sure *= self.passed[j] / self.tried[j]
+            out.append(sure)
+        return out
 
-    def record(self, sent: int, accepted: int) -> None:
-        """The verifier judged a copy of ``sent`` tokens, ``accepted`` of which passed."""
-        for i in range(min(sent, accepted + 1, self.SIZE)):  # the copied tokens it judged
+    def record(self, i: int, passed: bool) -> None:
+        """The verifier judged the copy's i-th token (0-based)."""
+        if i < self.SIZE:
             self.tried[i] += 1
-            self.passed[i] += i < accepted
+            self.passed[i] += passed
 
 
 class Payoff:
     """Whether running a prophet at all pays: running means of what its steps committed (1 + the
     guesses accepted) and what they cost (the verification's ratio plus the drafting, in
-    one-token forwards), against plain decoding's 1 token for 1 forward.
+    one-token forwards), against plain decoding's 1 token for 1 forward (policy.DraftPolicy).
 
     The cost rule cuts drafts that do not pay, but computing even one guess costs something (a
     head step with its output rows was ~8% of a forward on the AVX2 machine, ~5% with int8

@@ -1,13 +1,15 @@
 """The draft -> verify -> commit loop.
 
 Each step:
-  1. the drafter proposes up to k tokens after the committed context;
+  1. the drafter proposes a chain or tree of guesses after the committed context, and the
+     engine's policy (policy.DraftPolicy) keeps the likeliest ones that pay for their check on
+     this machine (or skips drafting while the drafter's steps do not pay);
   2. the target runs one forward over [last committed token] + draft (K+1 tokens), whose
-     row i predicts the token after draft[:i];
-  3. the verifier accepts a prefix of n draft tokens and adds one target token (recovered at
-     the first rejection, bonus when all pass);
+     row i predicts the token after draft[:i] (a tree: after node i's branch);
+  3. the verifier accepts a prefix (a branch) of n draft tokens and adds one target token
+     (recovered at the first rejection, bonus when all pass);
   4. the target's cache rolls back to the committed context minus its last token (the engine's
-     cache invariant), and the drafter observes the outcome.
+     cache invariant), and the drafter learns which guesses passed and observes the outcome.
 Plain decoding (method "none") is the same loop with an empty draft, so the baseline runs the
 very same runtime code.
 
@@ -24,9 +26,10 @@ import torch
 from .config import GenerationConfig, SamplingConfig, SpecConfig
 from .costs import ForwardCosts
 from .drafters.base import Draft, Drafter
-from .drafters.trees import keep_nodes, node_depths
+from .drafters.trees import node_depths
 from .errors import ContextLengthError
 from .metrics import SpecStats
+from .policy import DraftPolicy
 from .sampling import make_generator, next_token
 from .verify import verify, verify_tree
 
@@ -80,12 +83,12 @@ class Engine:
     def __init__(self, target, tokenizer, drafter: Drafter | None, spec: SpecConfig,
                  eos_ids: set[int] | None = None, costs: ForwardCosts | None = None):
         self.target = target
-        # seconds per target forward by block size, measured as we go; drafters that size their
-        # drafts by cost read it
+        # seconds per target forward by block size, measured as we go; the policy sizes drafts by it
         self.costs = costs if costs is not None else ForwardCosts()
         self.drafter = drafter if drafter is not None else Drafter()  # None: plain decoding, the empty drafter
+        self.policy = DraftPolicy(self.costs, enabled=spec.cost_rule)
         if spec.cost_rule:
-            self.drafter.use_costs(self.costs)
+            self.drafter.use_policy(self.policy)
         self.tokenizer = tokenizer
         self.spec = spec
         self.eos_ids = set(eos_ids or ())
@@ -157,8 +160,10 @@ class Engine:
                 # 1. Draft.
                 t0 = time.perf_counter()
                 room = min(self.spec.draft_len, gen.max_new_tokens - len(generated) - 1)
-                draft = self.drafter.propose(context, room, sampling, generator) if room > 0 else Draft()
-                draft = _cap_depth(draft, max(room, 0))
+                drafted = room > 0 and self.policy.draft_now(self.drafter)
+                sent = self.policy.cut(self.drafter.propose(context, room, sampling, generator) if drafted
+                                       else Draft(), max(room, 0))
+                draft = sent.draft
                 t1 = time.perf_counter()
                 # 2. Verify: one target forward over [last token] + draft (a chain, or a tree whose
                 # nodes sit at positions by depth and see only their ancestors).
@@ -166,20 +171,24 @@ class Engine:
                 if draft.parents is None:
                     out = self.target.forward(ids, need_hidden=features, **taps)  # logits [K+1, V]
                     verdict = verify(out.logits, draft.tokens, draft.probs, sampling, generator)
+                    path = list(range(verdict.num_accepted))
                     rows = list(range(verdict.num_accepted + 1))  # the committed tokens' rows
                 else:
                     positions, mask = tree_layout(draft.parents, len(context) - 1)
                     out = self.target.forward(ids, positions=positions, tree_mask=mask, need_hidden=features, **taps)
                     verdict = verify_tree(out.logits, draft.tokens, draft.parents, draft.probs, sampling, generator)
-                    rows = [0] + [1 + j for j in verdict.path]
+                    path = verdict.path
+                    rows = [0] + [1 + j for j in path]
                 self.costs.record(len(ids), time.perf_counter() - t1)
                 # 3. Keep the committed context minus its newest token in the target's cache: a
                 # chain rolls back by length, a tree's accepted path moves next to the prefix.
                 n = verdict.num_accepted
                 if features:  # the committed rows; the last one chose the newest token
                     self.drafter.take_features(_features(out, rows))
-                if self.drafter.wants_outputs:  # the target's choice after every row, right or not
-                    self.drafter.take_outputs(out.logits.argmax(-1).tolist())
+                if self.drafter.wants_outputs:  # the target's choice after every proposed node sent, right or not
+                    self.drafter.take_outputs(_by_proposed_node(out.logits.argmax(-1).tolist(), sent))
+                if len(draft):
+                    self.drafter.learn(DraftPolicy.judged(sent, path))
                 if draft.parents is None:
                     self.target.rollback(len(context) + n)
                 else:
@@ -189,6 +198,8 @@ class Engine:
                 origins = [DRAFT] * n + [TARGET]
                 stats.record_step(len(draft), n, len(new))
                 self.drafter.observe(context + new, n)
+                if drafted and self.drafter.source is not None:
+                    self.policy.record(self.drafter.source, sent, n, t1 - t0)
                 t2 = time.perf_counter()
                 stats.time_draft += t1 - t0
                 stats.time_verify += t2 - t1
@@ -229,17 +240,14 @@ def _features(out, rows) -> torch.Tensor:
     return torch.cat([out.taps[rows].flatten(1), out.hidden[rows]], -1)
 
 
-def _cap_depth(draft: Draft, room: int) -> Draft:
-    """The draft without tokens past ``room`` (a chain cut; a tree's nodes deeper than room)."""
-    if draft.parents is None:
-        if len(draft) <= room:
-            return draft
-        return Draft(draft.tokens[:room], None if draft.probs is None else draft.probs[:room])
-    keep = [j for j, d in enumerate(node_depths(draft.parents)) if d <= room]  # closed under parents
-    if len(keep) == len(draft):
-        return draft
-    tokens, parents = keep_nodes(draft.tokens, draft.parents, keep)
-    return Draft(tokens, None if draft.probs is None else draft.probs[keep], parents)
+def _by_proposed_node(choices: list[int], sent) -> list[int | None]:
+    """The target's choices after the rows of a check ([root] + the sent nodes; ``sent``:
+    policy.Sent) by proposed node: [0] after the root, [1 + j] after proposed node j, None where
+    node j was not sent."""
+    out: list[int | None] = [choices[0]] + [None] * sent.proposed
+    for i, j in enumerate(sent.nodes):
+        out[1 + j] = choices[1 + i]
+    return out
 
 
 def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 
 from specdraft.costs import ALPHA, PRIOR_SLOPE, ForwardCosts, running_mean
-from specdraft.drafters.base import Drafter
+from specdraft.drafters.base import Draft, Drafter
 from specdraft.drafters.hybrid import Hybrid
+from specdraft.policy import DraftPolicy
 
 
 def table(**ms) -> ForwardCosts:
@@ -81,18 +82,20 @@ def test_a_cut_to_nothing_is_not_final():
 
 def test_hybrid_learns_how_far_copies_pass():
     h = Hybrid(Drafter(), model_k=3, ngram_max=3, ngram_min=1)  # the empty drafter as its model prophet
-    costs = table(t1=60, t2=70, t3=80, t4=90, t5=100, t6=110)
-    h.use_costs(costs)
-    assert h.lookup.rates.length(5, costs) == 3  # prior pass rate 2/3 per token
+    policy = DraftPolicy(table(t1=60, t2=70, t3=80, t4=90, t5=100, t6=110))
+    h.use_policy(policy)
+    copy = Draft([1, 2, 3, 4, 5], chances=h.lookup.rates.chances(5))
+    assert len(policy.cut(copy, 5).draft) == 3  # prior pass rate 2/3 per token: three pay
     for _ in range(30):  # copies keep failing at their second token
-        h.lookup.proposed_length = 5
-        h.observe([], 1)
-    assert h.lookup.rates.length(5, costs) == 1
+        h.drafter = h.lookup
+        h.learn([(0, True), (1, False)])
+    copy = Draft([1, 2, 3, 4, 5], chances=h.lookup.rates.chances(5))
+    assert len(policy.cut(copy, 5).draft) == 1
 
 
-def test_prompt_lookup_cuts_copies_by_cost():
-    """Prompt lookup sends whole copies until forward costs are measured, then as many copied
-    tokens as pay, learned from how far its copies passed."""
+def test_prompt_lookup_copies_are_cut_by_cost():
+    """The policy sends whole copies until forward costs are measured, then as many copied
+    tokens as pay, learned from how far prompt lookup's copies passed."""
     import torch
 
     from specdraft.config import SamplingConfig
@@ -100,21 +103,18 @@ def test_prompt_lookup_cuts_copies_by_cost():
 
     ctx = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]  # the 3-gram 1 2 3 continues 4 5 6 ...
     pl = PromptLookup(ngram_max=3, ngram_min=3)
-    propose = lambda: pl.propose(ctx, 6, SamplingConfig(), torch.Generator()).tokens  # noqa: E731
-    assert propose() == [4, 5, 6, 7, 8, 9]  # no costs: the whole copy
-    costs = table(t1=60, t2=70, t3=80, t4=90, t5=100, t6=110, t7=120)
-    pl.use_costs(costs)
-    assert propose() == [4, 5, 6]  # prior 2/3 a token: three pay
+    sent = lambda policy: policy.cut(pl.propose(ctx, 6, SamplingConfig(), torch.Generator()), 6).draft.tokens  # noqa: E731
+    assert sent(DraftPolicy(ForwardCosts())) == [4, 5, 6, 7, 8, 9]  # no costs: the whole copy
+    policy = DraftPolicy(table(t1=60, t2=70, t3=80, t4=90, t5=100, t6=110, t7=120))
+    assert sent(policy) == [4, 5, 6]  # prior 2/3 a token: three pay
+    assert sent(DraftPolicy(policy.costs, enabled=False)) == [4, 5, 6, 7, 8, 9]  # the cost rule off
     for _ in range(30):  # copies keep passing whole
-        propose()
-        pl.observe(ctx, pl.proposed_length)
-    assert propose() == [4, 5, 6, 7, 8, 9]
+        pl.learn([(i, True) for i in range(6)])
+    assert sent(policy) == [4, 5, 6, 7, 8, 9]
     for _ in range(60):  # then keep failing at their first token
-        propose()
-        pl.observe(ctx, 0)
-    assert propose() != []  # a 1 in 3 chance still pays for a 70 ms verification instead of 60
-    pl.use_costs(table(t1=60, t2=90, t3=120, t4=150, t5=180, t6=210, t7=240))
-    assert propose() == []  # but not where each token costs half a forward
+        pl.learn([(0, False)])
+    assert sent(policy) != []  # a 1 in 3 chance still pays for a 70 ms verification instead of 60
+    assert sent(DraftPolicy(table(t1=60, t2=90, t3=120, t4=150, t5=180, t6=210, t7=240))) == []  # not at half a forward a token
 
 
 def test_pass_rates_calibrate_confidences():
@@ -125,15 +125,14 @@ def test_pass_rates_calibrate_confidences():
     r = PassRates()
     assert r.rate(0.95) == pytest.approx(0.95) and r.rate(0.12) == pytest.approx(0.15)
     for i in range(200):
-        r.record([0.95, 0.95], 1 if i % 4 == 0 else 0)  # second guess judged only after a pass
-    assert r.rate(0.95) == pytest.approx(50 / 250, abs=0.03)  # 50 passes in 250 judged guesses
+        r.record(0.95, i % 4 == 0)
+    assert r.rate(0.95) == pytest.approx(50 / 202, abs=0.03)  # 50 passes in 200 judged guesses
     assert r.rate(0.55) == pytest.approx(0.55)
     steep = table(t1=60, t2=90, t3=120)
     assert steep.best_length([0.95]) == 1 and steep.best_length([r.rate(0.95)]) == 0
-    r.record([0.3, 0.3, 0.3], 3)  # all three passed: three tries, three passes, nothing more judged
+    for _ in range(3):
+        r.record(0.3, True)
     assert r.tried[3] == PassRates.PRIOR + 3 and r.passed[3] == pytest.approx(PassRates.PRIOR * 0.35 + 3)
-    r.record([], 0)  # nothing was sent (the step's draft came from elsewhere): nothing learned
-    assert r.tried[3] == PassRates.PRIOR + 3
 
 
 def test_payoff_skips_a_prophet_that_does_not_pay_and_explores():

@@ -319,8 +319,7 @@ def test_cost_aware_draft_model_stays_exact(target, drafts, plain, per_token, dr
 
     e = make_engine(target, "draft-model", drafts["near"], k=4, cost_rule=True)
     costs = fixed_costs(per_token)
-    e.drafter.use_costs(costs)
-    e.costs = costs
+    e.costs = e.policy.costs = costs
     if draft_seconds:  # a slow draft model: its forwards are timed by the drafter itself
         import time
 
@@ -336,7 +335,8 @@ def test_cost_aware_draft_model_stays_exact(target, drafts, plain, per_token, dr
     rates, prior = e.drafter.rates, PassRates()
     assert sum(rates.passed) - sum(prior.passed) == pytest.approx(stats.accepted_tokens)
     if not expect_drafts:
-        assert e.drafter.payoff.skipped > 0 and e.drafter.payoff.steps < stats.target_forwards
+        payoff = e.policy.payoff(e.drafter)
+        assert payoff.skipped > 0 and payoff.steps < stats.target_forwards
     elif draft_seconds:
         # one guess a step, but for the first step: no draft forward was timed before it
         assert stats.drafts > 10 and stats.draft_tokens <= stats.drafts + 3

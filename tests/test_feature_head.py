@@ -98,7 +98,11 @@ def test_greedy_head_drafts_are_branched_trees_and_chains_without(target, traine
         target.reset()
     tree, chain = drafts[True], drafts[False]
     assert tree.parents is not None and len(set(tree.parents)) < len(tree.parents)  # a node with 2+ children
-    assert all(p < j for j, p in enumerate(tree.parents)) and len(tree) == 4  # k nodes kept, parents first
+    assert all(p < j for j, p in enumerate(tree.parents)) and len(tree) > 4  # parents first
+    assert all(tree.chances[j] <= tree.chances[p] for j, p in enumerate(tree.parents) if p >= 0)
+    sent = e.policy.cut(tree, 4)  # costs not measured: the k likeliest nodes
+    assert len(sent.draft) == 4 and all(p < j for j, p in enumerate(sent.draft.parents or []))
+    assert sorted(sent.nodes, key=lambda j: -tree.chances[j]) == sorted(range(len(tree)), key=lambda j: -tree.chances[j])[:4]
     assert chain.parents is None and len(chain) == 4
 
 
@@ -195,9 +199,8 @@ def test_cost_aware_head_stays_exact_and_cuts_drafts(target, trained):
         costs = ForwardCosts()
         for t in range(1, 12):
             costs.seconds[t] = 0.05 * (1 + per_token * (t - 1))
-        e = engine(target, "head", head, k=4)
-        e.costs = costs
-        e.drafter.use_costs(costs)
+        e = engine(target, "head", head, k=4, cost_rule=True)
+        e.costs = e.policy.costs = costs
         costs.record = lambda tokens, seconds: None  # keep the table fixed while generating
         e.generate(prompt, SamplingConfig(), GenerationConfig(max_new_tokens=40))
         assert list(e.token_ids) == plain
@@ -210,7 +213,8 @@ def test_cost_aware_head_stays_exact_and_cuts_drafts(target, trained):
         assert sum(rates.passed) - sum(prior.passed) == pytest.approx(e.stats.accepted_tokens)
         assert sum(rates.tried) - sum(prior.tried) <= e.stats.draft_tokens
         if not expect_drafts:  # a head that never pays is skipped after its warm-up, explored now and then
-            assert e.drafter.payoff.skipped > 0 and e.drafter.payoff.steps < e.stats.target_forwards
+            payoff = e.policy.payoff(e.drafter)
+            assert payoff.skipped > 0 and payoff.steps < e.stats.target_forwards
 
 
 def test_int8_head_step_follows_the_fp32_head(trained):

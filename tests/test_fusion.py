@@ -17,10 +17,31 @@ from specdraft.engine import Engine
 def test_merge_shares_prefixes_and_keeps_the_best_rating():
     chain = Draft([1, 2, 4], chances=[0.5, 0.2, 0.1])
     tree = Draft([1, 3, 2], parents=[-1, 0, 0], chances=[0.7, 0.3, 0.25])
-    tokens, parents, chance = merge_drafts([chain, tree, Draft([9])])  # the last is unrated: 0
+    tokens, parents, chance, where = merge_drafts([chain, tree, Draft([9])])  # the last is unrated: 0
     assert tokens == [1, 2, 4, 3, 9] and parents == [-1, 0, 1, 0, -1]
     assert chance == [0.7, 0.25, 0.1, 0.3, 0.0]
-    assert merge_drafts([Draft(), Draft()]) == ([], [], [])
+    assert where == [[0, 1, 2], [0, 3, 1], [4]]  # each draft's nodes in the merged tree
+    assert merge_drafts([Draft(), Draft()]) == ([], [], [], [[], []])
+
+
+def test_each_component_learns_from_its_own_judged_nodes():
+    class Learner(Drafter):
+        def __init__(self, draft):
+            self.draft, self.judged = draft, []
+
+        def propose(self, context, k, sampling, generator):
+            return self.draft
+
+        def learn(self, judged):
+            self.judged += judged
+
+    a = Learner(Draft([1, 2, 4], chances=[0.5, 0.2, 0.1]))
+    b = Learner(Draft([1, 3, 2], parents=[-1, 0, 0], chances=[0.7, 0.3, 0.25]))
+    f = Fusion([a, b])
+    f.propose([5], 3, SamplingConfig(), torch.Generator())  # merged: 1 -> (2 -> 4, 3)
+    f.learn([(0, True), (1, True), (3, False), (2, False)])  # 1 and 2 passed, 3 and 4 did not
+    assert a.judged == [(0, True), (1, True), (2, False)]
+    assert b.judged == [(0, True), (1, False), (2, True)]
 
 
 def test_matched_depth_follows_one_branch():

@@ -52,12 +52,14 @@ def test_the_engine_hands_over_a_choice_after_every_row(tmp_path):
 
     class Recording(Lookahead):
         def take_outputs(self, choices):
-            seen.append((len(self.sent[1]) if self.sent else 0, choices))  # no draft: the last token
+            seen.append((len(self.proposed.tokens) if self.proposed else 0, choices))  # no draft: the last token
             super().take_outputs(choices)
 
-    e = Engine(target, FakeTokenizer(), Recording(), SpecConfig(method="lookahead", cost_rule=False))
+    e = Engine(target, FakeTokenizer(), Recording(), SpecConfig(method="lookahead", cost_rule=False, k=4))
     e.generate([3, 4, 5, 3, 4, 5, 3], GREEDY, GenerationConfig(max_new_tokens=12))
-    assert seen and all(len(c) == n + 1 for n, c in seen)
+    # one choice after the root and after every proposed node; None after those not sent (4 at most)
+    assert seen and all(len(c) == n + 1 and c[0] is not None for n, c in seen)
+    assert any(n > 4 for n, _ in seen) and all(sum(x is not None for x in c) <= 5 for _, c in seen)
 
 
 @pytest.fixture(scope="module", params=["dense", "q4k"])

@@ -4,13 +4,18 @@ Every drafter ("prophet") is a :class:`Drafter` and answers the same calls, each
 default so a new drafter writes only what it needs:
 
 * ``begin(prompt)``: a new sequence starts;
-* ``propose(context, k, sampling, generator) -> Draft``: guess up to k tokens that follow
-  ``context`` (the prompt plus every committed token, as a list of ids);
+* ``propose(context, k, sampling, generator) -> Draft``: guesses that follow ``context`` (the
+  prompt plus every committed token, as a list of ids), a chain or a tree no deeper than k, each
+  node rated by its chance of being on the accepted path (``Draft.chances``). The engine's
+  policy (policy.DraftPolicy) sends the likeliest nodes that pay for their check;
+* ``learn(judged)``: after verification, (node, passed) for each proposed node the verifier
+  judged (policy.DraftPolicy.judged): what calibrates the drafter's chances;
 * ``observe(context, num_accepted)``: after verification, ``context`` is the new committed
   sequence and ``num_accepted`` says how many draft tokens made it, so stateful drafters can
-  roll back (a draft model's KV cache) or learn (pass rates, a datastore);
-* ``use_costs(costs)``: the engine's measured forward costs (costs.ForwardCosts), for drafters
-  that size their drafts by cost (only when SpecConfig.cost_rule is on);
+  roll back (a draft model's KV cache) or learn (a datastore);
+* ``use_policy(policy)``: the engine's DraftPolicy (only when SpecConfig.cost_rule is on), for
+  drafters whose guesses cost time to make: they stop drafting where a further guess would not
+  pay (``policy.best_length``);
 * ``take_features(hidden)``, for drafters with ``uses_features = True``: hidden [n, H] are the
   target's final-norm hidden states at the rows just committed to its cache, in order (after
   the prefill every prompt row; after a verification the newest context token's row and the
@@ -18,8 +23,9 @@ default so a new drafter writes only what it needs:
   Called before ``observe``.
 * ``take_outputs(choices)``, for drafters with ``wants_outputs = True``: after a verification,
   the target's greedy choice after every row of that forward: choices[0] after the newest
-  committed token, choices[1 + j] after draft node j (what the target would say next had the
-  draft been right up to j; lookahead's Jacobi iteration feeds on them). Called before ``observe``.
+  committed token, choices[1 + j] after proposed node j (what the target would say next had the
+  draft been right up to j; None for a node the policy did not send; lookahead's Jacobi
+  iteration feeds on them). Called before ``observe``.
 
 Plain decoding is the empty drafter, registered as "none". A draft carries optional per-token
 probabilities q (None = deterministic, treated as one-hot by the verifier), optional tree
@@ -43,8 +49,9 @@ class Draft:
     tokens: list[int] = field(default_factory=list)  # [K] draft token ids
     probs: torch.Tensor | None = None  # [K, V] q per position after sampling transforms, or None
     parents: list[int] | None = None  # [K] tree parent index (-1 = root), or None for a chain
-    # [K] P(node on the accepted path) as the drafter judges it (its calibrated confidences), or
-    # None; the engine ignores it, drafters that merge others' proposals rank nodes by it
+    # [K] P(node on the accepted path) as the drafter judges it (its calibrated confidences; a
+    # child's at most its parent's), or None: the engine's policy sends the likeliest nodes that
+    # pay (None: the first ones), drafters that merge others' proposals rank nodes by it
     chances: list[float] | None = None
 
     def __len__(self) -> int:
@@ -58,6 +65,7 @@ class Drafter:
     uses_features = False  # True: the engine calls take_features after every target forward
     wants_outputs = False  # True: the engine calls take_outputs after every verification
     feature_layers: tuple[int, ...] = ()  # target layers whose outputs take_features also gets
+    policy = None  # the engine's policy.DraftPolicy (use_policy), when the cost rule is on
 
     def begin(self, prompt: list[int]) -> None:
         pass
@@ -69,8 +77,23 @@ class Drafter:
     def observe(self, context: list[int], num_accepted: int) -> None:
         pass
 
-    def use_costs(self, costs) -> None:
+    def learn(self, judged: list[tuple[int, bool]]) -> None:
         pass
+
+    def use_policy(self, policy) -> None:
+        self.policy = policy
+
+    @property
+    def source(self) -> Drafter | None:
+        """Which drafter made the draft proposed last, for the policy's payoff: this one (a
+        composite that drafts with one of its parts a step names that part, or None when it
+        drafted nothing because that part's steps do not pay)."""
+        return self
+
+    @property
+    def costed(self) -> bool:
+        """The engine's cost rule is on and a target forward has been timed."""
+        return self.policy is not None and self.policy.active
 
     def take_features(self, hidden: torch.Tensor) -> None:
         pass

@@ -14,12 +14,13 @@ next ``propose`` feeds it together with the bonus token).
 document, an article to summarise) then costs a bounded time; lossless, since only the guesses
 change. ``seq`` and the cache then hold ``context[offset:]``.
 
-Greedy drafts, once the engine has timed its target forwards (``use_costs``), are cut by cost as
-the head's are (drafters.feature_head): the draft's confidences calibrated by how often such
-guesses passed (costs.PassRates), another draft forward only while the longer draft is expected
-to commit more per unit of cost (a draft forward counted in one-token target forwards). Greedy
-or sampling, no drafting at all while the draft model's steps commit less per unit of cost than
-plain steps (costs.Payoff); its cache then catches up in one block when it next drafts.
+Greedy drafts, once the engine has timed its target forwards (``use_policy``), are rated as the
+head's are (drafters.feature_head): the draft's confidences calibrated by how often such guesses
+passed (costs.PassRates), another draft forward only while the longer draft is expected to commit
+more per unit of cost (a draft forward counted in one-token target forwards); the engine's policy
+sends the guesses that pay. While the draft model's steps commit less per unit of cost than
+plain steps the engine does not ask it to draft; its cache then catches up in one block when it
+next drafts.
 """
 from __future__ import annotations
 
@@ -28,16 +29,14 @@ import time
 import torch
 
 from ..config import SamplingConfig
-from ..costs import running_mean
-from .base import Draft, DrafterContext, choose, register
-from .cost_aware import CostAware
+from ..costs import PassRates, running_mean
+from .base import Draft, Drafter, DrafterContext, choose, register
 
 
-class DraftModel(CostAware):
+class DraftModel(Drafter):
     name = "draft-model"
 
     def __init__(self, model, *, min_confidence: float = 0.0, window: int = 0):
-        super().__init__()
         self.model = model
         self.window = window
         self.offset = 0  # context[offset:] is what the draft model sees
@@ -46,6 +45,8 @@ class DraftModel(CostAware):
         self.min_confidence = min_confidence
         self.seq: list[int] = []
         self.forward_seconds = 0.0  # running mean seconds of one draft forward of 1-2 tokens
+        self.rates = PassRates()  # greedy confidences -> how often such guesses passed
+        self.proposed: list[float] = []  # the confidence of each guess proposed last, until judged
 
     def begin(self, prompt: list[int]) -> None:
         self.model.reset()
@@ -76,16 +77,11 @@ class DraftModel(CostAware):
         k = min(k, self.model.max_length - (len(context) - self.offset))
         if k <= 0:
             return Draft()
-        # greedy with timed target forwards: cut by cost (sampling keeps the confidence rule); with
-        # timed forwards, greedy or not, skipped while its steps commit less per unit of cost
-        # than plain steps
-        timed = self.costs is not None and self.costs.measured
-        costed = timed and sampling.greedy
-        if timed and not self.payoff.worth_running():
-            return Draft()
-        draft_cost = self.forward_seconds / self.costs.seconds[1] if timed else 0.0  # in one-token forwards
+        # greedy with timed target forwards: rated and stopped by cost (sampling keeps the
+        # confidence rule and sends its draft whole)
+        costed = self.costed and sampling.greedy
+        draft_cost = self.policy.in_forwards(self.forward_seconds) if costed else 0.0  # in one-token forwards
         logits = self._sync(context)  # the first guess comes from the forward that catches up
-        forwards = 1
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
         confidences, cumulative = [], []
@@ -101,27 +97,24 @@ class DraftModel(CostAware):
             # Another guess costs a draft forward and pays only if every guess before it passes.
             # With costs: go on while the longer draft is worth its forward and its verification;
             # without: while the draft itself is p_all_pass enough (the guess in hand is still proposed).
-            more = (self.costs.best_length(cumulative + [p_all_pass * self.rates.rate(p)], draft_cost, free=1) > i + 1
+            more = (self.policy.best_length(cumulative + [p_all_pass * self.rates.rate(p)], draft_cost, free=1) > i + 1
                     if costed else p_all_pass >= self.min_confidence)
             if i + 1 < k and more:
                 logits = self._forward([tok])
                 self.seq.append(tok)
-                forwards += 1
             else:
                 break
-        if costed:
-            tokens = tokens[:self.costs.choose_length(cumulative, draft_cost, free=1)]
-        if timed:
-            self.step_cost = self.costs.ratio(len(tokens) + 1) + draft_cost * forwards
-        self.proposed_confidences = confidences[:len(tokens)]
-        probs = torch.stack(qs[:len(tokens)]) if qs else None
-        return Draft(tokens, probs)
+        self.proposed = confidences if costed else []
+        return Draft(tokens, torch.stack(qs) if qs else None, chances=cumulative if costed else None)
 
-    def observe(self, context: list[int], num_accepted: int) -> None:
-        # The cache needs nothing eagerly: the next propose rolls back to the common prefix,
-        # which covers both a rejection (drop the rejected tail) and full acceptance (feed the
-        # last draft token and the bonus token). The confidences learn how often they were right.
-        self.learn_from_verdict(num_accepted)
+    def learn(self, judged: list[tuple[int, bool]]) -> None:
+        """The judged guesses calibrate the greedy confidences. (The cache needs nothing: the next
+        propose rolls back to the common prefix, which covers a rejection, dropping the rejected
+        tail, and full acceptance, feeding the last draft token and the bonus token.)"""
+        for j, passed in judged:
+            if j < len(self.proposed):
+                self.rates.record(self.proposed[j], passed)
+        self.proposed = []
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

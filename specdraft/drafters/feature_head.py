@@ -7,10 +7,10 @@ layers at that row and fuses them into f once per verification. A draft is then 
 the target's output head cut to the head's vocabulary -> (f', E[guess]) -> ... No cache, no
 prefill, no catching up: a step costs a few ms, against ~38 ms for a 0.5B draft model's forward.
 
-Greedy drafts stop early on the same cumulative-confidence rule as the draft model, with the
-head's confidences calibrated by how often guesses of that confidence passed (costs.PassRates),
-and the head is not run at all while its steps commit less per unit of cost than plain steps
-(costs.Payoff). When the
+Each guess is rated by the product of the head's confidences along its branch, each calibrated
+by how often guesses of that confidence passed (costs.PassRates); drafting stops where a further
+guess would not pay for its step and its share of the check (the engine's policy, which also
+sends only the guesses that pay and skips the head while its steps do not pay). When the
 target samples, each guess is sampled from the head's own distribution q (over its vocabulary,
 zero elsewhere), so speculative sampling stays exact.
 """
@@ -21,12 +21,10 @@ import time
 import torch
 
 from ..config import SamplingConfig
-from ..costs import running_mean
+from ..costs import PassRates, running_mean
 from ..errors import ParameterError
 from ..models.quant import DenseLinear, W8A8Linear
-from .base import Draft, DrafterContext, choose, register
-from .cost_aware import CostAware
-from .trees import best_nodes, judged_confidences, keep_nodes
+from .base import Draft, Drafter, DrafterContext, choose, register
 
 
 def output_weight(target, n: int | torch.Tensor) -> torch.Tensor:
@@ -79,17 +77,17 @@ class Int8Head:
         return self.head.step(f, e, self.w1, self.w2)
 
 
-class FeatureHeadDrafter(CostAware):
+class FeatureHeadDrafter(Drafter):
     name = "head"
     uses_features = True
 
     def __init__(self, target, head, *, min_confidence: float = 0.0, trees: bool = False):
-        super().__init__()
         self.feature_layers = getattr(head.cfg, "taps", ())  # EAGLE-3 fused features (heads.model)
         self.fuse = None if not self.feature_layers else \
             W8A8Linear(head.fuse.weight.detach().float(), None, passes=2)  # [(k+1)H] -> [H] int8, like the step
         self.trees = trees  # greedy drafts as EAGLE-2 dynamic trees (the target verifies tree masks)
-        self.proposed_tree: tuple[list[int], list[int], list[float]] | None = None
+        self.rates = PassRates()  # confidences -> how often such guesses passed
+        self.proposed: list[float] = []  # the head's confidence in each node proposed last, until judged
         self.head = head  # heads.model.FeatureHead (fp32, eval)
         self.step = self.build_step(head)  # its step as the drafter runs it
         self.embed = target.embed  # [V, H] the target's token embedding
@@ -152,10 +150,8 @@ class FeatureHeadDrafter(CostAware):
         feats: list[torch.Tensor] = []  # [H] the feature each node's token was chosen from
         qs: list[torch.Tensor] = []
         p_all_pass, cumulative, confidences = 1.0, [], []  # P(all guesses so far pass), after each guess
-        costed = self.costs is not None and self.costs.measured
-        if costed and not self.payoff.worth_running():
-            return Draft()
-        draft_cost = self.step_seconds / self.costs.seconds[1] if costed else 0.0  # in one-token forwards
+        costed = self.costed
+        draft_cost = self.policy.in_forwards(self.step_seconds) if costed else 0.0  # a guess, in one-token forwards
         if self.trees and sampling.greedy:
             return self._propose_tree(context, k, costed, draft_cost)
         t0 = time.perf_counter()
@@ -173,23 +169,20 @@ class FeatureHeadDrafter(CostAware):
             parents.append(node)
             feats.append(f[0])
             node = len(tokens) - 1
-            if costed and self.costs.best_length(cumulative, draft_cost) < len(cumulative):
+            if costed and self.policy.best_length(cumulative, draft_cost) < len(cumulative):
                 break  # this guess does not pay for its share of the verification: stop here
             if p_all_pass < self.min_confidence:  # the guess in hand is still proposed
                 break
         self.step_seconds = running_mean(self.step_seconds, (time.perf_counter() - t0) / len(tokens))
-        if costed:
-            n = self.costs.choose_length(cumulative, draft_cost)
-            tokens, qs = tokens[:n], qs[:n]
-            self.step_cost = self.costs.ratio(n + 1) + draft_cost * len(confidences)
-        self.proposed_confidences = confidences[:len(tokens)]
-        return Draft(tokens, torch.stack(qs) if qs else None, chances=cumulative[:len(tokens)])
+        self.proposed = confidences
+        return Draft(tokens, torch.stack(qs) if qs else None, chances=cumulative)
 
     def _propose_tree(self, context: list[int], k: int, costed: bool, draft_cost: float) -> Draft:
         """An EAGLE-2 dynamic tree: each round expands the BEAM likeliest nodes of the newest
         layer (one batched head step) into their TOPK most confident children; after up to k
-        rounds every node is ranked by its chance of being on the accepted path (the product of
-        calibrated confidences along its branch) and the cost rule keeps the best ones. Children
+        rounds every node is rated by its chance of being on the accepted path (the product of
+        calibrated confidences along its branch), by which the engine's policy keeps the best
+        ones. Children
         are deterministic guesses (one-hot for the verifier)."""
         tokens: list[int] = []
         parents: list[int] = []
@@ -218,26 +211,17 @@ class FeatureHeadDrafter(CostAware):
                 break
             if costed:  # another round only while this layer's best node would be sent
                 ranked = sorted(chance, reverse=True)
-                if chance[layer[0]] < ranked[max(self.costs.best_length(ranked, draft_cost * rounds) - 1, 0)]:
+                if chance[layer[0]] < ranked[max(self.policy.best_length(ranked, draft_cost * rounds) - 1, 0)]:
                     break
         self.step_seconds = running_mean(self.step_seconds, (time.perf_counter() - t0) / rounds)
-        ranked = best_nodes(chance, len(tokens))
-        if costed:
-            n = self.costs.choose_length([chance[j] for j in ranked])
-            self.step_cost = self.costs.ratio(n + 1) + draft_cost * rounds
-        else:
-            n = min(k, len(ranked))
-        kept = sorted(ranked[:n])
-        sent_tokens, sent_parents = keep_nodes(tokens, parents, kept)
-        self.proposed_tree = (sent_tokens, sent_parents, [conf[j] for j in kept])
-        return Draft(sent_tokens, parents=sent_parents, chances=[chance[j] for j in kept])
+        self.proposed = conf
+        return Draft(tokens, parents=parents, chances=chance)
 
-    def observe(self, context: list[int], num_accepted: int) -> None:
-        if self.proposed_tree is not None:  # the tree's judged guesses calibrate the confidences
-            self.proposed_confidences = judged_confidences(*self.proposed_tree, context, num_accepted)
-            self.proposed_tree = None
-            num_accepted = min(num_accepted, len(self.proposed_confidences))
-        self.learn_from_verdict(num_accepted)  # the feature itself is refreshed by take_features
+    def learn(self, judged: list[tuple[int, bool]]) -> None:
+        """The judged guesses calibrate the confidences (the feature is refreshed by take_features)."""
+        for j, passed in judged:
+            self.rates.record(self.proposed[j], passed)
+        self.proposed = []
 
 
 @register("head", needs_head=True)

@@ -3,10 +3,10 @@ token tree (shared prefixes merged), and the target verifies it in one forward.
 
 Each component rates its own nodes: P(node on the accepted path), from its confidences
 calibrated online by how often its guesses of that confidence passed (``Draft.chances``). A
-merged node takes the best rating any component gave it; the nodes are ranked by it and the
-engine's measured forward costs pick how many to send (trees.sent_nodes). So the budget goes,
-step by step, to the components whose guesses are passing in this context. Each component then
-observes how far the accepted path ran along its own proposal, and learns from that alone.
+merged node takes the best rating any component gave it, by which the engine's policy sends the
+likeliest nodes that pay for their check. So the budget goes, step by step, to the components
+whose guesses are passing in this context. Each component then learns which of its own nodes
+the verifier judged, and observes how far the accepted path ran along its own proposal.
 
 Drafts are sent as deterministic guesses (one-hot for the verifier), also when a component
 sampled its guesses: verification against a one-hot draft is exact whatever chose the token, so
@@ -25,20 +25,21 @@ from ..config import SamplingConfig
 from .base import Draft, Drafter, DrafterContext, build_drafter, register
 from .feature_head import FeatureHeadDrafter
 from .suffix import SuffixTree
-from .trees import best_branch, best_nodes, keep_nodes, sent_nodes
+from .trees import best_branch
 
 
-def merge_drafts(drafts: list[Draft]) -> tuple[list[int], list[int], list[float]]:
-    """(tokens, parents, chance) of the trie of every draft's nodes, parents before children; a
-    node's chance is the best any draft gave it (a draft without chances rates its nodes 0: sent
-    only where nothing else competes).
+def merge_drafts(drafts: list[Draft]) -> tuple[list[int], list[int], list[float], list[list[int]]]:
+    """(tokens, parents, chance, where) of the trie of every draft's nodes, parents before
+    children; a node's chance is the best any draft gave it (a draft without chances rates its
+    nodes 0: sent only where nothing else competes); where[i][j]: draft i's node j in the trie.
 
     >>> merge_drafts([Draft([1, 2], chances=[0.5, 0.2]), Draft([1, 3], parents=[-1, -1], chances=[0.7, 0.1])])
-    ([1, 2, 3], [-1, 0, -1], [0.7, 0.2, 0.1])
+    ([1, 2, 3], [-1, 0, -1], [0.7, 0.2, 0.1], [[0, 1], [0, 2]])
     """
     tokens: list[int] = []
     parents: list[int] = []
     chance: list[float] = []
+    where: list[list[int]] = []
     index: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node
     for d in drafts:
         own = d.parents if d.parents is not None else list(range(-1, len(d) - 1))  # a chain
@@ -55,7 +56,8 @@ def merge_drafts(drafts: list[Draft]) -> tuple[list[int], list[int], list[float]
             else:
                 chance[node] = max(chance[node], c)
             merged.append(node)
-    return tokens, parents, chance
+        where.append(merged)
+    return tokens, parents, chance, where
 
 
 def matched_depth(draft: Draft, accepted: list[int]) -> int:
@@ -81,14 +83,14 @@ class Fusion(Drafter):
             raise ValueError("fused prophets must read the same target layers")
         self.feature_layers = next(iter(readers), ())
         self.trees = trees  # False: the likeliest branch only, as a chain (a target without tree masks)
-        self.costs = None  # costs.ForwardCosts from the engine (cost_rule)
         self.proposals: list[Draft] = []  # each component's draft this step, until observed
+        self.where: list[list[int]] = []  # component i's node j -> node of the fused proposal
         self.accepted_by = [0] * len(components)  # accepted tokens each component had proposed
 
-    def use_costs(self, costs) -> None:
-        self.costs = costs
+    def use_policy(self, policy) -> None:
+        super().use_policy(policy)
         for c in self.components:
-            c.use_costs(costs)
+            c.use_policy(policy)
 
     def begin(self, prompt: list[int]) -> None:
         for c in self.components:
@@ -103,13 +105,21 @@ class Fusion(Drafter):
     def propose(self, context: list[int], k: int, sampling: SamplingConfig,
                 generator: torch.Generator) -> Draft:
         self.proposals = [c.propose(context, k, sampling, generator) for c in self.components]
-        tokens, parents, chance = merge_drafts(self.proposals)
-        if not tokens:
-            return Draft()
-        keep = best_nodes(chance, len(tokens)) if self.trees else best_branch(parents, chance)
-        kept = sent_nodes(keep, chance, k, self.costs)
-        sent_tokens, sent_parents = keep_nodes(tokens, parents, kept)
-        return Draft(sent_tokens, parents=sent_parents if self.trees else None, chances=[chance[j] for j in kept])
+        tokens, parents, chance, self.where = merge_drafts(self.proposals)
+        if not self.trees:  # the likeliest branch, as a chain
+            branch = best_branch(parents, chance)
+            at = {node: i for i, node in enumerate(branch)}
+            self.where = [[at.get(node, -1) for node in merged] for merged in self.where]
+            return Draft([tokens[j] for j in branch], chances=[chance[j] for j in branch])
+        return Draft(tokens, parents=parents, chances=chance)
+
+    def learn(self, judged: list[tuple[int, bool]]) -> None:
+        """Each component learns from the judged nodes it had proposed."""
+        verdict = dict(judged)
+        for c, merged in zip(self.components, self.where):
+            own = [(j, verdict[node]) for j, node in enumerate(merged) if node in verdict]
+            if own:
+                c.learn(own)
 
     def observe(self, context: list[int], num_accepted: int) -> None:
         accepted = context[len(context) - 1 - num_accepted:len(context) - 1]

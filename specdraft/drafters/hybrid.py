@@ -32,13 +32,15 @@ class Hybrid(Drafter):
         self.uses_features = model.uses_features
         self.feature_layers = model.feature_layers
         self.model_k = model_k  # draft length when the draft model drafts
-        self.lookup = PromptLookup(ngram_max, ngram_min)  # the copies, cut by cost as prompt-lookup cuts them
+        self.lookup = PromptLookup(ngram_max, ngram_min)  # the copies, rated as prompt-lookup rates them
         self.copied = 0  # steps drafted by lookup in the current sequence (for statistics)
         self.modelled = 0  # steps drafted by the model
+        self.drafter: Drafter | None = None  # the part that drafted the last step (None: neither did)
 
-    def use_costs(self, costs) -> None:
-        self.lookup.use_costs(costs)
-        self.model.use_costs(costs)
+    def use_policy(self, policy) -> None:
+        super().use_policy(policy)
+        self.lookup.use_policy(policy)
+        self.model.use_policy(policy)
 
     def begin(self, prompt: list[int]) -> None:
         self.model.begin(prompt)
@@ -49,15 +51,27 @@ class Hybrid(Drafter):
         copy = self.lookup.propose(context, k, sampling, generator)
         if copy:
             self.copied += 1
+            self.drafter = self.lookup
             return copy
+        if self.policy is not None and not self.policy.draft_now(self.model):  # its steps do not pay now
+            self.drafter = None
+            return Draft()
         self.modelled += 1
+        self.drafter = self.model
         return self.model.propose(context, min(k, self.model_k), sampling, generator)
+
+    @property
+    def source(self) -> Drafter | None:
+        return self.drafter
+
+    def learn(self, judged: list[tuple[int, bool]]) -> None:
+        if self.drafter is not None:
+            self.drafter.learn(judged)
 
     def take_features(self, hidden: torch.Tensor) -> None:
         self.model.take_features(hidden)
 
     def observe(self, context: list[int], num_accepted: int) -> None:
-        self.lookup.observe(context, num_accepted)  # learns only when this step's draft was a copy
         self.model.observe(context, num_accepted)
 
 

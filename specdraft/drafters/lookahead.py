@@ -13,9 +13,9 @@ committed token are the verification branch. Window and pool go out as one tree 
 prefixes merged), so one mask both verifies the pool's guesses and advances the iteration.
 
 Each node's chance of being on the accepted path is the product of pass rates measured online
-per branch (window / pool) and depth; the engine's measured forward costs choose how many of the
-likeliest nodes are sent (trees.sent_nodes). Where a block forward costs several one-token
-forwards, that keeps lookahead to the nodes that pay. Guesses are deterministic (one-hot for the
+per branch (window / pool) and depth, by which the engine's policy sends the likeliest nodes that
+pay for their check. Where a block forward costs several one-token forwards, that keeps
+lookahead to the nodes that pay. Guesses are deterministic (one-hot for the
 verifier), so greedy output is the target's and sampling keeps its distribution. A target
 without tree masks gets the likeliest branch as a chain.
 """
@@ -27,7 +27,7 @@ import torch
 
 from ..config import SamplingConfig
 from .base import Draft, Drafter, DrafterContext, register
-from .trees import accepted_path, best_branch, best_nodes, keep_nodes, node_depths, sent_nodes, trie_of
+from .trees import best_branch, node_depths, trie_of
 
 WINDOW = 5  # W: Jacobi guesses a step
 NGRAM = 3  # N: pool entries are a token and the N - 1 that followed it
@@ -54,13 +54,13 @@ class DepthRates:
         self.passed[depth] = self.passed.get(depth, 0.0) + passed
 
 
-class Sent(NamedTuple):
-    """The tree sent last, until observed."""
+class Proposed(NamedTuple):
+    """The tree proposed last, until the target's outputs come."""
 
     start: int  # L: the position of its first layer (the first new token)
     tokens: list[int]
-    parents: list[int]
     kinds: list[str]  # per node: "window" or "pool"
+    depth: list[int]  # per node: its depth (1: a child of the root)
     window_at: dict[int, int]  # window node -> its position
 
 
@@ -73,18 +73,14 @@ class Lookahead(Drafter):
             raise ValueError("lookahead needs window >= 1, ngram >= 2, guesses >= 0")
         self.W, self.N, self.G = window, ngram, guesses
         self.trees = trees  # False: the likeliest branch only, as a chain (a target without tree masks)
-        self.costs = None  # costs.ForwardCosts from the engine (cost_rule): how many nodes pay
         self.rates = {"window": DepthRates(), "pool": DepthRates()}
         self.begin([])
-
-    def use_costs(self, costs) -> None:
-        self.costs = costs
 
     def begin(self, prompt: list[int]) -> None:
         self.pool: dict[int, list[tuple[int, ...]]] = {}  # first token -> continuations, latest first
         self.window: dict[int, int] = {}  # position -> guessed token, for the next iteration
         self.past: list[dict[int, int]] = []  # the last N - 2 forwards' window tokens by position
-        self.sent: Sent | None = None
+        self.proposed: Proposed | None = None
         self.seen = 0  # context tokens whose n-grams are in the pool
         self._pool_context(prompt)
 
@@ -100,21 +96,22 @@ class Lookahead(Drafter):
         chance: list[float] = []
         for j, parent in enumerate(parents):
             chance.append((1.0 if parent < 0 else chance[parent]) * self.rates[kinds[j]].rate(depth[j]))
-        ranked = best_nodes(chance, len(tokens)) if self.trees else best_branch(parents, chance)
-        kept = sent_nodes(ranked, chance, len(tokens), self.costs)
-        tokens, parents = keep_nodes(tokens, parents, kept)
-        kinds = [kinds[j] for j in kept]
-        at = {i: L + j for i, j in enumerate(kept) if j < len(chain)}  # sent node -> window position
-        self.sent = Sent(L, tokens, parents, kinds, at)
-        chain_shaped = parents == list(range(-1, len(parents) - 1))
-        return Draft(tokens, parents=None if chain_shaped else parents, chances=[chance[j] for j in kept])
+        if not self.trees:  # the likeliest branch, as a chain
+            kept = best_branch(parents, chance)
+            tokens, kinds, depth, chance = ([x[j] for j in kept] for x in (tokens, kinds, depth, chance))
+            parents = None
+        else:
+            kept = list(range(len(tokens)))
+        at = {i: L + j for i, j in enumerate(kept) if j < len(chain)}  # window node -> its position
+        self.proposed = Proposed(L, tokens, kinds, depth, at)
+        return Draft(tokens, parents=parents, chances=chance)
 
-    def take_outputs(self, choices: list[int]) -> None:
-        if self.sent is None:
+    def take_outputs(self, choices: list[int | None]) -> None:
+        if self.proposed is None:
             return
-        at = self.sent.window_at
-        inputs = {p: self.sent.tokens[i] for i, p in at.items()}  # this iteration's window by position
-        outputs = {self.sent.start: choices[0], **{p + 1: choices[1 + i] for i, p in at.items()}}
+        sent = {i: p for i, p in self.proposed.window_at.items() if choices[1 + i] is not None}  # window nodes checked
+        inputs = {p: self.proposed.tokens[i] for i, p in sent.items()}  # this iteration's window by position
+        outputs = {self.proposed.start: choices[0], **{p + 1: choices[1 + i] for i, p in sent.items()}}
         levels = (self.past[-(self.N - 2):] if self.N > 2 else []) + [inputs]  # oldest first
         if len(levels) == self.N - 1:  # a trajectory through every level, then this forward's choice
             for a in sorted(levels[0]):
@@ -124,15 +121,12 @@ class Lookahead(Drafter):
         self.past = (self.past + [inputs])[-max(self.N - 2, 1):]
         self.window = outputs
 
+    def learn(self, judged: list[tuple[int, bool]]) -> None:
+        for j, passed in judged:
+            self.rates[self.proposed.kinds[j]].record(self.proposed.depth[j], passed)
+
     def observe(self, context: list[int], num_accepted: int) -> None:
-        if self.sent is not None:
-            sent = self.sent
-            path = set(accepted_path(sent.tokens, sent.parents, context, num_accepted))
-            depth = node_depths(sent.parents)
-            for j, parent in enumerate(sent.parents):  # judged: the children of the root and of accepted nodes
-                if parent < 0 or parent in path:
-                    self.rates[sent.kinds[j]].record(depth[j], j in path)
-            self.sent = None
+        self.proposed = None
         self._pool_context(context)
 
     def _pool_context(self, context: list[int]) -> None:

@@ -2,10 +2,10 @@
 
 No model runs. The longest suffix n-gram (n from ngram_max down to ngram_min) of the context is
 searched for in the earlier context, most recent occurrence first; the tokens that followed it
-there become the draft. Once the engine has timed its forwards (``use_costs``), a copy is cut
-to the length that pays for its verification given how often copied tokens passed so far
-(costs.CopyRates): on CPUs where a block forward costs several one-token forwards, long copies
-after chance matches would otherwise slow decoding down.
+there become the draft, each copied token rated by how often copied tokens at its place passed
+so far (costs.CopyRates), so that the engine's policy sends as much of the copy as pays for its
+check: on CPUs where a block forward costs several one-token forwards, long copies after chance
+matches would otherwise slow decoding down.
 
 Example, ngram_max=2, k=3: context ``a b c d a b`` -> suffix ``a b`` occurred at 0, followed by
 ``c d a`` -> draft ``[c, d, a]``.
@@ -25,23 +25,16 @@ class PromptLookup(Drafter):
     def __init__(self, ngram_max: int = 3, ngram_min: int = 1):
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min
-        self.costs = None  # costs.ForwardCosts from the engine (cost_rule): copies cut to the best length
         self.rates = CopyRates()
-        self.proposed_length = 0  # length of the copy proposed last
-
-    def use_costs(self, costs) -> None:
-        self.costs = costs
 
     def propose(self, context: list[int], k: int, sampling: SamplingConfig,
                 generator: torch.Generator) -> Draft:
         copy = find_continuation(context, k, self.ngram_max, self.ngram_min)
-        copy = copy[:self.rates.length(len(copy), self.costs)]
-        self.proposed_length = len(copy)
-        return Draft(copy)
+        return Draft(copy, chances=self.rates.chances(len(copy)))
 
-    def observe(self, context: list[int], num_accepted: int) -> None:
-        self.rates.record(self.proposed_length, num_accepted)
-        self.proposed_length = 0
+    def learn(self, judged: list[tuple[int, bool]]) -> None:
+        for i, passed in judged:  # node i: the copy's i-th token
+            self.rates.record(i, passed)
 
 
 def find_continuation(context: list[int], k: int, ngram_max: int, ngram_min: int) -> list[int]:

@@ -1,5 +1,5 @@
-"""Helpers for drafters that propose token trees: keeping the best nodes of a tree, and finding
-which of its guesses the verifier judged (for calibrating their confidences)."""
+"""Helpers for token trees: depths, the best nodes or branch of a tree, a subtree, the trie of
+several continuations."""
 from __future__ import annotations
 
 
@@ -43,14 +43,6 @@ def best_nodes(chance: list[float], n: int) -> list[int]:
     return sorted(range(len(chance)), key=lambda j: (-chance[j], j))[:n]
 
 
-def sent_nodes(keep: list[int], chance: list[float], k: int, costs) -> list[int]:
-    """The nodes to send, in tree order: the first n of ``keep`` (ranked, likeliest first), n
-    chosen by the engine's measured forward costs (costs.ForwardCosts.choose_length: expected
-    committed tokens per unit of cost) or, while nothing is measured (or cost_rule is off), k."""
-    n = costs.choose_length([chance[j] for j in keep]) if costs is not None and costs.measured else min(k, len(keep))
-    return sorted(keep[:n])
-
-
 def best_branch(parents: list[int], chance: list[float]) -> list[int]:
     """The likeliest branch as a chain: from the root, the likeliest child at every node.
 
@@ -64,31 +56,6 @@ def best_branch(parents: list[int], chance: list[float]) -> list[int]:
             return keep
         node = max(kids, key=lambda j: chance[j])
         keep.append(node)
-
-
-def accepted_path(tokens: list[int], parents: list[int], context: list[int], num_accepted: int) -> list[int]:
-    """The nodes of a tree draft on the accepted path, root side first, found from the committed
-    ``context`` (whose last num_accepted + 1 tokens the step added).
-
-    >>> accepted_path([4, 5, 6], [-1, -1, 1], [9, 5, 6, 2], 2)
-    [1, 2]
-    """
-    path, node = [], -1
-    for i in range(num_accepted):
-        tok = context[len(context) - 1 - num_accepted + i]
-        node = next(j for j in range(len(tokens)) if parents[j] == node and tokens[j] == tok)
-        path.append(node)
-    return path
-
-
-def judged_confidences(tokens: list[int], parents: list[int], confidence: list[float], context: list[int],
-                       num_accepted: int) -> list[float]:
-    """The confidences of the guesses the verifier judged: the accepted path's nodes, then the
-    most confident child where the path stopped (the first rejection), if it had children."""
-    path = accepted_path(tokens, parents, context, num_accepted)
-    node = path[-1] if path else -1
-    stop = [confidence[j] for j in range(len(tokens)) if parents[j] == node]
-    return [confidence[j] for j in path] + ([max(stop)] if stop else [])
 
 
 def trie_of(continuations: list[list[int]]) -> tuple[list[int], list[int], list[float]]:

@@ -5,10 +5,9 @@ them into the draft.
 
 Each trie node's chance of passing given its parent is how often the parent's occurrences went
 on with it, calibrated online by costs.PassRates; a node's chance of being on the accepted path
-is the product along its branch. The nodes are ranked by it and the engine's measured forward
-costs pick how many to send (costs.ForwardCosts.choose_length: expected committed tokens per unit
-of cost). Without measured costs (cost_rule off) the draft keeps its k most likely nodes. A
-target without tree masks gets the likeliest branch as a chain.
+is the product along its branch, by which the engine's policy sends the likeliest nodes that pay
+for their check (policy.DraftPolicy). A target without tree masks gets the likeliest branch as
+a chain.
 """
 from __future__ import annotations
 
@@ -17,16 +16,16 @@ from abc import ABC, abstractmethod
 import torch
 
 from ..config import SamplingConfig
-from .base import Draft
-from .cost_aware import CostAware
-from .trees import best_branch, best_nodes, judged_confidences, keep_nodes, sent_nodes, trie_of
+from ..costs import PassRates
+from .base import Draft, Drafter
+from .trees import best_branch, trie_of
 
 
-class TrieProphet(CostAware, ABC):
+class TrieProphet(Drafter, ABC):
     def __init__(self, trees: bool = True):
-        super().__init__()
         self.trees = trees  # False: the best branch only, as a chain (a target without tree masks)
-        self.proposed: tuple[list[int], list[int], list[float]] | None = None  # tokens, parents, conditional chances
+        self.rates = PassRates()  # a node's share of its parent's occurrences -> how often such nodes passed
+        self.proposed: list[float] = []  # each proposed node's share, until judged
 
     @abstractmethod
     def continuations(self, context: list[int], depth: int) -> list[list[int]]:
@@ -42,14 +41,15 @@ class TrieProphet(CostAware, ABC):
         for j, c in enumerate(cond):
             up = 1.0 if parents[j] < 0 else chance[parents[j]]
             chance.append(up * self.rates.rate(c))
-        keep = best_nodes(chance, len(tokens)) if self.trees else best_branch(parents, chance)
-        kept = sent_nodes(keep, chance, k, self.costs)
-        sent_tokens, sent_parents = keep_nodes(tokens, parents, kept)
-        self.proposed = (sent_tokens, sent_parents, [cond[j] for j in kept])
-        return Draft(sent_tokens, parents=sent_parents, chances=[chance[j] for j in kept])
+        if not self.trees:  # the likeliest branch, as a chain
+            branch = best_branch(parents, chance)
+            self.proposed = [cond[j] for j in branch]
+            return Draft([tokens[j] for j in branch], chances=[chance[j] for j in branch])
+        self.proposed = cond
+        return Draft(tokens, parents=parents, chances=chance)
 
-    def observe(self, context: list[int], num_accepted: int) -> None:
-        if self.proposed is not None:
-            self.rates.record(judged_confidences(*self.proposed, context, num_accepted), num_accepted)
-        self.proposed = None
+    def learn(self, judged: list[tuple[int, bool]]) -> None:
+        for j, passed in judged:
+            self.rates.record(self.proposed[j], passed)
+        self.proposed = []
 

@@ -1,0 +1,104 @@
+"""The engine's draft policy (policy.DraftPolicy): which part of a proposal the target checks,
+which proposed nodes the verifier judged, and skipping a drafter whose steps do not pay."""
+from __future__ import annotations
+
+import torch
+
+from _tiny import FakeTokenizer, tree_target
+from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdraft.costs import ForwardCosts, Payoff
+from specdraft.drafters.base import Draft, Drafter
+from specdraft.engine import Engine
+from specdraft.policy import DraftPolicy, Sent
+
+
+def costs(**ms) -> ForwardCosts:
+    c = ForwardCosts()
+    for t, v in ms.items():
+        c.record(int(t[1:]), v / 1000)
+    return c
+
+
+FLAT = dict(t1=60, t2=61, t3=62, t4=63, t5=64, t6=65, t7=66)  # checking more guesses nearly free
+STEEP = dict(t1=60, t2=90, t3=120, t4=150, t5=180, t6=210, t7=240)  # half a forward a guess
+# a tree: 5 -> (6 -> 8, 7), 9; its nodes' chances of being on the accepted path
+TREE = Draft([5, 6, 7, 8, 9], parents=[-1, 0, 0, 1, -1], chances=[0.9, 0.6, 0.2, 0.5, 0.01],
+             probs=torch.eye(10)[[5, 6, 7, 8, 9]])
+
+
+def test_a_chain_is_cut_to_the_guesses_that_pay():
+    chain = Draft([1, 2, 3, 4], chances=[0.9, 0.8, 0.3, 0.1], probs=torch.rand(4, 10))
+    assert DraftPolicy(ForwardCosts()).cut(chain, 4).draft is chain  # nothing timed yet: all of it
+    assert DraftPolicy(ForwardCosts()).cut(chain, 2).draft.tokens == [1, 2]  # never deeper than k
+    flat, steep = DraftPolicy(costs(**FLAT)), DraftPolicy(costs(**STEEP))
+    assert flat.cut(chain, 4).draft.tokens == [1, 2, 3, 4]
+    sent = steep.cut(chain, 4)
+    assert sent.draft.tokens == [1, 2] and sent.nodes == [0, 1] and sent.draft.parents is None
+    assert torch.equal(sent.draft.probs, chain.probs[:2]) and sent.draft.chances == [0.9, 0.8]
+    assert DraftPolicy(costs(**STEEP), enabled=False).cut(chain, 4).draft is chain  # the rule off
+    unrated = Draft([1, 2, 3, 4])
+    assert steep.cut(unrated, 4).draft is unrated  # no chances: sent whole (e.g. a sampled draft)
+
+
+def test_a_tree_keeps_its_likeliest_nodes_parents_first():
+    sent = DraftPolicy(ForwardCosts()).cut(TREE, 8)
+    assert sent.draft is TREE  # nothing timed, 5 nodes <= k
+    sent = DraftPolicy(ForwardCosts()).cut(TREE, 3)  # the k likeliest: 5, 6, 8
+    assert sent.nodes == [0, 1, 3] and sent.draft.tokens == [5, 6, 8]
+    assert sent.draft.parents is None  # a chain now: checked as one
+    assert torch.equal(sent.draft.probs, TREE.probs[[0, 1, 3]]) and sent.proposed == 5
+    assert DraftPolicy(ForwardCosts()).cut(TREE, 1).nodes == [0]  # no node deeper than k, at most k nodes
+    assert DraftPolicy(costs(**FLAT)).cut(TREE, 1).nodes == [0]  # depth 1 only (and 9's 1% does not pay)
+    flat = DraftPolicy(costs(**FLAT)).cut(TREE, 8)
+    assert flat.nodes == [0, 1, 2, 3] and flat.draft.parents == [-1, 0, 0, 1]  # 9 (1%) does not pay even here
+    steep = DraftPolicy(costs(**STEEP)).cut(TREE, 8)
+    assert steep.nodes == [0] and steep.draft.tokens == [5]
+
+
+def test_the_judged_nodes_are_the_children_of_the_root_and_of_the_accepted_path():
+    tree = Sent(Draft([5, 6, 7, 8, 9], parents=[-1, 0, 0, 1, -1]), [10, 11, 12, 13, 14], 15)
+    # accepted 5 then 6: judged are the root's children (5, 9), 5's (6, 7) and 6's (8)
+    assert DraftPolicy.judged(tree, [0, 1]) == [(10, True), (11, True), (12, False), (13, False), (14, False)]
+    assert DraftPolicy.judged(tree, []) == [(10, False), (14, False)]  # nothing passed: the root's children
+    chain = Sent(Draft([1, 2, 3]), [0, 1, 2], 3)
+    assert DraftPolicy.judged(chain, [0]) == [(0, True), (1, False)]  # the third guess was never judged
+    assert DraftPolicy.judged(chain, [0, 1, 2]) == [(0, True), (1, True), (2, True)]
+
+
+class Fixed(Drafter):
+    """Proposes the same tree every step; records what it learns."""
+
+    def __init__(self):
+        self.learned, self.calls = [], 0
+
+    def propose(self, context, k, sampling, generator):
+        self.calls += 1
+        # guesses the target never makes (token 0 at the root, ...): cut or rejected
+        return Draft([0, 1, 2, 3], parents=[-1, 0, -1, 2], chances=[0.9, 0.3, 0.8, 0.2])
+
+    def learn(self, judged):
+        self.learned.append(judged)
+
+
+def test_the_engine_cuts_learns_by_proposed_node_and_skips_what_does_not_pay(tmp_path):
+    target = tree_target("dense", tmp_path)
+    drafter = Fixed()
+    e = Engine(target, FakeTokenizer(), drafter, SpecConfig(method="fixed", k=2, cost_rule=False))
+    e.generate([3, 4, 5, 3], SamplingConfig(), GenerationConfig(max_new_tokens=6))
+    plain = Engine(target, FakeTokenizer(), None, SpecConfig(method="none"))
+    plain.generate([3, 4, 5, 3], SamplingConfig(), GenerationConfig(max_new_tokens=6))
+    assert e.token_ids == plain.token_ids
+    # the rule off: the k = 2 likeliest nodes, the root's children 0 and 2, went out as sent nodes 0
+    # and 1; both are judged every step, named by their place in the proposal
+    assert [j for j, _ in drafter.learned[0]] == [0, 2]
+    assert all({j for j, _ in judged} <= {0, 2} for judged in drafter.learned)  # (the last step: room for 1)
+
+    drafter = Fixed()
+    e = Engine(target, FakeTokenizer(), drafter, SpecConfig(method="fixed", k=2), costs=costs(**STEEP))
+    e.costs.record = lambda tokens, seconds: None  # keep the steep table while generating
+    steps = Payoff.WARMUP + 6 * Payoff.EXPLORE
+    e.generate([3, 4, 5, 3], SamplingConfig(), GenerationConfig(max_new_tokens=steps, ignore_eos=True))
+    assert e.token_ids[:6] == plain.token_ids
+    payoff = e.policy.payoff(drafter)
+    assert payoff.skipped > 0 and drafter.calls < e.stats.target_forwards  # skipped after its warm-up
+    assert drafter.calls >= Payoff.WARMUP + 5  # explored now and then
