@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 from ..config import SamplingConfig, SpecConfig
+from ..costs import PassRates
 from ..errors import ParameterError
 from ..sampling import probs_from_logits, sample
 
@@ -100,6 +101,23 @@ class Drafter:
 
     def take_outputs(self, choices: list[int]) -> None:
         pass
+
+
+class RatedGuesses(Drafter):
+    """A drafter whose guesses carry a confidence (a head's or a draft model's probability, a trie
+    node's share of its parent's occurrences), calibrated by how often guesses of that confidence
+    passed (costs.PassRates): ``rates``, and ``proposed``, the confidence of each node proposed
+    last, which ``learn`` turns into pass counts."""
+
+    def __init__(self):
+        self.rates = PassRates()
+        self.proposed: list[float] = []  # per proposed node, until judged
+
+    def learn(self, judged: list[tuple[int, bool]]) -> None:
+        for j, passed in judged:
+            if j < len(self.proposed):
+                self.rates.record(self.proposed[j], passed)
+        self.proposed = []
 
 
 def choose(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator,

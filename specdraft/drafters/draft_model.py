@@ -29,14 +29,15 @@ import time
 import torch
 
 from ..config import SamplingConfig
-from ..costs import PassRates, running_mean
-from .base import Draft, Drafter, DrafterContext, choose, register
+from ..costs import running_mean
+from .base import Draft, DrafterContext, RatedGuesses, choose, register
 
 
-class DraftModel(Drafter):
+class DraftModel(RatedGuesses):
     name = "draft-model"
 
     def __init__(self, model, *, min_confidence: float = 0.0, window: int = 0):
+        super().__init__()  # rates: greedy confidences -> how often such guesses passed
         self.model = model
         self.window = window
         self.offset = 0  # context[offset:] is what the draft model sees
@@ -45,8 +46,6 @@ class DraftModel(Drafter):
         self.min_confidence = min_confidence
         self.seq: list[int] = []
         self.forward_seconds = 0.0  # running mean seconds of one draft forward of 1-2 tokens
-        self.rates = PassRates()  # greedy confidences -> how often such guesses passed
-        self.proposed: list[float] = []  # the confidence of each guess proposed last, until judged
 
     def begin(self, prompt: list[int]) -> None:
         self.model.reset()
@@ -107,14 +106,9 @@ class DraftModel(Drafter):
         self.proposed = confidences if costed else []
         return Draft(tokens, torch.stack(qs) if qs else None, chances=cumulative if costed else None)
 
-    def learn(self, judged: list[tuple[int, bool]]) -> None:
-        """The judged guesses calibrate the greedy confidences. (The cache needs nothing: the next
-        propose rolls back to the common prefix, which covers a rejection, dropping the rejected
-        tail, and full acceptance, feeding the last draft token and the bonus token.)"""
-        for j, passed in judged:
-            if j < len(self.proposed):
-                self.rates.record(self.proposed[j], passed)
-        self.proposed = []
+    # No observe: the next propose rolls back the cache to the common prefix, which covers a
+    # rejection (dropping the rejected tail) and full acceptance (feeding the last draft token and
+    # the bonus token).
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -21,10 +21,10 @@ import time
 import torch
 
 from ..config import SamplingConfig
-from ..costs import PassRates, running_mean
+from ..costs import running_mean
 from ..errors import ParameterError
 from ..models.quant import DenseLinear, W8A8Linear
-from .base import Draft, Drafter, DrafterContext, choose, register
+from .base import Draft, DrafterContext, RatedGuesses, choose, register
 
 
 def output_weight(target, n: int | torch.Tensor) -> torch.Tensor:
@@ -77,17 +77,16 @@ class Int8Head:
         return self.head.step(f, e, self.w1, self.w2)
 
 
-class FeatureHeadDrafter(Drafter):
+class FeatureHeadDrafter(RatedGuesses):
     name = "head"
     uses_features = True
 
     def __init__(self, target, head, *, min_confidence: float = 0.0, trees: bool = False):
+        super().__init__()  # rates: the head's confidences -> how often such guesses passed
         self.feature_layers = getattr(head.cfg, "taps", ())  # EAGLE-3 fused features (heads.model)
         self.fuse = None if not self.feature_layers else \
             W8A8Linear(head.fuse.weight.detach().float(), None, passes=2)  # [(k+1)H] -> [H] int8, like the step
         self.trees = trees  # greedy drafts as EAGLE-2 dynamic trees (the target verifies tree masks)
-        self.rates = PassRates()  # confidences -> how often such guesses passed
-        self.proposed: list[float] = []  # the head's confidence in each node proposed last, until judged
         self.head = head  # heads.model.FeatureHead (fp32, eval)
         self.step = self.build_step(head)  # its step as the drafter runs it
         self.embed = target.embed  # [V, H] the target's token embedding
@@ -216,12 +215,6 @@ class FeatureHeadDrafter(Drafter):
         self.step_seconds = running_mean(self.step_seconds, (time.perf_counter() - t0) / rounds)
         self.proposed = conf
         return Draft(tokens, parents=parents, chances=chance)
-
-    def learn(self, judged: list[tuple[int, bool]]) -> None:
-        """The judged guesses calibrate the confidences (the feature is refreshed by take_features)."""
-        for j, passed in judged:
-            self.rates.record(self.proposed[j], passed)
-        self.proposed = []
 
 
 @register("head", needs_head=True)

@@ -16,16 +16,14 @@ from abc import ABC, abstractmethod
 import torch
 
 from ..config import SamplingConfig
-from ..costs import PassRates
-from .base import Draft, Drafter
+from .base import Draft, RatedGuesses
 from .trees import best_branch, trie_of
 
 
-class TrieProphet(Drafter, ABC):
+class TrieProphet(RatedGuesses, ABC):
     def __init__(self, trees: bool = True):
+        super().__init__()  # rates: a node's share of its parent's occurrences -> how often such nodes passed
         self.trees = trees  # False: the best branch only, as a chain (a target without tree masks)
-        self.rates = PassRates()  # a node's share of its parent's occurrences -> how often such nodes passed
-        self.proposed: list[float] = []  # each proposed node's share, until judged
 
     @abstractmethod
     def continuations(self, context: list[int], depth: int) -> list[list[int]]:
@@ -47,9 +45,4 @@ class TrieProphet(Drafter, ABC):
             return Draft([tokens[j] for j in branch], chances=[chance[j] for j in branch])
         self.proposed = cond
         return Draft(tokens, parents=parents, chances=chance)
-
-    def learn(self, judged: list[tuple[int, bool]]) -> None:
-        for j, passed in judged:
-            self.rates.record(self.proposed[j], passed)
-        self.proposed = []
 
