@@ -33,6 +33,7 @@ DEFAULT_DTYPE = "auto"  # resolved by resolve_dtype() on the machine at hand
 # draft token several times cheaper on a memory-bound CPU.
 DEFAULT_DRAFT_FORMAT = "auto"  # resolved by models.quant.resolve_format (w8a8-fast or int4)
 DEFAULT_TARGET_FORMAT = "auto"  # gguf where the GGUF kernels run, else w8a8 (models.quant.resolve_format)
+KEPT_DRAFTERS = 8  # drafters a Speculator keeps across requests, one per speculation config
 
 
 @dataclass
@@ -183,6 +184,11 @@ class Speculator:
         self.tokenizer = self.target.tokenizer
         self._heads: dict[str, object] = {}  # drafting heads by directory, loaded on first use
         self._costs = ForwardCosts()  # the target's forward seconds by block size, shared by its engines
+        # one drafter per speculation config, kept across requests (each begins anew at its prompt):
+        # what it learns about this target (its guesses' pass rates, its own step times) carries
+        # over, where a fresh drafter starts every request from its priors; the KEPT_DRAFTERS
+        # configs used last (a server's clients may vary k, say, from request to request)
+        self._drafters: dict[SpecConfig, object] = {}
 
     def encode_prompt(self, prompt: str, chat: bool = True) -> list[int]:
         """Token ids of ``prompt``, through the chat template (as one user turn) when there is one."""
@@ -225,12 +231,17 @@ class Speculator:
     def engine(self, spec: SpecConfig) -> Engine:
         if needs_draft_model(spec.method) and self.draft is None:
             raise ParameterError(f"method {spec.method!r} needs a draft model; pass --draft")
-        ctx = DrafterContext(spec=spec, target=self.target.model,
-                             draft_model=self.draft.model if self.draft else None,
-                             head=self.head(spec.head if kind == "mlp" else getattr(spec, kind), kind)
-                             if (kind := head_kind(spec.method)) else None,
-                             target_dir=self.target.path)
-        drafter = build_drafter(spec.method, ctx)  # "none": the empty drafter
+        drafter = self._drafters.pop(spec, None)
+        if drafter is None:
+            ctx = DrafterContext(spec=spec, target=self.target.model,
+                                 draft_model=self.draft.model if self.draft else None,
+                                 head=self.head(spec.head if kind == "mlp" else getattr(spec, kind), kind)
+                                 if (kind := head_kind(spec.method)) else None,
+                                 target_dir=self.target.path)
+            drafter = build_drafter(spec.method, ctx)  # "none": the empty drafter
+        self._drafters[spec] = drafter  # the newest last
+        while len(self._drafters) > KEPT_DRAFTERS:
+            del self._drafters[next(iter(self._drafters))]
         return Engine(self.target.model, self.tokenizer, drafter, spec, self.target.eos_ids, costs=self._costs)
 
     def stream(self, prompt: str | list[int], *, spec: SpecConfig = SpecConfig(),

@@ -48,6 +48,25 @@ def test_speculator_methods_equal_plain(sd, plain, method):
         assert res.stats.acceptance_rate == 1.0  # the draft is the same model
 
 
+def test_a_drafter_is_kept_across_requests_and_stays_exact(sd, plain):
+    """One drafter per speculation config: what it learnt (here prompt lookup's pass rates by copy
+    position) carries over to the next request, which still equals plain decoding."""
+    spec = SpecConfig(method="prompt-lookup", k=4, ngram_min=1)
+    first = sd.generate(PROMPT, spec=spec, gen=GenerationConfig(max_new_tokens=30), chat=False)
+    drafter = sd.engine(spec).drafter
+    tried = sum(drafter.rates.tried)
+    assert first.token_ids == plain.token_ids and tried > 3.0 * drafter.rates.SIZE  # it learnt something
+    second = sd.generate(PROMPT, spec=spec, gen=GenerationConfig(max_new_tokens=30), chat=False)
+    assert second.token_ids == plain.token_ids and sd.engine(spec).drafter is drafter
+    assert sum(drafter.rates.tried) > tried
+    other = SpecConfig(method="prompt-lookup", k=3, ngram_min=1)
+    assert sd.generate(PROMPT, spec=other, gen=GenerationConfig(max_new_tokens=30), chat=False).token_ids == plain.token_ids
+    assert sd.engine(other).drafter is not drafter  # another config, another drafter
+    for k in range(1, pipeline.KEPT_DRAFTERS + 1):  # as many more configs: the oldest one goes
+        sd.engine(SpecConfig(method="prompt-lookup", k=k, ngram_min=2))
+    assert sd.engine(spec).drafter is not drafter and len(sd._drafters) == pipeline.KEPT_DRAFTERS
+
+
 def test_token_id_prompt_is_used_as_is(sd, plain):
     res = sd.generate(list(plain.prompt_ids), spec=SpecConfig(method="none"), gen=GenerationConfig(max_new_tokens=30))
     assert res.token_ids == plain.token_ids
