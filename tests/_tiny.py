@@ -198,3 +198,53 @@ def greedy_runs_equal_plain(target, method, head, prompts, **spec_kw) -> list:
         assert stats.drafts > 0 and stats.draft_tokens > 0
         runs.append(stats)
     return runs
+
+
+def eagle_chain(drafter, rows, context: list[int], n: int) -> list:
+    """An EAGLE drafter fed the committed rows [n, ...] as the engine hands them over (in two
+    parts: a prefill, then a verification), then stepping a chain of the true next tokens from
+    committed position n-1: its outputs [h_0, h_1, h_2] (unread), what training's unroll gives
+    at start n-1. context: the tokens, at least n + 3."""
+    drafter.begin(context[:n - 4])
+    drafter.take_features(rows[:n - 5])
+    drafter.context = context[:n - 3]
+    drafter.advance([-1], [context[n - 4]], [], [])
+    drafter.take_features(rows[n - 5:])
+    drafter.context = context[:n + 1]
+    got = [drafter.advance([-1], [context[n]], [], [])[0]]
+    parents, feats = [], []
+    for j in (1, 2):  # node j-1 holds the true token x_{n+j}, chosen from the previous output
+        parents.append(j - 2)
+        feats.append(got[-1])
+        got.append(drafter.advance([j - 1], [context[n + j]], parents, feats)[0])
+    return got
+
+
+def tapped_unroll_and_chain(model, data, head, n: int = 10) -> tuple[list, list]:
+    """For an EAGLE drafter with taps over recorded features ``data``: training's unroll at start
+    n-1 of the first document (its 3 outputs, read out) and the drafter's chain there (fp32, its
+    module's own matrices; the raw outputs of eagle_chain)."""
+    from specdraft.heads.eagle_train import _gather, unrolled
+
+    a, b = int(data.starts[0]), int(data.starts[1])
+    feats, tokens, _, pos, lengths, aux = _gather(data, [(a, b - a, 0)], data.top, taps=True)
+    want = [h[0, n - 1] for h, _ in unrolled(head, feats, tokens, pos, lengths, model.embed, 3, aux)]
+    drafter = drafting_engine(model, "eagle", head).drafter
+    drafter.step = None  # the module's own fp32 matrices, as training ran them
+    drafter.fuse = None
+    rows = torch.cat([data.aux[a:a + n].float().flatten(1), data.features[a:a + n].float()], -1)  # as the engine gives
+    return want, eagle_chain(drafter, rows, data.tokens[a:a + n + 3].tolist(), n)
+
+
+def eagle_round_trip_decodes(model, head, directory, cls, ids, prompts) -> None:
+    """An EAGLE drafter with listed ids ``ids`` saved to and loaded from ``directory`` is the same
+    class, config and ids, and decodes exactly as plain greedy decoding with chains and trees,
+    its guesses accepted."""
+    from specdraft.heads.model import load_head
+
+    head.save(directory)
+    back = load_head(directory, "eagle")
+    assert isinstance(back, cls) and back.cfg == head.cfg and torch.equal(back.vocab_ids, ids)
+    for trees in (False, True):
+        runs = greedy_runs_equal_plain(model, "eagle", back, prompts, trees=trees)
+        assert sum(s.accepted_tokens for s in runs) > 0

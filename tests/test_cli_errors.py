@@ -317,13 +317,14 @@ def test_eagle_without_a_drafter_or_with_a_head_of_another_kind_gives_one_line(c
     (["--lr", "2"], "lr must be"),
     (["--holdout", "1"], "holdout must be"),
     (["--kind", "medusa", "--inner", "64"], "--inner does not apply"),
-    (["--kind", "mlp", "--start", "random"], "--start applies to --kind eagle without --init only"),
+    (["--kind", "mlp", "--start", "random"], "--start applies to --kind eagle without --init or --taps only"),
+    (["--kind", "eagle", "--taps", "1", "--start", "random"], "--start applies to --kind eagle without --init or"),
     (["--kind", "eagle", "--init", "shipped", "--start", "random"], "--start applies to --kind eagle without --init"),
     (["--kind", "eagle", "--init", "shipped", "--vocab", "100"], "takes its width, taps and vocabulary from the MLP"),
-    (["--kind", "eagle", "--taps", "1"], "--taps applies to --kind mlp only"),
+    (["--kind", "medusa", "--taps", "1"], "--taps applies to --kind mlp and eagle only"),
     (["--kind", "mlp", "--taps", "one,two"], "--taps takes comma-separated layer numbers"),
     (["--kind", "mtp", "--init", "shipped"], "--init applies to --kind mlp and eagle only"),
-    (["--kind", "eagle", "--draft-vocab", "frequent"], "--draft-vocab frequent does not apply to --kind eagle"),
+    (["--kind", "eagle", "--draft-vocab", "frequent"], "--draft-vocab frequent does not apply to --kind eagle without"),
 ])
 def test_train_drafter_refuses_bad_settings_in_one_line(capsys, tmp_path, args, contains):
     rc, out, err = call(["train-drafter", "--out", str(tmp_path), *args], capsys)
@@ -369,7 +370,7 @@ def test_medusa_or_mtp_without_heads_and_unwritten_layouts_give_one_line(capsys,
                          "--max-new-tokens", "4"], capsys)
     assert_one_line_error(rc, out, err, contains="train-drafter --kind mtp")
     rc, out, err = call(["export", "--to", "sglang", "--out", str(tmp_path / "out")], capsys)
-    assert_one_line_error(rc, out, err, contains="EAGLE-3 layouts")
+    assert_one_line_error(rc, out, err, contains="'head' form")
     assert not (tmp_path / "out").exists()
 
 

@@ -12,7 +12,19 @@ import json
 import pytest
 import torch
 
-from _tiny import VOCAB, build_hf, drafted, drafting_engine, greedy_runs_equal_plain, load_native, own_texts, save
+from _tiny import (
+    VOCAB,
+    build_hf,
+    drafted,
+    drafting_engine,
+    eagle_chain,
+    eagle_round_trip_decodes,
+    greedy_runs_equal_plain,
+    load_native,
+    own_texts,
+    save,
+    tapped_unroll_and_chain,
+)
 from specdraft.config import SamplingConfig
 from specdraft.drafters import head_kind
 from specdraft.drafters.feature_head import output_weight
@@ -104,19 +116,7 @@ def test_the_drafter_sees_what_training_showed(target, trained):
 
     drafter = engine(target, "eagle", head).drafter
     drafter.step = {name: getattr(head, name) for name in ("fc", "qkv", "o", "gate_up", "down")}
-    context = data.tokens[a:a + n + 3].tolist()
-    drafter.begin(context[:n - 4])
-    drafter.take_features(data.features[a:a + n - 5].float())  # in two parts, as prefill then a verification
-    drafter.context = context[:n - 3]
-    drafter.advance([-1], [context[n - 4]], [], [])
-    drafter.take_features(data.features[a + n - 5:a + n].float())
-    drafter.context = context[:n + 1]
-    got = [drafter.advance([-1], [context[n]], [], [])[0]]
-    parents, feats_ = [], []
-    for j in (1, 2):  # a chain: node j-1 holds the true token x_{n+j}, chosen from the previous output
-        parents.append(j - 2)
-        feats_.append(got[-1])
-        got.append(drafter.advance([j - 1], [context[n + j]], parents, feats_)[0])
+    got = eagle_chain(drafter, data.features[a:a + n].float(), data.tokens[a:a + n + 3].tolist(), n)
     for j in range(3):
         torch.testing.assert_close(got[j], want[j], atol=1e-4, rtol=1e-4)
 
@@ -234,38 +234,13 @@ def test_the_head_form_learns_round_trips_and_decodes_exactly(tapped, tmp_path):
     untrained = agreement(EagleMLPHead(head.cfg).eval(), data, items, model.embed, w, 3, top)[0]
     its_head = _agreement(mlp, data, model.embed, w, start_rows(data, torch.arange(len(data.starts) - 1), 3), 3, top)[0]
     assert got > untrained + 0.15 and got > its_head + 0.05, (got, untrained, its_head)
-    head.save(tmp_path / "eagle")
-    back = load_head(tmp_path / "eagle", "eagle")
-    assert isinstance(back, EagleMLPHead) and back.cfg == head.cfg and torch.equal(back.vocab_ids, ids)
-    for trees in (False, True):
-        runs = greedy_runs_equal_plain(model, "eagle", back, PROMPTS, trees=trees)
-        assert sum(s.accepted_tokens for s in runs) > 0
+    eagle_round_trip_decodes(model, head, tmp_path / "eagle", EagleMLPHead, ids, PROMPTS)
 
 
 def test_the_head_form_drafter_sees_what_training_showed(tapped):
     """The drafter's cache of fused real rows and its chain steps give the training unroll's h_j."""
     model, data, _, head, _, _ = tapped
-    a, b = int(data.starts[0]), int(data.starts[1])
-    n = 10
-    feats, tokens, _, pos, lengths, aux = _gather(data, [(a, b - a, 0)], data.top, taps=True)
-    want = [h[0, n - 1] for h, _ in unrolled(head, feats, tokens, pos, lengths, model.embed, 3, aux)]
-    drafter = engine(model, "eagle", head).drafter
-    drafter.step = None  # the module's own fp32 matrices, as training ran them
-    drafter.fuse = None
-    rows = torch.cat([data.aux[a:a + n].float().flatten(1), data.features[a:a + n].float()], -1)  # as the engine gives
-    context = data.tokens[a:a + n + 3].tolist()
-    drafter.begin(context[:n - 4])
-    drafter.take_features(rows[:n - 5])
-    drafter.context = context[:n - 3]
-    drafter.advance([-1], [context[n - 4]], [], [])
-    drafter.take_features(rows[n - 5:])
-    drafter.context = context[:n + 1]
-    got = [drafter.advance([-1], [context[n]], [], [])[0]]
-    parents, feats_ = [], []
-    for j in (1, 2):
-        parents.append(j - 2)
-        feats_.append(got[-1])
-        got.append(drafter.advance([j - 1], [context[n + j]], parents, feats_)[0])
+    want, got = tapped_unroll_and_chain(model, data, head)
     for j in range(3):
         torch.testing.assert_close(got[j], want[j], atol=1e-4, rtol=1e-4)
 

@@ -1,11 +1,15 @@
-"""``specdraft export``: an EAGLE drafter in speculators' "eagle" layout (``--to vllm``), Medusa
-heads in the ``medusa_num_heads`` layout vLLM loads (``--to medusa``).
+"""``specdraft export``: an EAGLE drafter in speculators' "eagle" layout (``--to vllm``), an
+EAGLE-3 drafter in speculators' "eagle3" layout (``--to vllm``) and SGLang's (``--to sglang``),
+Medusa heads in the ``medusa_num_heads`` layout vLLM loads (``--to medusa``).
 
 What was written is reloaded and run through transformers' own Llama decoder layer and RMS
 norms, wired as speculators wires them (embedding norm, fusion_fc over [embedding ; hidden],
 the layer, the norm before the output head): it must give the drafter's own features. Medusa's
 files are reloaded and run as vLLM's Medusa model runs them (residual block, shared output head,
-token map): they must give the heads' own logits.
+token map): they must give the heads' own logits. EAGLE-3's files are reloaded and run through
+transformers' Llama attention, MLP and norms wired as EAGLE-3 wires them (fc over the taps,
+[embedding ; hidden] into q/k/v, the unnormed residual, the draft vocabulary mapped by d2t): they
+must give the drafter's own features and guesses.
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from specdraft.errors import ParameterError
-from specdraft.heads.eagle import EagleConfig, EagleHead, attend
+from specdraft.heads.eagle import Eagle3Head, EagleConfig, EagleHead, attend
 from specdraft.heads.export import export
 from specdraft.heads.medusa import MedusaConfig, MedusaHeads
 
@@ -89,6 +93,100 @@ def test_vllm_export_reloads_and_computes_the_same_features(head, tmp_path):
         torch.testing.assert_close(reference(tensors, config, f, e), ours(head, f, e), atol=1e-4, rtol=1e-4)
 
 
+TAPS, V3 = (0, 2, 3), 80  # an EAGLE-3 drafter: three taps, 80 of the target's 96 ids
+
+
+@pytest.fixture
+def head3():
+    torch.manual_seed(0)
+    h = Eagle3Head(EagleConfig(hidden_size=H, num_heads=4, num_kv_heads=2, head_dim=16, inner=96, vocab=V3,
+                               form="eagle3", taps=TAPS, listed_vocab=True))
+    with torch.no_grad():
+        for p in h.parameters():
+            p.copy_((p + 0.2 * torch.randn(p.shape)).to(torch.bfloat16).float())
+        h.vocab_ids.copy_(torch.randperm(96)[:V3].sort().values)
+    return h.eval()
+
+
+def eagle3_reference(tensors: dict, layer_config: dict, prefix: str, aux: torch.Tensor, e: torch.Tensor):
+    """EAGLE-3's first step with transformers' modules, from the exported files alone: aux [T, k, H]
+    the taps' raw outputs, e [T, H] the next tokens' embeddings -> (normed features [T, H], the
+    target ids guessed [T])."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+
+    cfg = LlamaConfig(**layer_config)
+    cfg._attn_implementation = "eager"
+    w = {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
+    layer = LlamaDecoderLayer(cfg, layer_idx=0)
+    attn = layer.self_attn
+    for name in ("q_proj", "k_proj", "v_proj"):  # EAGLE-3's first layer reads [embedding ; hidden]
+        setattr(attn, name, torch.nn.Linear(2 * H, getattr(attn, name).out_features, bias=False))
+    layer.hidden_norm = LlamaRMSNorm(H, eps=cfg.rms_norm_eps)
+    layer.load_state_dict({k.removeprefix(prefix): v for k, v in w.items() if k.startswith(prefix)})
+    norm = LlamaRMSNorm(H, eps=cfg.rms_norm_eps)
+    norm.weight.data.copy_(w["norm.weight"])
+    g = aux.flatten(-2) @ w["fc.weight"].T  # [T, H]
+    positions = torch.arange(T)[None]
+    cos, sin = LlamaRotaryEmbedding(cfg)(g[None], positions)
+    mask = torch.full((T, T), float("-inf")).triu(1)[None, None]
+    with torch.no_grad():
+        z = torch.cat([layer.input_layernorm(e), layer.hidden_norm(g)], -1)
+        h = g + attn(z[None], position_embeddings=(cos, sin), attention_mask=mask)[0][0]
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        feats = norm(h)
+        draft = (feats @ w["lm_head.weight"].T).argmax(-1)
+    return feats, draft + w["d2t"][draft]
+
+
+@pytest.mark.parametrize("to", ["vllm", "sglang"])
+def test_eagle3_export_reloads_and_computes_the_same_features(head3, to, tmp_path):
+    lm = torch.randn(96, H).to(torch.bfloat16).float()  # the target's output head [V, H]
+    files = export(head3, tmp_path / to, to, "Qwen/Qwen2.5-Coder-1.5B-Instruct", VERIFIER, lm[head3.vocab_ids])
+    assert [p.name for p in files] == ["config.json", "model.safetensors"]
+    config = json.loads((tmp_path / to / "config.json").read_text())
+    if to == "vllm":
+        assert config["speculators_model_type"] == "eagle3" and config["architectures"] == ["Eagle3Speculator"]
+        assert config["norm_before_residual"] is False and config["target_hidden_size"] == H
+        assert config["eagle_aux_hidden_state_layer_ids"] == [t + 1 for t in TAPS]
+        spec = config["speculators_config"]
+        assert spec["algorithm"] == "eagle3" and spec["default_proposal_method"] == "greedy"
+        assert spec["proposal_methods"][0]["proposal_type"] == "greedy"
+        assert spec["proposal_methods"][0]["speculative_tokens"] >= 1
+        assert spec["verifier"] == {"name_or_path": "Qwen/Qwen2.5-Coder-1.5B-Instruct",
+                                    "architectures": ["Qwen2ForCausalLM"]}
+        layer, prefix = config["transformer_layer_config"], "layers.0."
+    else:
+        assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["target_hidden_size"] == H
+        assert config["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": list(TAPS), "use_aux_hidden_state": True}
+        layer, prefix = config, "midlayer."
+    assert config["draft_vocab_size"] == V3 and layer["num_hidden_layers"] == 1 and layer["model_type"] == "llama"
+    assert (layer["hidden_size"], layer["intermediate_size"], layer["num_attention_heads"],
+            layer["num_key_value_heads"], layer["head_dim"], layer["vocab_size"]) == (H, 96, 4, 2, 16, 96)
+    tensors = load_file(str(tmp_path / to / "model.safetensors"))
+    names = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
+             *(prefix + n for n in ("input_layernorm.weight", "hidden_norm.weight", "post_attention_layernorm.weight",
+                                    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                                    "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                                    "mlp.down_proj.weight"))}
+    assert set(tensors) == names
+    assert tensors["fc.weight"].shape == (H, len(TAPS) * H) and tensors[prefix + "self_attn.q_proj.weight"].shape == (64, 2 * H)
+    assert tensors["lm_head.weight"].shape == (V3, H) and tensors["d2t"].dtype == torch.int64
+    assert tensors["t2d"].dtype == torch.bool and tensors["t2d"].shape == (96,) and int(tensors["t2d"].sum()) == V3
+    assert torch.equal(torch.arange(V3) + tensors["d2t"], head3.vocab_ids)
+    assert torch.equal(tensors["t2d"].nonzero()[:, 0], head3.vocab_ids)
+    g = torch.Generator().manual_seed(1)
+    aux, e = 5 * torch.randn(T, len(TAPS), H, generator=g), torch.randn(T, H, generator=g)
+    feats, guessed = eagle3_reference(tensors, layer, prefix, aux, e)
+    with torch.no_grad():
+        x = head3.inputs(head3.entry(None, aux), e)
+        cos, sin = head3.rope_tables(torch.arange(T))
+        q, k, v = head3.project(x, cos, sin)
+        want = head3.readout(head3.finish(x, attend(q, k, v, torch.ones(T, T, dtype=torch.bool).tril())))
+    torch.testing.assert_close(feats, want, atol=1e-4, rtol=1e-4)
+    assert torch.equal(guessed, head3.vocab_ids[(want @ lm[head3.vocab_ids].T).argmax(-1)])
+
+
 def test_medusa_export_reloads_and_computes_the_same_logits(tmp_path):
     torch.manual_seed(0)
     heads = MedusaHeads(MedusaConfig(hidden_size=H, num_heads=3, vocab=80)).eval()
@@ -120,6 +218,8 @@ def test_medusa_export_reloads_and_computes_the_same_logits(tmp_path):
 
 def test_other_layouts_and_kinds_are_refused_in_one_line(head, tmp_path):
     with pytest.raises(ParameterError, match=r"'vllm' .* and 'medusa'"):
+        export(head, tmp_path, "tensorrt", "x", VERIFIER)
+    with pytest.raises(ParameterError, match="--to sglang writes EAGLE-3 drafters"):
         export(head, tmp_path, "sglang", "x", VERIFIER)
     with pytest.raises(ParameterError, match="--to medusa writes medusa drafters"):
         export(head, tmp_path, "medusa", "x", VERIFIER)

@@ -1,5 +1,6 @@
 """EAGLE as the prophet: one trained decoder layer over the target's features (heads.eagle,
-either form: the EAGLE-1 layer, or attention in front of the MLP head's step with fused taps).
+any form: the EAGLE-1 layer, attention in front of the MLP head's step with fused taps, or
+EAGLE-3's layer over the fused raw outputs of the taps).
 
 The layer keeps its own KV cache of the *real* pairs (f_p, x_{p+1}) of the context: the
 engine hands over the target's features of every committed row (take_features), and the next
@@ -36,6 +37,9 @@ class EagleDrafter(FeatureHeadDrafter):
         self.cached = 0  # pairs in the cache: positions 0..cached-1
         self.pending: list[torch.Tensor] = []  # [m, H] features whose pairs are not cached yet
         self.node_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # this draft's stepped nodes
+        if c.form == "eagle3":  # its steps carry h unnormed; the output head reads rms(h) * g_out
+            rows = self.out
+            self.out = lambda h: rows(head.readout(h))
 
     def build_step(self, head) -> dict:
         """The layer's matrices (head.LINEARS) in int8 (per output channel) with ~14-bit

@@ -55,7 +55,9 @@ def add_train_args(p, *, kind: str | None = None) -> None:
     p.add_argument("--taps", default=None,
                    help="mlp: comma-separated target layers (0-based) whose outputs the head's first step "
                         "also reads, EAGLE-3's fused features, e.g. 1,13,24 for a 28-layer target; "
-                        "features are recorded with them (eagle with --init: the head's own)")
+                        "eagle (without --init): EAGLE-3's layer over those layers' outputs, which exports to "
+                        "vLLM (speculators' eagle3) and SGLang; features are recorded with them "
+                        "(eagle with --init: the head's own)")
     p.add_argument("--init", default=None,
                    help="start from this MLP head (a directory, or 'shipped' for the target's shipped head). "
                         "mlp: its step, fusion of taps, vocabulary and width, each unless --taps, --vocab, "
@@ -76,7 +78,7 @@ def add_train_args(p, *, kind: str | None = None) -> None:
     p.add_argument("--vocab", type=int, default=None, help="the drafter guesses among VOCAB token ids (default 32768)")
     p.add_argument("--draft-vocab", choices=("frequent", "first"), default=None,
                    help="which ids: those the target chose most often in the features (FR-Spec, EAGLE-3's draft "
-                        "vocabulary; the default) or the first ones (the only choice for eagle)")
+                        "vocabulary; the default) or the first ones (the only choice for eagle without --taps)")
     p.add_argument("--lr", type=float, default=None,
                    help="peak learning rate (default: mlp, mtp, medusa, hydra 1e-3; eagle 6e-4)")
     p.add_argument("--batch", type=int, default=None,
@@ -189,9 +191,10 @@ def train_from_args(args) -> int:
                                ("holdout", args.holdout)) if v is not None}
     heads_kind = args.kind in MEDUSA_KINDS
     on_head = args.kind == "eagle" and bool(args.init)  # an EAGLE layer of the "head" form
+    eagle3 = args.kind == "eagle" and bool(args.taps) and not on_head  # EAGLE-3's layer
     if args.start is not None:
-        if args.kind != "eagle" or on_head:
-            raise ParameterError("--start applies to --kind eagle without --init only")
+        if args.kind != "eagle" or on_head or eagle3:
+            raise ParameterError("--start applies to --kind eagle without --init or --taps only")
         given["start"] = args.start
     if on_head and ({"inner", "vocab"} & set(given) or args.taps or args.draft_vocab):
         raise ParameterError("--kind eagle --init takes its width, taps and vocabulary from the MLP head it starts as")
@@ -202,16 +205,18 @@ def train_from_args(args) -> int:
     if args.kind == "mtp":
         given.setdefault("inner", MTP_INNER)
     taps = _taps(args.taps) if args.taps else ()
-    if taps and args.kind != "mlp":
-        raise ParameterError("--taps applies to --kind mlp only")
+    if taps and args.kind not in ("mlp", "eagle"):
+        raise ParameterError("--taps applies to --kind mlp and eagle only")
     if taps:
         given["taps"] = taps
+    if eagle3:
+        given["form"] = "eagle3"
     if args.init and args.kind not in ("mlp", "eagle"):
         raise ParameterError("--init applies to --kind mlp and eagle only")
-    frequent = (args.draft_vocab or ("first" if args.kind == "eagle" else "frequent")) == "frequent"
-    if frequent and args.kind == "eagle":
-        raise ParameterError("--draft-vocab frequent does not apply to --kind eagle (the layer form guesses among "
-                             "the first ids; with --init, the head's vocabulary)")
+    frequent = (args.draft_vocab or ("first" if args.kind == "eagle" and not eagle3 else "frequent")) == "frequent"
+    if frequent and args.kind == "eagle" and not eagle3:
+        raise ParameterError("--draft-vocab frequent does not apply to --kind eagle without --taps (the layer form "
+                             "guesses among the first ids; with --init, the head's vocabulary)")
     if args.batch:
         given["rows" if args.kind == "eagle" else "batch"] = args.batch
     cfg = EagleTrainConfig(**given) if args.kind == "eagle" else MedusaTrainConfig(**given) if heads_kind \
@@ -294,9 +299,10 @@ def add_export_args(p) -> None:
     p.add_argument("drafter", nargs="?", default=None,
                    help="directory of a trained drafter of the kind --to writes (default: the one shipped for --target)")
     p.add_argument("--to", choices=("vllm", "sglang", "medusa"), default="vllm",
-                   help="vllm: a layer-form EAGLE drafter in speculators' eagle layout (the shipped one is of the "
-                        "head form, which no serving engine loads: give DIR); medusa: Medusa heads in the "
-                        "medusa_num_heads layout vLLM loads (config.json + model.safetensors each)")
+                   help="vllm: an EAGLE drafter in speculators' layout (eagle3 for an EAGLE-3 drafter, "
+                        "eagle for the layer form); sglang: an EAGLE-3 drafter as SGLang's LlamaForCausalLMEagle3 "
+                        "loads it; medusa: Medusa heads in the medusa_num_heads layout vLLM loads "
+                        "(config.json + model.safetensors each)")
     p.add_argument("--out", required=True, help="directory to write to")
     p.add_argument("--target", default=None, help="the drafter's target (default: the default target)")
     p.add_argument("--verifier", default=None,
@@ -307,12 +313,12 @@ def export_from_args(args) -> int:
     """``specdraft export``: a trained drafter in a serving engine's layout."""
     from ..models.packaged import resolve_model_dir
     from ..models.registry import ALIASES, PACKAGED
-    from .export import check_layout, export
+    from .export import LAYOUTS, check_layout, export
     from .model import load_head, shipped_head_dir
 
     name = ALIASES.get(args.target or DEFAULT_TARGET, args.target or DEFAULT_TARGET)
     check_layout(args.to)
-    kind = "eagle" if args.to == "vllm" else args.to
+    kind = LAYOUTS[args.to][1]
     directory = args.drafter or shipped_head_dir(name, kind)
     if directory is None:
         raise ParameterError(f"no {kind} drafter is shipped for {name!r}; give its directory")
@@ -328,7 +334,8 @@ def export_from_args(args) -> int:
     packaged = PACKAGED.get(name)
     verifier = args.verifier or (packaged.hf_id if packaged is not None and packaged.hf_id else name)
     lm_rows = None
-    if kind == "medusa":  # the heads share the target's output head: the export carries its rows
+    # guesses read the target's output head: the export carries its rows
+    if kind == "medusa" or getattr(head.cfg, "form", None) == "eagle3":
         sd = Speculator(name, dtype="fp32", runtime="native", max_length=64, load_draft=False)
         lm_rows = output_weight(sd.target.model, head.token_ids() if head.cfg.listed_vocab else head.cfg.vocab)
     for path in export(head, args.out, args.to, verifier, verifier_config, lm_rows):

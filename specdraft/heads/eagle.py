@@ -33,6 +33,19 @@ o starts at zero, so the layer starts as exactly the MLP head it is built on (``
 training adds what attending over the context's features is worth, on top of a head that already
 guesses well, instead of learning a layer from nothing on the little data one CPU records. That
 form has no serving-engine layout (its MLP reads the token too); the "layer" form exports.
+
+The third form, ``form="eagle3"`` (Eagle3Head), is EAGLE-3's layer, as vLLM's speculators
+("eagle3") and SGLang (``LlamaForCausalLMEagle3``) load it. Real rows enter as one linear map of
+the raw outputs a^1..a^k of the target's tapped layers (a low, a middle and a late one); drafted
+rows as the layer's own previous output h, unnormed:
+
+    g   = fc([a^1 ; ... ; a^k])   (real rows)   or   g = h   (drafted rows)     fc [H, kH]
+    z   = [rms(E[x]) * ln_e ; rms(g) * ln_h]                                     [2H]
+    r   = g + o(attn(rope(q), rope(k), v))  with q, k, v = qkv(z)                 qkv [(nh + 2nkv) hd, 2H]
+    h   = r + down(silu(gate) * up)  over rms(r) * ln2                           -> the next step's g
+    out = rms(h) * g_out                                                         what the output head reads
+
+Its guesses come from a frequency-ranked draft vocabulary (listed ids, EAGLE-3's d2t / t2d).
 """
 from __future__ import annotations
 
@@ -70,9 +83,11 @@ class EagleConfig:
             raise ValueError(f"unknown EAGLE form {self.form!r}; the forms are {', '.join(FORMS)}")
         if self.form == "layer" and (self.taps or self.listed_vocab):
             raise ValueError("the 'layer' form reads neither taps nor a listed vocabulary")
+        if self.form == "eagle3" and not self.taps:
+            raise ValueError("the 'eagle3' form reads the outputs of some target layers: give taps")
 
 
-FORMS = ("layer", "head")
+FORMS = ("layer", "head", "eagle3")
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -120,11 +135,37 @@ class _Layer(FusedEntry, ListedVocab, torch.nn.Module):
         k = k.unflatten(-1, (c.num_kv_heads, c.head_dim))
         return rope(q, cos, sin), rope(k, cos, sin), v.unflatten(-1, (c.num_kv_heads, c.head_dim))
 
+    def init_block(self, qkv_in: int, qkv_bias: bool) -> None:
+        """The decoder layer's attention projections (q, k, v reading ``qkv_in`` features) and
+        MLP, with the post-attention norm ln2 and the output norm g_out; o and down start at zero,
+        so the layer starts as its input alone and attention and MLP grow in."""
+        c, H = self.cfg, self.cfg.hidden_size
+        self.ln2 = torch.nn.Parameter(torch.ones(H))
+        self.g_out = torch.nn.Parameter(torch.ones(H))
+        self.qkv = torch.nn.Linear(qkv_in, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim, bias=qkv_bias)
+        self.o = torch.nn.Linear(c.num_heads * c.head_dim, H, bias=False)
+        self.gate_up = torch.nn.Linear(H, 2 * c.inner, bias=False)
+        self.down = torch.nn.Linear(c.inner, H, bias=False)
+        torch.nn.init.zeros_(self.o.weight)
+        torch.nn.init.zeros_(self.down.weight)
+
+    def block(self, x: torch.Tensor, attended: torch.Tensor, lin: dict | None = None) -> torch.Tensor:
+        """x [..., H] + the attention's output (attended [..., nh, hd] through o), then + the MLP
+        over its norm: the decoder layer's output, unnormed."""
+        x = x + self._lin(lin, "o")(attended.flatten(-2))
+        gate, up = self._lin(lin, "gate_up")(self._rms(x) * self.ln2).chunk(2, -1)
+        return x + self._lin(lin, "down")(F.silu(gate) * up)
+
+    def readout(self, h: torch.Tensor) -> torch.Tensor:
+        """What the output head reads from a step's output h [..., H]: h itself (the "layer" and
+        "head" forms end normed; "eagle3" carries h unnormed to its next step)."""
+        return h
+
     def save(self, directory: str | Path) -> None:
         save_drafter(self, directory)
 
     @classmethod
-    def load(cls, directory: str | Path) -> EagleHead | EagleMLPHead:
+    def load(cls, directory: str | Path) -> EagleHead | EagleMLPHead | Eagle3Head:
         """The EAGLE drafter in ``directory``, of the form its head.json names."""
         return read_drafter(eagle_module, EagleConfig, directory, what="EAGLE drafter",
                             command="train-drafter --kind eagle")
@@ -137,18 +178,11 @@ class EagleHead(_Layer):
 
     def __init__(self, cfg: EagleConfig):
         super().__init__(cfg)
-        H, hd = cfg.hidden_size, cfg.head_dim
+        H = cfg.hidden_size
         self.g_e = torch.nn.Parameter(torch.ones(H))
         self.ln1 = torch.nn.Parameter(torch.ones(H))
-        self.ln2 = torch.nn.Parameter(torch.ones(H))
-        self.g_out = torch.nn.Parameter(torch.ones(H))
         self.fc = torch.nn.Linear(2 * H, H, bias=False)
-        self.qkv = torch.nn.Linear(H, (cfg.num_heads + 2 * cfg.num_kv_heads) * hd)
-        self.o = torch.nn.Linear(cfg.num_heads * hd, H, bias=False)
-        self.gate_up = torch.nn.Linear(H, 2 * cfg.inner, bias=False)
-        self.down = torch.nn.Linear(cfg.inner, H, bias=False)
-        torch.nn.init.zeros_(self.o.weight)  # the layer starts as fc alone; attention and MLP grow in
-        torch.nn.init.zeros_(self.down.weight)
+        self.init_block(H, qkv_bias=True)  # starts as fc alone
 
     def inputs(self, f: torch.Tensor, e: torch.Tensor, lin: dict | None = None) -> torch.Tensor:
         """f, e [..., H] (a feature, the embedding of the token chosen from it) -> x [..., H]."""
@@ -160,10 +194,7 @@ class EagleHead(_Layer):
 
     def finish(self, x: torch.Tensor, attended: torch.Tensor, lin: dict | None = None) -> torch.Tensor:
         """x [..., H] the layer's input, attended [..., nh, hd] -> h [..., H] the predicted feature."""
-        x = x + self._lin(lin, "o")(attended.flatten(-2))
-        gate, up = self._lin(lin, "gate_up")(self._rms(x) * self.ln2).chunk(2, -1)
-        x = x + self._lin(lin, "down")(F.silu(gate) * up)
-        return self._rms(x) * self.g_out
+        return self._rms(self.block(x, attended, lin)) * self.g_out
 
 
 class EagleMLPHead(MLPStep, _Layer):
@@ -208,9 +239,58 @@ class EagleMLPHead(MLPStep, _Layer):
         self.load_state_dict(head.state_dict(), strict=False)
 
 
-def eagle_module(cfg: EagleConfig) -> EagleHead | EagleMLPHead:
+class Eagle3Head(_Layer):
+    """The "eagle3" form (module docstring). x, what inputs() gives and project() / finish() read,
+    is [g ; E[x]] [..., 2H]. The fusion of the taps is ``fuse`` (fc in the exported layouts), so
+    the drafters run it as they run the MLP head's fusion (heads.model.FusedEntry)."""
+
+    LINEARS = ("qkv", "o", "gate_up", "down")
+
+    def __init__(self, cfg: EagleConfig):
+        super().__init__(cfg)
+        H = cfg.hidden_size
+        self.ln_e = torch.nn.Parameter(torch.ones(H))
+        self.ln_h = torch.nn.Parameter(torch.ones(H))
+        self.init_block(2 * H, qkv_bias=False)  # starts as fc alone
+
+    def init_entry(self) -> None:
+        k, H = len(self.cfg.taps), self.cfg.hidden_size
+        self.fuse = torch.nn.Linear(k * H, H, bias=False)
+
+    def entry(self, f: torch.Tensor, aux: torch.Tensor | None, fuse=None) -> torch.Tensor:
+        """A real row's g: fc over the tapped layers' raw outputs aux [..., k, H] (f, the final
+        feature, is not read)."""
+        return (fuse or self.fuse)(aux.flatten(-2))
+
+    def inputs(self, f: torch.Tensor, e: torch.Tensor, lin: dict | None = None) -> torch.Tensor:
+        return torch.cat([f, e], -1)
+
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lin: dict | None = None):
+        g, e = x.chunk(2, -1)
+        z = torch.cat([self._rms(e) * self.ln_e, self._rms(g) * self.ln_h], -1)  # [..., 2H]
+        return self._heads(self._lin(lin, "qkv")(z), cos, sin)
+
+    def finish(self, x: torch.Tensor, attended: torch.Tensor, lin: dict | None = None) -> torch.Tensor:
+        return self.block(x.chunk(2, -1)[0], attended, lin)
+
+    def readout(self, h: torch.Tensor) -> torch.Tensor:
+        return self._rms(h) * self.g_out
+
+    def start_as_last_tap(self, norm: torch.Tensor | None) -> None:
+        """Start as "the next feature is this row's last tapped layer, normed as the target norms
+        its last": fc takes a^k alone (attention and MLP start at zero) and g_out is the target's
+        final-norm weight ``norm`` [H] (kept at ones without it)."""
+        k, H = len(self.cfg.taps), self.cfg.hidden_size
+        with torch.no_grad():
+            self.fuse.weight.zero_()
+            self.fuse.weight[:, (k - 1) * H:] = torch.eye(H)
+            if norm is not None:
+                self.g_out.copy_(norm.float())
+
+
+def eagle_module(cfg: EagleConfig) -> EagleHead | EagleMLPHead | Eagle3Head:
     """The module of the config's form."""
-    return EagleMLPHead(cfg) if cfg.form == "head" else EagleHead(cfg)
+    return {"head": EagleMLPHead, "eagle3": Eagle3Head}.get(cfg.form, EagleHead)(cfg)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

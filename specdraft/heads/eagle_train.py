@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ..errors import ParameterError
 from .data import FeatureSet
-from .eagle import EagleConfig, EagleHead, EagleMLPHead, eagle_module
+from .eagle import Eagle3Head, EagleConfig, EagleHead, EagleMLPHead, eagle_module
 from .train import sampled_softmax, split_documents, warmup_cosine
 from .vocab import as_draft_indices
 
@@ -47,9 +47,10 @@ class EagleTrainConfig:
     start: str = "identity"  # layer form: "identity" starts as h = f (start_as_identity); "random": fc at random
     holdout: float = 0.05
     seed: int = 0
-    form: str = "layer"  # heads.eagle: "layer" (EAGLE-1 layer) or "head" (attention in front of an MLP head's step)
+    form: str = "layer"  # heads.eagle: "layer" (EAGLE-1 layer), "head" (attention in front of an MLP head's
+    # step) or "eagle3" (EAGLE-3's layer over the fused raw outputs of the taps)
     heads: int = 0  # the layer's query heads (0: the target's; a multiple of its key/value heads)
-    taps: tuple[int, ...] = ()  # form "head": target layers fused into real rows' features
+    taps: tuple[int, ...] = ()  # forms "head", "eagle3": target layers fused into real rows' features
 
     def __post_init__(self):
         object.__setattr__(self, "taps", tuple(self.taps))
@@ -109,7 +110,7 @@ def _gather(data: FeatureSet, batch: list[tuple], top: torch.Tensor, taps: bool 
     return data.features[idx].float(), data.tokens[idx], top[idx], pos, lengths, aux
 
 
-def unrolled(head: EagleHead | EagleMLPHead, feats, tokens, pos, lengths, emb: torch.Tensor, steps: int,
+def unrolled(head: EagleHead | EagleMLPHead | Eagle3Head, feats, tokens, pos, lengths, emb: torch.Tensor, steps: int,
              aux: torch.Tensor | None = None):
     """The layer's predictions for every start p and step j: [(h_j [B, P, H], valid_j [B, P])]
     with P = T - 1 pairs; valid_j: the step's input token and its target exist. aux [B, T, k, H]:
@@ -153,8 +154,8 @@ def unrolled(head: EagleHead | EagleMLPHead, feats, tokens, pos, lengths, emb: t
         for i, vc in enumerate(chain_v):
             att = att + w[..., P + i, None] * vc[:, :, None]
         att = att.permute(0, 3, 1, 2, 4).reshape(B, P, c.num_heads, c.head_dim)
-        h = head.finish(x, att)  # [B, P, H]
-        out.append((h, p_idx[None, :] <= lengths[:, None] - j - 2))
+        h = head.finish(x, att)  # [B, P, H], the next step's input
+        out.append((head.readout(h), p_idx[None, :] <= lengths[:, None] - j - 2))
     return out
 
 
@@ -176,7 +177,7 @@ def _loss(head, batch_tensors, emb, w_out, cfg: EagleTrainConfig, negatives: tor
 
 
 @torch.no_grad()
-def agreement(head: EagleHead | EagleMLPHead, data: FeatureSet, items: list[tuple], emb, w_out, steps: int,
+def agreement(head: EagleHead | EagleMLPHead | Eagle3Head, data: FeatureSet, items: list[tuple], emb, w_out, steps: int,
               top: torch.Tensor | None = None) -> list[float] | None:
     """Share of (start, step j) where the layer's greedy guess over its vocabulary (the rows
     w_out [V', H]) is the target's choice, given the true tokens before it, per step (None
@@ -214,12 +215,13 @@ def train_eagle(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, shape:
                 cfg: EagleTrainConfig = EagleTrainConfig(), *, target_name: str = "", log=print,
                 seconds: float | None = None, doc_weight: torch.Tensor | None = None,
                 checkpoint: str | Path | None = None, init: torch.Tensor | None = None,
-                vocab_ids: torch.Tensor | None = None, start_head=None) -> tuple[EagleHead | EagleMLPHead, dict]:
+                vocab_ids: torch.Tensor | None = None, start_head=None) -> tuple[EagleHead | EagleMLPHead | Eagle3Head, dict]:
     """Train an EAGLE layer. emb [V, H]: the target's embedding; w_out [V', H] its output head's
     rows for the drafter's vocabulary, the first ``cfg.vocab`` ids or ``vocab_ids`` [V'] (fp32);
     doc_weight [D]: how often each document counts per epoch; ``checkpoint``: a file the run is
     saved to every few minutes and resumed from when it exists; ``init`` [H]: the target's
-    final-norm weight, the output gain's start when ``cfg.start`` is "random" (layer form);
+    final-norm weight, the output gain's start when ``cfg.start`` is "random" (layer form) and
+    in the "eagle3" form;
     ``start_head``: the MLP head (heads.model.FeatureHead) a "head" form layer starts as. Returns
     the layer and its report (held-out agreement per step: every document, and those of the
     largest weight). ValueError when the features lack the taps asked for or ``start_head`` does
@@ -241,6 +243,8 @@ def train_eagle(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, shape:
     if cfg.form == "head":
         if start_head is not None:
             head.start_from(start_head)
+    elif cfg.form == "eagle3":
+        head.start_as_last_tap(init)
     elif cfg.start == "identity":
         start_as_identity(head, data.features)
     elif init is not None:

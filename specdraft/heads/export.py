@@ -2,13 +2,22 @@
 
 EAGLE -> vLLM's speculators layout (``--to vllm``):
 
-heads.eagle is the EAGLE-1 / HASS layer with layernorms, which speculators describes as
+heads.eagle's "layer" form is the EAGLE-1 / HASS layer with layernorms, which speculators describes as
 ``speculators_model_type: "eagle"`` with ``layernorms: true`` and ``fusion_bias: false``: an
 embedding norm, ``fusion_fc`` over [embedding ; verifier hidden state], one LlamaDecoderLayer
 (its input norm kept; q/k/v biases as Qwen2's) and a norm before the verifier's output head.
 The weights map one to one (names below); only fc's two input halves swap places, since
 speculators concatenates the embedding first. The verifier's embedding and output head are not
 stored: the serving engine attaches the verifier's own.
+
+EAGLE-3 -> speculators' "eagle3" layout (``--to vllm``) and SGLang's ``LlamaForCausalLMEagle3``
+layout (``--to sglang``): heads.eagle's "eagle3" form is that layer (norm_before_residual false:
+the residual is fc's output unnormed; the attention reads [embedding ; hidden], both normed). fc
+maps the tapped layers' raw outputs, low to high; q/k/v read 2H. Its guesses come from the
+target's output-head rows of its listed ids, written as the drafter's own ``lm_head`` [V', H]
+with EAGLE-3's maps: ``d2t`` [V'] int64 (target id = draft index + d2t) and ``t2d`` [V] bool.
+The tapped layers are named as each engine counts them: speculators / vLLM by the layer whose
+input is captured (tap + 1), SGLang by the layer whose output is (the tap itself).
 
 Medusa -> the ``medusa_num_heads`` layout vLLM's Medusa model loads (``--to medusa``): one
 residual block per head, ``blocks.{i}.layers.0.{weight,bias}`` (``medusa_fc_bias``), one output
@@ -25,7 +34,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..errors import ParameterError
-from .eagle import EagleHead
+from .eagle import Eagle3Head, EagleHead
 from .medusa import MedusaHeads
 
 SPECULATORS_VERSION = "0.3.0"  # the speculators release whose "eagle" config fields this writes
@@ -60,16 +69,7 @@ def vllm_tensors(head: EagleHead) -> dict[str, torch.Tensor]:
 def vllm_config(head: EagleHead, verifier: str, verifier_config: dict) -> dict:
     """config.json of the speculators "eagle" model for ``verifier`` (its HF id or path) whose
     config.json is ``verifier_config``."""
-    c = head.cfg
-    layer = {
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1,
-        "hidden_size": c.hidden_size, "intermediate_size": c.inner, "num_attention_heads": c.num_heads,
-        "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim, "hidden_act": "silu",
-        "rms_norm_eps": c.eps, "rope_theta": c.rope_theta, "attention_bias": True, "mlp_bias": False,
-        "vocab_size": verifier_config["vocab_size"],
-        "max_position_embeddings": verifier_config.get("max_position_embeddings", 4096),
-        "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-    }
+    layer = {**_llama_layer_config(head, verifier_config), "attention_bias": True}  # Qwen2's q/k/v biases
     return {
         "architectures": ["EagleSpeculator", "LlamaDecoderLayer"],
         "speculators_model_type": "eagle",
@@ -79,13 +79,89 @@ def vllm_config(head: EagleHead, verifier: str, verifier_config: dict) -> dict:
         "layernorms": True,
         "fusion_bias": False,
         "torch_dtype": "bfloat16",
-        "speculators_config": {
-            "algorithm": "eagle",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": PROPOSED_TOKENS}],
-            "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": verifier, "architectures": verifier_config.get("architectures", [])},
-        },
+        "speculators_config": _speculators_config("eagle", verifier, verifier_config),
     }
+
+
+def _speculators_config(algorithm: str, verifier: str, verifier_config: dict, **proposal) -> dict:
+    """speculators_config: greedy proposals of PROPOSED_TOKENS (``proposal``: more fields of the
+    method) checked by ``verifier``."""
+    return {
+        "algorithm": algorithm,
+        "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": PROPOSED_TOKENS, **proposal}],
+        "default_proposal_method": "greedy",
+        "verifier": {"name_or_path": verifier, "architectures": verifier_config.get("architectures", [])},
+    }
+
+
+def _eagle3_layer(head: Eagle3Head) -> dict[str, torch.Tensor]:
+    """The layer's weights under the names the decoder layer has in both layouts (before their
+    prefix): Llama's, plus EAGLE-3's hidden_norm."""
+    c = head.cfg
+    q, k, v = head.qkv.weight.split([c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim,
+                                     c.num_kv_heads * c.head_dim])  # [*, 2H]: [embedding ; hidden]
+    gate, up = head.gate_up.weight.chunk(2)
+    return {"input_layernorm.weight": head.ln_e, "hidden_norm.weight": head.ln_h,
+            "post_attention_layernorm.weight": head.ln2,
+            "self_attn.q_proj.weight": q, "self_attn.k_proj.weight": k, "self_attn.v_proj.weight": v,
+            "self_attn.o_proj.weight": head.o.weight,
+            "mlp.gate_proj.weight": gate, "mlp.up_proj.weight": up, "mlp.down_proj.weight": head.down.weight}
+
+
+def eagle3_tensors(head: Eagle3Head, lm_rows: torch.Tensor, layer_prefix: str,
+                   target_vocab: int) -> dict[str, torch.Tensor]:
+    """The weights (bf16) and vocabulary maps of an "eagle3" drafter, its decoder layer's names
+    under ``layer_prefix`` ("layers.0." for speculators, "midlayer." for SGLang); lm_rows [V', H]:
+    the target's output-head rows of the drafter's ids."""
+    ids = head.token_ids()
+    if bool((ids[1:] <= ids[:-1]).any()):
+        raise ParameterError("EAGLE-3's vocabulary maps need the drafter's ids in ascending order")
+    out = {"fc.weight": head.fuse.weight, "norm.weight": head.g_out, "lm_head.weight": lm_rows,
+           **{layer_prefix + name: t for name, t in _eagle3_layer(head).items()}}
+    tensors = {name: t.detach().to(torch.bfloat16).contiguous() for name, t in out.items()}
+    tensors["d2t"] = (ids - torch.arange(len(ids))).to(torch.int64)
+    tensors["t2d"] = torch.zeros(target_vocab, dtype=torch.bool).index_fill_(0, ids, True)
+    return tensors
+
+
+def _llama_layer_config(head: EagleHead | Eagle3Head, verifier_config: dict) -> dict:
+    """The Llama config of the drafter's one decoder layer (vocab_size: the target's; no biases)."""
+    c = head.cfg
+    return {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1,
+        "hidden_size": c.hidden_size, "intermediate_size": c.inner, "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim, "hidden_act": "silu",
+        "rms_norm_eps": c.eps, "rope_theta": c.rope_theta, "attention_bias": False, "mlp_bias": False,
+        "vocab_size": verifier_config["vocab_size"],
+        "max_position_embeddings": verifier_config.get("max_position_embeddings", 4096),
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    }
+
+
+def speculators_eagle3_config(head: Eagle3Head, verifier: str, verifier_config: dict) -> dict:
+    """config.json of the speculators "eagle3" model for ``verifier``."""
+    c = head.cfg
+    return {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
+        "transformer_layer_config": _llama_layer_config(head, verifier_config),
+        "draft_vocab_size": c.vocab,
+        "norm_before_residual": False,  # vLLM assumes True when it is missing: always written
+        "target_hidden_size": c.hidden_size,
+        "eagle_aux_hidden_state_layer_ids": [t + 1 for t in c.taps],  # the layers whose input is captured
+        "torch_dtype": "bfloat16",
+        "speculators_config": _speculators_config("eagle3", verifier, verifier_config, verifier_accept_k=1,
+                                                  accept_tolerance=0.0),
+    }
+
+
+def sglang_eagle3_config(head: Eagle3Head, verifier_config: dict) -> dict:
+    """config.json of SGLang's LlamaForCausalLMEagle3 (the original EAGLE-3 checkpoints' layout)."""
+    c = head.cfg
+    return {**_llama_layer_config(head, verifier_config), "architectures": ["LlamaForCausalLMEagle3"],
+            "draft_vocab_size": c.vocab, "target_hidden_size": c.hidden_size,
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(c.taps), "use_aux_hidden_state": True}}
 
 
 def medusa_tensors(heads: MedusaHeads, lm_rows: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -113,35 +189,46 @@ def medusa_config(heads: MedusaHeads, verifier: str, verifier_config: dict) -> d
     }
 
 
-LAYOUTS = {"vllm": EagleHead, "medusa": MedusaHeads}  # --to: the drafter kind it writes
+# --to: the drafter classes it writes, and the kind of drafter that is (train-drafter --kind)
+LAYOUTS = {"vllm": ((EagleHead, Eagle3Head), "eagle"), "sglang": ((Eagle3Head,), "eagle"),
+           "medusa": ((MedusaHeads,), "medusa")}
 
 
 def check_layout(to: str) -> None:
     """A one-line ParameterError unless ``to`` is a layout this module writes."""
     if to not in LAYOUTS:
-        raise ParameterError(f"--to {to}: the layouts written are 'vllm' (speculators' eagle) and 'medusa'; "
-                             "SGLang's and vLLM's EAGLE-3 layouts need a drafter on several target layers")
+        raise ParameterError(f"--to {to}: the layouts written are 'vllm' (speculators' eagle and eagle3), "
+                             "'sglang' (EAGLE-3) and 'medusa'")
 
 
 def export(head, out: str | Path, to: str, verifier: str, verifier_config: dict,
            lm_rows: torch.Tensor | None = None) -> list[Path]:
-    """Write ``head`` in the layout ``to`` into directory ``out`` (Medusa: with ``lm_rows`` [V', H],
-    the target's output head's first rows); returns the files written."""
+    """Write ``head`` in the layout ``to`` into directory ``out`` (Medusa and EAGLE-3: with
+    ``lm_rows`` [V', H], the target's output-head rows of the drafter's ids); returns the files
+    written."""
     check_layout(to)
     if getattr(head.cfg, "form", None) == "head":
         raise ParameterError("this EAGLE drafter is of the 'head' form (attention in front of the MLP head's step, "
                              "whose MLP reads the token too): no serving engine's layout holds it; "
-                             "--to vllm exports the 'layer' form (train-drafter --kind eagle without --init)")
-    if not isinstance(head, LAYOUTS[to]):
-        kind = "eagle" if to == "vllm" else "medusa"
-        raise ParameterError(f"--to {to} writes {kind} drafters (train one with `specdraft train-drafter --kind {kind}`)")
+                             "train the 'eagle3' form (train-drafter --kind eagle --taps ...) to export")
+    classes, kind = LAYOUTS[to]
+    if not isinstance(head, classes):
+        how = "--kind eagle --taps LAYERS" if to == "sglang" else f"--kind {kind}"
+        raise ParameterError(f"--to {to} writes {'EAGLE-3' if to == 'sglang' else kind} drafters "
+                             f"(train one with `specdraft train-drafter {how}`)")
+    if lm_rows is None and not isinstance(head, EagleHead):
+        raise ParameterError("this export needs the target's output head")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    if to == "vllm":
+    if isinstance(head, EagleHead):
         tensors, config = vllm_tensors(head), vllm_config(head, verifier, verifier_config)
+    elif to == "vllm":
+        tensors = eagle3_tensors(head, lm_rows, "layers.0.", verifier_config["vocab_size"])
+        config = speculators_eagle3_config(head, verifier, verifier_config)
+    elif to == "sglang":
+        tensors = eagle3_tensors(head, lm_rows, "midlayer.", verifier_config["vocab_size"])
+        config = sglang_eagle3_config(head, verifier_config)
     else:
-        if lm_rows is None:
-            raise ParameterError("a Medusa export needs the target's output head")
         tensors, config = medusa_tensors(head, lm_rows), medusa_config(head, verifier, verifier_config)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
