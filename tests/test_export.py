@@ -144,6 +144,7 @@ def test_eagle3_export_reloads_and_computes_the_same_features(head3, to, tmp_pat
     lm = torch.randn(96, H).to(torch.bfloat16).float()  # the target's output head [V, H]
     files = export(head3, tmp_path / to, to, "Qwen/Qwen2.5-Coder-1.5B-Instruct", VERIFIER, lm[head3.vocab_ids])
     assert [p.name for p in files] == ["config.json", "model.safetensors"]
+    assert all(p.stat().st_mode & 0o444 == 0o444 for p in files)  # readable by the engine's user
     config = json.loads((tmp_path / to / "config.json").read_text())
     if to == "vllm":
         assert config["speculators_model_type"] == "eagle3" and config["architectures"] == ["Eagle3Speculator"]

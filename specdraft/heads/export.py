@@ -231,5 +231,6 @@ def export(head, out: str | Path, to: str, verifier: str, verifier_config: dict,
     else:
         tensors, config = medusa_tensors(head, lm_rows), medusa_config(head, verifier, verifier_config)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "model.safetensors").chmod(0o644)  # safetensors writes 0600; a serving engine may run as another user
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return [out / "config.json", out / "model.safetensors"]
