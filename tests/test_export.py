@@ -230,4 +230,12 @@ def test_other_layouts_and_kinds_are_refused_in_one_line(head, tmp_path):
                                        form="head"))
     with pytest.raises(ParameterError, match="'head' form"):
         export(on_head, tmp_path, "vllm", "x", VERIFIER)
+    head3 = Eagle3Head(EagleConfig(hidden_size=H, num_heads=4, num_kv_heads=2, head_dim=16, inner=16, vocab=4,
+                                   form="eagle3", taps=(0,), listed_vocab=True))
+    head3.vocab_ids.copy_(torch.tensor([3, 1, 5, 7]))
+    with pytest.raises(ParameterError, match="ascending order"):
+        export(head3, tmp_path / "out", "sglang", "x", VERIFIER, torch.zeros(4, H))
+    head3.vocab_ids.copy_(torch.tensor([3, 5, 7, 96]))
+    with pytest.raises(ParameterError, match="past the target's 96 ids"):
+        export(head3, tmp_path / "out", "vllm", "x", VERIFIER, torch.zeros(4, H))
     assert not any(tmp_path.iterdir())  # nothing written

@@ -116,6 +116,9 @@ def eagle3_tensors(head: Eagle3Head, lm_rows: torch.Tensor, layer_prefix: str,
     ids = head.token_ids()
     if bool((ids[1:] <= ids[:-1]).any()):
         raise ParameterError("EAGLE-3's vocabulary maps need the drafter's ids in ascending order")
+    if int(ids.max()) >= target_vocab:
+        raise ParameterError(f"the drafter guesses token id {int(ids.max())}, past the target's {target_vocab} ids: "
+                             "it was trained for another target")
     out = {"fc.weight": head.fuse.weight, "norm.weight": head.g_out, "lm_head.weight": lm_rows,
            **{layer_prefix + name: t for name, t in _eagle3_layer(head).items()}}
     tensors = {name: t.detach().to(torch.bfloat16).contiguous() for name, t in out.items()}
@@ -218,8 +221,6 @@ def export(head, out: str | Path, to: str, verifier: str, verifier_config: dict,
                              f"(train one with `specdraft train-drafter {how}`)")
     if lm_rows is None and not isinstance(head, EagleHead):
         raise ParameterError("this export needs the target's output head")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     if isinstance(head, EagleHead):
         tensors, config = vllm_tensors(head), vllm_config(head, verifier, verifier_config)
     elif to == "vllm":
@@ -230,6 +231,8 @@ def export(head, out: str | Path, to: str, verifier: str, verifier_config: dict,
         config = sglang_eagle3_config(head, verifier_config)
     else:
         tensors, config = medusa_tensors(head, lm_rows), medusa_config(head, verifier, verifier_config)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "model.safetensors").chmod(0o644)  # safetensors writes 0600; a serving engine may run as another user
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
