@@ -37,9 +37,8 @@ class EagleDrafter(FeatureHeadDrafter):
         self.cached = 0  # pairs in the cache: positions 0..cached-1
         self.pending: list[torch.Tensor] = []  # [m, H] features whose pairs are not cached yet
         self.node_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # this draft's stepped nodes
-        if c.form == "eagle3":  # its steps carry h unnormed; the output head reads rms(h) * g_out
-            rows = self.out
-            self.out = lambda h: rows(head.readout(h))
+        rows = self.out  # the output head reads a step's output through the form's readout
+        self.out = lambda h: rows(head.readout(h))  # (eagle3: rms(h) * g_out; the others: h)
 
     def build_step(self, head) -> dict:
         """The layer's matrices (head.LINEARS) in int8 (per output channel) with ~14-bit

@@ -156,6 +156,14 @@ class _Layer(FusedEntry, ListedVocab, torch.nn.Module):
         gate, up = self._lin(lin, "gate_up")(self._rms(x) * self.ln2).chunk(2, -1)
         return x + self._lin(lin, "down")(F.silu(gate) * up)
 
+    def _pair_heads(self, x: torch.Tensor, g_e: torch.Tensor, g_f: torch.Tensor, cos: torch.Tensor,
+                    sin: torch.Tensor, lin: dict | None):
+        """The "head" and "eagle3" forms' attention input: x = [f ; e] [..., 2H] (what their
+        inputs() gives) -> q, k, v of [rms(e) * g_e ; rms(f) * g_f] (the embedding first)."""
+        f, e = x.chunk(2, -1)
+        z = torch.cat([self._rms(e) * g_e, self._rms(f) * g_f], -1)  # [..., 2H]
+        return self._heads(self._lin(lin, "qkv")(z), cos, sin)
+
     def readout(self, h: torch.Tensor) -> torch.Tensor:
         """What the output head reads from a step's output h [..., H]: h itself (the "layer" and
         "head" forms end normed; "eagle3" carries h unnormed to its next step)."""
@@ -218,9 +226,7 @@ class EagleMLPHead(MLPStep, _Layer):
         return torch.cat([f, e], -1)
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lin: dict | None = None):
-        f, e = x.chunk(2, -1)
-        z = torch.cat([self._rms(e) * self.a_e, self._rms(f) * self.a_f], -1)  # [..., 2H]
-        return self._heads(self._lin(lin, "qkv")(z), cos, sin)
+        return self._pair_heads(x, self.a_e, self.a_f, cos, sin, lin)
 
     def finish(self, x: torch.Tensor, attended: torch.Tensor, lin: dict | None = None) -> torch.Tensor:
         f, e = x.chunk(2, -1)
@@ -262,13 +268,10 @@ class Eagle3Head(_Layer):
         feature, is not read)."""
         return (fuse or self.fuse)(aux.flatten(-2))
 
-    def inputs(self, f: torch.Tensor, e: torch.Tensor, lin: dict | None = None) -> torch.Tensor:
-        return torch.cat([f, e], -1)
+    inputs = EagleMLPHead.inputs  # [g ; E[x]]
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lin: dict | None = None):
-        g, e = x.chunk(2, -1)
-        z = torch.cat([self._rms(e) * self.ln_e, self._rms(g) * self.ln_h], -1)  # [..., 2H]
-        return self._heads(self._lin(lin, "qkv")(z), cos, sin)
+        return self._pair_heads(x, self.ln_e, self.ln_h, cos, sin, lin)
 
     def finish(self, x: torch.Tensor, attended: torch.Tensor, lin: dict | None = None) -> torch.Tensor:
         return self.block(x.chunk(2, -1)[0], attended, lin)
