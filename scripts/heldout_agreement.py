@@ -11,7 +11,11 @@ of the first N ids against the N most frequent for several N.
 With --holdout H, HELDOUT is the training files of a `train-drafter` run (commas between them,
 --weights as its --answer-weight gave them: 1 for the corpus, the weight for answers) and the
 drafters are judged on the documents that run held out (the same split, seed 0), all of them and
-those of the largest weight (the answers)."""
+those of the largest weight (the answers).
+
+With --bench N, HELDOUT is the target's greedy answers (128 new tokens, taps 1,13,24) to the first N
+Spec-Bench dev prompts of each category, recorded into HELDOUT when it does not exist: agreement on
+the bench's own text, all and per category (to measure drafters; never to train them)."""
 from __future__ import annotations
 
 import argparse
@@ -20,9 +24,10 @@ from pathlib import Path
 
 import torch
 
+from specdraft.bench.prompts import PACKAGED_PROMPTS, load_prompts, select_prompts
 from specdraft.drafters.feature_head import output_weight
 from specdraft.heads import train
-from specdraft.heads.data import FeatureSet, concat
+from specdraft.heads.data import FeatureSet, concat, record_answers
 from specdraft.heads.eagle_train import agreement as eagle_agreement
 from specdraft.heads.eagle_train import stretches
 from specdraft.heads.medusa import agreement as heads_agreement
@@ -39,10 +44,24 @@ def main() -> None:
     p.add_argument("--target", default="qwen2.5-coder-1.5b")
     p.add_argument("--holdout", type=float, default=None)
     p.add_argument("--weights", default=None)
+    p.add_argument("--bench", type=int, default=None)
     args = p.parse_args()
+    sd = Speculator(args.target, dtype="fp32", runtime="native", max_length=2048, load_draft=False)
+    target = sd.target.model
+    if args.bench:
+        prompts = select_prompts(load_prompts(PACKAGED_PROMPTS), per_category=args.bench)
+        if not Path(args.heldout).is_file():
+            record_answers(target, (sd.encode_prompt(p.text) for p in prompts), max_new_tokens=128,
+                           eos_ids=sd.target.eos_ids, taps=(1, 13, 24)).save(args.heldout)
     sets = [FeatureSet.load(f) for f in args.heldout.split(",")]
     held = concat(sets)
     groups = {"all": torch.arange(len(held.starts) - 1)}
+    if args.bench:  # one document a prompt, in order
+        if len(held.starts) - 1 != len(prompts):
+            raise SystemExit(f"{args.heldout} holds {len(held.starts) - 1} answers, not one for each of {len(prompts)} prompts")
+        for i, prompt in enumerate(prompts):
+            groups.setdefault(prompt.category, []).append(i)
+        groups = {k: torch.tensor(v) if isinstance(v, list) else v for k, v in groups.items()}
     if args.holdout is not None:
         weights = [int(w) for w in args.weights.split(",")] if args.weights else [1] * len(sets)
         weight = torch.cat([torch.full((len(fs.starts) - 1,), w) for fs, w in zip(sets, weights)])
@@ -56,7 +75,6 @@ def main() -> None:
             print(f"{n:6d} ids: frequency-ranked {listed.float().mean():.4f}, first {(choices < n).float().mean():.4f}")
     if not args.drafters:
         return
-    target = Speculator(args.target, dtype="fp32", runtime="native", max_length=1024, load_draft=False).target.model
     for d in args.drafters:
         kind = json.loads((Path(d) / "head.json").read_text()).get("kind", "mlp")
         head = load_head(d, kind)

@@ -1,5 +1,5 @@
 """Record the target's features on text or on its own answers, with chosen corpus and request seeds:
-python scripts/record_features.py text|answers MINUTES OUT.pt [--seed S] [--taps 1,13,24]
+python scripts/record_features.py text|answers MINUTES OUT.pt [--seed S] [--taps 1,13,24] [--requests self]
 
 `specdraft train-drafter --features F --answers A` records missing files itself, always from the
 corpus shuffled with seed 0 and the Nth answers file from request set N; this records a set from
@@ -16,6 +16,7 @@ import time
 
 from specdraft.heads.corpus import chat_requests, default_corpus
 from specdraft.heads.data import encode_corpus, record, record_answers
+from specdraft.heads.requests import self_requests
 from specdraft.pipeline import Speculator
 
 
@@ -27,6 +28,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0, help="text: the corpus shuffle; answers: the request set")
     p.add_argument("--taps", default="1,13,24")
     p.add_argument("--target", default="qwen2.5-coder-1.5b")
+    p.add_argument("--requests", choices=("templates", "self"), default="templates",
+                   help="answers: to templated requests, or to requests the target writes itself (Magpie)")
     args = p.parse_args()
     taps = tuple(int(x) for x in args.taps.split(",")) if args.taps else ()
     sd = Speculator(args.target, dtype="fp32", runtime="native", max_length=1024, load_draft=False)
@@ -36,7 +39,9 @@ def main() -> None:
         data = record(target, encode_corpus(sd.tokenizer, default_corpus(seed=args.seed)), seconds=args.minutes * 60,
                       taps=taps)
     else:
-        data = record_answers(target, (sd.encode_prompt(r) for r in chat_requests(5000, seed=args.seed)),
+        requests = chat_requests(5000, seed=args.seed) if args.requests == "templates" else \
+            self_requests(target, sd.tokenizer, 5000, seed=args.seed, eos_ids=sd.target.eos_ids)
+        data = record_answers(target, (sd.encode_prompt(r) for r in requests),
                               eos_ids=sd.target.eos_ids, seconds=args.minutes * 60, taps=taps)
     data.save(args.out)
     print(f"{args.what}: {len(data)} positions, {len(data.starts) - 1} documents, {time.perf_counter() - t0:.0f} s")

@@ -25,6 +25,7 @@ from .eagle_train import EagleTrainConfig, TargetShape, train_eagle
 from .medusa import KINDS as MEDUSA_KINDS
 from .medusa import MedusaTrainConfig, train_medusa
 from .model import FeatureHead, load_head, shipped_head_dir
+from .requests import self_requests
 from .train import TrainConfig, split_documents, train_head
 from .vocab import choice_counts, frequent_ids
 
@@ -69,6 +70,9 @@ def add_train_args(p, *, kind: str | None = None) -> None:
                    help="longest time spent teacher-forcing the target over the text corpus")
     p.add_argument("--answer-minutes", type=float, default=22.0,
                    help="time spent letting the target answer generated chat requests (its own words teach best)")
+    p.add_argument("--requests", choices=("templates", "self"), default="templates",
+                   help="what the target answers when answers are recorded: templated chat requests, or requests "
+                        "it writes itself from the chat template's user turn (Magpie; more varied, slower to make)")
     p.add_argument("--answer-weight", type=int, default=3, help="how many times the answers count against the corpus")
     p.add_argument("--train-minutes", type=float, default=None,
                    help="stop training after this long (eagle: a checkpoint in --out resumes it on the next run)")
@@ -135,11 +139,18 @@ def _feature_sets(args, sd: Speculator, taps: tuple[int, ...] = ()) -> list[tupl
     for seed, path in enumerate(answer_files, start=1):
         if args.answer_weight and (args.answer_minutes > 0 or (path and Path(path).is_file())):
             sets.append((_recorded(path, "answer features", lambda progress, seed=seed: record_answers(
-                target, (sd.encode_prompt(r) for r in chat_requests(5000, seed=seed)), eos_ids=sd.target.eos_ids,
+                target, (sd.encode_prompt(r) for r in _requests(args.requests, sd, seed)), eos_ids=sd.target.eos_ids,
                 seconds=args.answer_minutes * 60, progress=progress, taps=taps), taps, target), args.answer_weight))
     if not sets:
         raise ParameterError("nothing to train on: give --record-minutes or --answer-minutes > 0")
     return sets
+
+
+def _requests(kind: str, sd: Speculator, seed: int):
+    """Request set ``seed`` of ``kind``: templated ones, or ones the target writes itself."""
+    if kind == "self":
+        return self_requests(sd.target.model, sd.tokenizer, 5000, seed=seed, eos_ids=sd.target.eos_ids)
+    return chat_requests(5000, seed=seed)
 
 
 def training_vocab(data, cfg, vocab_size: int) -> torch.Tensor:

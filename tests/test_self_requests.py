@@ -1,0 +1,67 @@
+"""Requests the target writes itself (heads.requests, Magpie) on a tiny random target with a
+character tokenizer and a made-up chat template."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _tiny import VOCAB, build_hf, load_native, save, save_char_tokenizer
+from specdraft.config import SamplingConfig
+from specdraft.heads import requests
+from specdraft.sampling import make_generator
+
+TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}[/]{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    directory = save(build_hf("qwen2", seed=3), tmp_path_factory.mktemp("selfreq") / "target")
+    save_char_tokenizer(directory)
+    tok = AutoTokenizer.from_pretrained(str(directory))
+    tok.chat_template = TEMPLATE
+    return load_native(directory), tok
+
+
+def test_user_turn_prefix_ends_where_the_message_begins(model_and_tokenizer):
+    _, tok = model_and_tokenizer
+    assert requests.user_turn_prefix(tok) == "<user>"
+
+
+def test_continuation_is_the_models_own_and_stops_at_eos(model_and_tokenizer):
+    model, _ = model_and_tokenizer
+    greedy = SamplingConfig()
+    prompt = [3, 1, 4, 1, 5]
+    got = requests.sample_continuation(model, prompt, max_new_tokens=6, eos_ids=(), generator=make_generator(0),
+                                       sampling=greedy)
+    model.reset()
+    ids, plain = list(prompt), []
+    for _ in range(6):  # plain greedy decoding, without a cache
+        plain.append(int(model.forward(torch.tensor(ids), last_only=True).logits[-1].argmax()))
+        model.reset()
+        ids.append(plain[-1])
+    assert got == plain
+    assert requests.sample_continuation(model, prompt, max_new_tokens=6, eos_ids={plain[0]},
+                                        generator=make_generator(0), sampling=greedy) == []
+    cut = requests.sample_continuation(model, prompt, max_new_tokens=6, eos_ids={plain[2]},
+                                       generator=make_generator(0), sampling=greedy)
+    assert cut == plain[:plain.index(plain[2])]
+
+
+def test_self_requests_are_reproducible_varied_and_open_as_steered(model_and_tokenizer, monkeypatch):
+    model, tok = model_and_tokenizer
+    monkeypatch.setattr(requests, "MIN_REQUEST_CHARS", 3)
+    monkeypatch.setattr(requests, "MAX_REQUEST_TOKENS", 12)
+    monkeypatch.setattr(requests, "OPENERS", ("ab", "cd"))
+    eos = {VOCAB - 1}
+    a = list(requests.self_requests(model, tok, 8, seed=5, eos_ids=eos))
+    b = list(requests.self_requests(model, tok, 8, seed=5, eos_ids=eos))
+    c = list(requests.self_requests(model, tok, 8, seed=6, eos_ids=eos))
+    assert a == b and a != c
+    assert 0 < len(a) <= 8 and len(set(a)) > 1
+    assert all(len(r) >= 3 for r in a)
+    # every request opens with one of the steering openings and goes on with sampled text
+    assert all(r[:2] in ("ab", "cd") and len(r) > 2 for r in a)
+    assert {r[:2] for r in a} == {"ab", "cd"}
