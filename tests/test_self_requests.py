@@ -65,3 +65,27 @@ def test_self_requests_are_reproducible_varied_and_open_as_steered(model_and_tok
     # every request opens with one of the steering openings and goes on with sampled text
     assert all(r[:2] in ("ab", "cd") and len(r) > 2 for r in a)
     assert {r[:2] for r in a} == {"ab", "cd"}
+
+
+def test_train_drafter_records_answers_to_the_targets_own_requests(tmp_path, capsys):
+    from transformers import AutoTokenizer
+
+    from _tiny import make_cli_model
+    from specdraft.cli import main
+    from specdraft.heads.data import FeatureSet
+
+    tiny = make_cli_model(tmp_path / "tiny")
+    common = ["train-drafter", "--kind", "mlp", "--target", str(tiny), "--record-minutes", "0", "--epochs", "1",
+              "--batch", "8", "--requests", "self", "--answers", str(tmp_path / "a.pt"), "--answer-minutes", "0.03"]
+    assert main([*common, "--out", str(tmp_path / "h0")]) == 2  # a model without a chat template: one line
+    err = capsys.readouterr().err.strip()
+    assert "--requests self needs a chat model" in err and "\n" not in err
+    assert not (tmp_path / "a.pt").exists() and not (tmp_path / "h0").exists()
+    tok = AutoTokenizer.from_pretrained(str(tiny))
+    tok.chat_template = TEMPLATE
+    tok.save_pretrained(str(tiny))
+    assert main([*common, "--out", str(tmp_path / "h1")]) == 0
+    answers = FeatureSet.load(tmp_path / "a.pt")
+    assert len(answers.starts) > 1 and answers.context is not None
+    prompt = tok.decode(answers.documents()[0])  # the template's user turn holds a request the model wrote
+    assert prompt.startswith("<user>") and "[/]<assistant>" in prompt

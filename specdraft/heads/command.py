@@ -149,6 +149,9 @@ def _feature_sets(args, sd: Speculator, taps: tuple[int, ...] = ()) -> list[tupl
 def _requests(kind: str, sd: Speculator, seed: int):
     """Request set ``seed`` of ``kind``: templated ones, or ones the target writes itself."""
     if kind == "self":
+        if not getattr(sd.tokenizer, "chat_template", None):
+            raise ParameterError("--requests self needs a chat model (a tokenizer with a chat template): the target "
+                                 "writes requests from its template's user turn; give --requests templates")
         return self_requests(sd.target.model, sd.tokenizer, 5000, seed=seed, eos_ids=sd.target.eos_ids)
     return chat_requests(5000, seed=seed)
 
