@@ -15,7 +15,8 @@ those of the largest weight (the answers).
 
 With --bench N, HELDOUT is the target's greedy answers (128 new tokens, taps 1,13,24) to the first N
 Spec-Bench dev prompts of each category, recorded into HELDOUT when it does not exist: agreement on
-the bench's own text, all and per category (to measure drafters; never to train them)."""
+the bench's own text, all and per category (to measure drafters; never to train them).
+--vocab N (with --coverage): MLP heads are judged over the N ids those files rank first."""
 from __future__ import annotations
 
 import argparse
@@ -45,6 +46,8 @@ def main() -> None:
     p.add_argument("--holdout", type=float, default=None)
     p.add_argument("--weights", default=None)
     p.add_argument("--bench", type=int, default=None)
+    p.add_argument("--vocab", type=int, default=None,
+                   help="with --coverage: judge MLP heads over the VOCAB ids those files rank first, not their own")
     args = p.parse_args()
     sd = Speculator(args.target, dtype="fp32", runtime="native", max_length=2048, load_draft=False)
     target = sd.target.model
@@ -79,6 +82,8 @@ def main() -> None:
         kind = json.loads((Path(d) / "head.json").read_text()).get("kind", "mlp")
         head = load_head(d, kind)
         ids = head.token_ids()
+        if args.vocab and args.coverage and kind == "mlp":
+            ids = frequent_ids(counts, args.vocab)
         w = output_weight(target, ids).float()
         top = draft_index(ids, len(target.embed))[held.top.long()]
         for name, docs in groups.items():
@@ -91,7 +96,7 @@ def main() -> None:
             else:
                 got = train._agreement(head, held, target.embed, w, train.start_rows(held, docs, 3), 3, top)
             listed = "listed" if getattr(head.cfg, "listed_vocab", False) else "first"
-            print(f"{d} {kind} {head.cfg.vocab} {listed} ids, coverage {cover:.4f}, agreement ({name}) {got}",
+            print(f"{d} {kind} {len(ids)} {listed} ids, coverage {cover:.4f}, agreement ({name}) {got}",
                   flush=True)
 
 
