@@ -70,9 +70,11 @@ def add_train_args(p, *, kind: str | None = None) -> None:
                    help="longest time spent teacher-forcing the target over the text corpus")
     p.add_argument("--answer-minutes", type=float, default=22.0,
                    help="time spent letting the target answer generated chat requests (its own words teach best)")
-    p.add_argument("--requests", choices=("templates", "self"), default="templates",
+    p.add_argument("--requests", choices=("auto", "templates", "self"), default="auto",
                    help="what the target answers when answers are recorded: templated chat requests, or requests "
-                        "it writes itself from the chat template's user turn (Magpie; more varied, slower to make)")
+                        "it writes itself from the chat template's user turn (Magpie: more varied, and drafters "
+                        "trained on them guess better on requests they never saw; slower to make); "
+                        "auto: self for a chat model, else templates")
     p.add_argument("--answer-weight", type=int, default=3, help="how many times the answers count against the corpus")
     p.add_argument("--train-minutes", type=float, default=None,
                    help="stop training after this long (eagle: a checkpoint in --out resumes it on the next run)")
@@ -147,9 +149,11 @@ def _feature_sets(args, sd: Speculator, taps: tuple[int, ...] = ()) -> list[tupl
 
 
 def _requests(kind: str, sd: Speculator, seed: int):
-    """Request set ``seed`` of ``kind``: templated ones, or ones the target writes itself."""
-    if kind == "self":
-        if not getattr(sd.tokenizer, "chat_template", None):
+    """Request set ``seed`` of ``kind``: templated ones, or ones the target writes itself ("auto":
+    those for a chat model)."""
+    chat = bool(getattr(sd.tokenizer, "chat_template", None))
+    if kind == "self" or (kind == "auto" and chat):
+        if not chat:
             raise ParameterError("--requests self needs a chat model (a tokenizer with a chat template): the target "
                                  "writes requests from its template's user turn; give --requests templates")
         return self_requests(sd.target.model, sd.tokenizer, 5000, seed=seed, eos_ids=sd.target.eos_ids)
