@@ -62,9 +62,8 @@ def main() -> None:
     if args.bench:  # one document a prompt, in order
         if len(held.starts) - 1 != len(prompts):
             raise SystemExit(f"{args.heldout} holds {len(held.starts) - 1} answers, not one for each of {len(prompts)} prompts")
-        for i, prompt in enumerate(prompts):
-            groups.setdefault(prompt.category, []).append(i)
-        groups = {k: torch.tensor(v) if isinstance(v, list) else v for k, v in groups.items()}
+        for category in dict.fromkeys(p.category for p in prompts):
+            groups[category] = torch.tensor([i for i, p in enumerate(prompts) if p.category == category])
     if args.holdout is not None:
         weights = [int(w) for w in args.weights.split(",")] if args.weights else [1] * len(sets)
         weight = torch.cat([torch.full((len(fs.starts) - 1,), w) for fs, w in zip(sets, weights)])

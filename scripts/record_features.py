@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from specdraft.heads.corpus import chat_requests, default_corpus
+from specdraft.heads.command import request_set
+from specdraft.heads.corpus import default_corpus
 from specdraft.heads.data import encode_corpus, record, record_answers
-from specdraft.heads.requests import self_requests
 from specdraft.pipeline import Speculator
 
 
@@ -39,9 +39,7 @@ def main() -> None:
         data = record(target, encode_corpus(sd.tokenizer, default_corpus(seed=args.seed)), seconds=args.minutes * 60,
                       taps=taps)
     else:
-        requests = chat_requests(5000, seed=args.seed) if args.requests == "templates" else \
-            self_requests(target, sd.tokenizer, 5000, seed=args.seed, eos_ids=sd.target.eos_ids)
-        data = record_answers(target, (sd.encode_prompt(r) for r in requests),
+        data = record_answers(target, (sd.encode_prompt(r) for r in request_set(args.requests, sd, args.seed)),
                               eos_ids=sd.target.eos_ids, seconds=args.minutes * 60, taps=taps)
     data.save(args.out)
     print(f"{args.what}: {len(data)} positions, {len(data.starts) - 1} documents, {time.perf_counter() - t0:.0f} s")

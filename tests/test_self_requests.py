@@ -94,14 +94,14 @@ def test_train_drafter_records_answers_to_the_targets_own_requests(tmp_path, cap
 def test_requests_auto_are_self_written_for_a_chat_model_and_templated_otherwise():
     import types
 
-    from specdraft.heads.command import _requests
+    from specdraft.heads.command import request_set
     from specdraft.heads.corpus import chat_requests
 
     class Tok:
         chat_template = None
 
     sd = types.SimpleNamespace(tokenizer=Tok(), target=types.SimpleNamespace(model=None, eos_ids=set()))
-    assert _requests("auto", sd, 2) == chat_requests(5000, seed=2) == _requests("templates", sd, 2)
+    assert request_set("auto", sd, 2) == chat_requests(5000, seed=2) == request_set("templates", sd, 2)
     Tok.chat_template = "{{ messages }}"
-    assert isinstance(_requests("auto", sd, 2), types.GeneratorType)  # self_requests, lazily
-    assert _requests("templates", sd, 2) == chat_requests(5000, seed=2)
+    assert isinstance(request_set("auto", sd, 2), types.GeneratorType)  # self_requests, lazily
+    assert request_set("templates", sd, 2) == chat_requests(5000, seed=2)

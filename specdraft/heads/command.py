@@ -141,14 +141,14 @@ def _feature_sets(args, sd: Speculator, taps: tuple[int, ...] = ()) -> list[tupl
     for seed, path in enumerate(answer_files, start=1):
         if args.answer_weight and (args.answer_minutes > 0 or (path and Path(path).is_file())):
             sets.append((_recorded(path, "answer features", lambda progress, seed=seed: record_answers(
-                target, (sd.encode_prompt(r) for r in _requests(args.requests, sd, seed)), eos_ids=sd.target.eos_ids,
+                target, (sd.encode_prompt(r) for r in request_set(args.requests, sd, seed)), eos_ids=sd.target.eos_ids,
                 seconds=args.answer_minutes * 60, progress=progress, taps=taps), taps, target), args.answer_weight))
     if not sets:
         raise ParameterError("nothing to train on: give --record-minutes or --answer-minutes > 0")
     return sets
 
 
-def _requests(kind: str, sd: Speculator, seed: int):
+def request_set(kind: str, sd: Speculator, seed: int):
     """Request set ``seed`` of ``kind``: templated ones, or ones the target writes itself ("auto":
     those for a chat model)."""
     chat = bool(getattr(sd.tokenizer, "chat_template", None))
