@@ -1,5 +1,5 @@
 """Record the target's features on text or on its own answers, with chosen corpus and request seeds:
-python scripts/record_features.py text|answers MINUTES OUT.pt [--seed S] [--taps 1,13,24] [--requests self]
+python scripts/record_features.py text|answers MINUTES OUT.pt [--seed S] [--taps 1,13,24] [--requests self|passages]
 
 `specdraft train-drafter --features F --answers A` records missing files itself, always from the
 corpus shuffled with seed 0 and the Nth answers file from request set N; this records a set from
@@ -28,8 +28,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0, help="text: the corpus shuffle; answers: the request set")
     p.add_argument("--taps", default="1,13,24")
     p.add_argument("--target", default="qwen2.5-coder-1.5b")
-    p.add_argument("--requests", choices=("templates", "self"), default="templates",
-                   help="answers: to templated requests, or to requests the target writes itself (Magpie)")
+    p.add_argument("--requests", choices=("templates", "self", "passages"), default="templates",
+                   help="answers: to templated requests, to requests the target writes itself (Magpie), or to "
+                        "requests carrying a passage it wrote (translation, summaries, questions over a document)")
     args = p.parse_args()
     taps = tuple(int(x) for x in args.taps.split(",")) if args.taps else ()
     sd = Speculator(args.target, dtype="fp32", runtime="native", max_length=1024, load_draft=False)

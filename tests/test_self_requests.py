@@ -2,6 +2,8 @@
 character tokenizer and a made-up chat template."""
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
@@ -67,6 +69,32 @@ def test_self_requests_are_reproducible_varied_and_open_as_steered(model_and_tok
     assert {r[:2] for r in a} == {"ab", "cd"}
 
 
+def test_passage_requests_wrap_a_passage_the_target_wrote(model_and_tokenizer, monkeypatch):
+    model, tok = model_and_tokenizer
+    monkeypatch.setattr(requests, "MIN_PASSAGE_CHARS", 3)
+    monkeypatch.setattr(requests, "MAX_TOPIC_TOKENS", 4)
+    monkeypatch.setattr(requests, "MAX_PASSAGE_TOKENS", 10)
+    monkeypatch.setattr(requests, "PASSAGE_TASKS", (("ab", "T: {p}"), ("cd", "{p} Q: {q}")))
+    eos = {VOCAB - 1}
+    a = list(requests.passage_requests(model, tok, 8, seed=5, eos_ids=eos))
+    assert a == list(requests.passage_requests(model, tok, 8, seed=5, eos_ids=eos))
+    assert a != list(requests.passage_requests(model, tok, 8, seed=6, eos_ids=eos))
+    assert 0 < len(a) <= 8
+    wrapped = [r for r in a if r.startswith("T: ")]
+    asked = [r for r in a if " Q: " in r]
+    assert wrapped and asked and len(wrapped) + len(asked) == len(a)
+    assert all(len(r.split(" Q: ")[1]) > 0 for r in asked)
+    # the passage is the target's own sampled answer to the writing request: same seed, same text
+    generator = requests.make_generator(5)
+    opener, wrap = random.Random(5).choice(requests.PASSAGE_TASKS)
+    topic = requests._first_line(model, tok, "<user>" + opener, max_new_tokens=4, eos_ids=eos, generator=generator)
+    passage = requests._answer(model, tok, f"{opener} {topic}".strip(), eos_ids=eos, generator=generator)
+    assert topic and len(passage) >= 3 and wrap == "{p} Q: {q}"  # seed 5's first request (for this tiny model)
+    question = requests._first_line(model, tok, f"<user>{passage}\n\nQuestion:", max_new_tokens=4, eos_ids=eos,
+                                    generator=generator)
+    assert question and a[0] == f"{passage} Q: {question}"
+
+
 def test_train_drafter_records_answers_to_the_targets_own_requests(tmp_path, capsys):
     from transformers import AutoTokenizer
 
@@ -94,6 +122,7 @@ def test_train_drafter_records_answers_to_the_targets_own_requests(tmp_path, cap
 def test_requests_auto_are_self_written_for_a_chat_model_and_templated_otherwise():
     import types
 
+    from specdraft.errors import ParameterError
     from specdraft.heads.command import request_set
     from specdraft.heads.corpus import chat_requests
 
@@ -105,3 +134,7 @@ def test_requests_auto_are_self_written_for_a_chat_model_and_templated_otherwise
     Tok.chat_template = "{{ messages }}"
     assert isinstance(request_set("auto", sd, 2), types.GeneratorType)  # self_requests, lazily
     assert request_set("templates", sd, 2) == chat_requests(5000, seed=2)
+    assert isinstance(request_set("passages", sd, 2), types.GeneratorType)  # passage_requests, lazily
+    Tok.chat_template = None
+    with pytest.raises(ParameterError, match="--requests passages needs a chat model"):
+        request_set("passages", sd, 2)

@@ -25,7 +25,7 @@ from .eagle_train import EagleTrainConfig, TargetShape, train_eagle
 from .medusa import KINDS as MEDUSA_KINDS
 from .medusa import MedusaTrainConfig, train_medusa
 from .model import FeatureHead, load_head, shipped_head_dir
-from .requests import self_requests
+from .requests import passage_requests, self_requests
 from .train import TrainConfig, split_documents, train_head
 from .vocab import choice_counts, frequent_ids
 
@@ -70,11 +70,12 @@ def add_train_args(p, *, kind: str | None = None) -> None:
                    help="longest time spent teacher-forcing the target over the text corpus")
     p.add_argument("--answer-minutes", type=float, default=22.0,
                    help="time spent letting the target answer generated chat requests (its own words teach best)")
-    p.add_argument("--requests", choices=("auto", "templates", "self"), default="auto",
+    p.add_argument("--requests", choices=("auto", "templates", "self", "passages"), default="auto",
                    help="what the target answers when answers are recorded: templated chat requests, or requests "
                         "it writes itself from the chat template's user turn (Magpie: more varied, and drafters "
-                        "trained on them guess better on requests they never saw; slower to make); "
-                        "auto: self for a chat model, else templates")
+                        "trained on them guess better on requests they never saw; slower to make), or requests "
+                        "that carry a passage it wrote (translation into English, summaries, questions over a "
+                        "document); auto: self for a chat model, else templates")
     p.add_argument("--answer-weight", type=int, default=3, help="how many times the answers count against the corpus")
     p.add_argument("--train-minutes", type=float, default=None,
                    help="stop training after this long (eagle: a checkpoint in --out resumes it on the next run)")
@@ -152,11 +153,12 @@ def request_set(kind: str, sd: Speculator, seed: int):
     """Request set ``seed`` of ``kind``: templated ones, or ones the target writes itself ("auto":
     those for a chat model)."""
     chat = bool(getattr(sd.tokenizer, "chat_template", None))
-    if kind == "self" or (kind == "auto" and chat):
+    if kind in ("self", "passages") or (kind == "auto" and chat):
         if not chat:
-            raise ParameterError("--requests self needs a chat model (a tokenizer with a chat template): the target "
+            raise ParameterError(f"--requests {kind} needs a chat model (a tokenizer with a chat template): the target "
                                  "writes requests from its template's user turn; give --requests templates")
-        return self_requests(sd.target.model, sd.tokenizer, 5000, seed=seed, eos_ids=sd.target.eos_ids)
+        write = passage_requests if kind == "passages" else self_requests
+        return write(sd.target.model, sd.tokenizer, 5000, seed=seed, eos_ids=sd.target.eos_ids)
     return chat_requests(5000, seed=seed)
 
 

@@ -28,6 +28,27 @@ SAMPLING = SamplingConfig(temperature=1.0, top_p=0.95)
 MAX_REQUEST_TOKENS = 96
 MIN_REQUEST_CHARS = 12
 
+# Requests that carry a passage, the part of a chat workload the openings above rarely reach:
+# translation into English, summarization, questions over a document. Each pair is (the opening
+# of a writing request, the request that wraps the target's answer to it); "{q}" is a question
+# about the passage, also written by the target.
+PASSAGE_TASKS = (
+    ("Schreibe einen kurzen Absatz auf Deutsch über", "Translate German to English: {p}"),
+    ("Schreibe ein paar Sätze über", "Translate German to English: {p}"),
+    ("Écris un court paragraphe en français sur", "Translate French to English: {p}"),
+    ("Escribe un párrafo corto en español sobre", "Translate Spanish to English: {p}"),
+    ("用中文写一段话，介绍", "Translate Chinese to English: {p}"),
+    ("Write a news article about", "Summarize: {p}"),
+    ("Write a news report on", "Summarize the following article:\n\n{p}"),
+    ("Write a short story about", "Summarize this text in a few sentences:\n\n{p}"),
+    ("Write an encyclopedia article about", "{p}\n\nAnswer the question using the text above: {q}"),
+    ("Describe the history of", "Read the document and answer the question.\n\nDocument: {p}\n\nQuestion: {q}"),
+)
+PASSAGE_SAMPLING = SamplingConfig(temperature=0.7, top_p=0.9)  # fluent passages, still varied
+MAX_TOPIC_TOKENS = 24
+MAX_PASSAGE_TOKENS = 320
+MIN_PASSAGE_CHARS = 80
+
 
 def user_turn_prefix(tokenizer) -> str:
     """The chat template's text before a lone user message's content (system prompt included)."""
@@ -70,3 +91,51 @@ def self_requests(model, tokenizer, n: int, *, seed: int = 0, eos_ids=()) -> Ite
             text = text[:text.rindex("\n\n")].strip()
         if len(text) >= MIN_REQUEST_CHARS:
             yield text
+
+
+def _first_line(model, tokenizer, text: str, *, max_new_tokens: int, eos_ids, generator) -> str:
+    """The target's sampled continuation of ``text``, up to its first line break."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    new = sample_continuation(model, ids, max_new_tokens=max_new_tokens, eos_ids=eos_ids, generator=generator)
+    return tokenizer.decode(new, skip_special_tokens=True).split("\n")[0].strip()
+
+
+def _answer(model, tokenizer, request: str, *, eos_ids, generator) -> str:
+    """The target's sampled answer to ``request`` (one user turn); one that runs past
+    MAX_PASSAGE_TOKENS is cut after its last full sentence or paragraph."""
+    text = tokenizer.apply_chat_template([{"role": "user", "content": request}], tokenize=False,
+                                         add_generation_prompt=True)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    new = sample_continuation(model, ids, max_new_tokens=MAX_PASSAGE_TOKENS, eos_ids=eos_ids, generator=generator,
+                              sampling=PASSAGE_SAMPLING)
+    out = tokenizer.decode(new, skip_special_tokens=True).strip()
+    if len(new) == MAX_PASSAGE_TOKENS:
+        end = max(out.rfind(c) for c in (".", "!", "?", "\u3002", "\n"))
+        out = out[:end + 1].strip() if end > 0 else out
+    return out
+
+
+def passage_requests(model, tokenizer, n: int, *, seed: int = 0, eos_ids=()) -> Iterator[str]:
+    """Up to ``n`` requests that carry a passage the target wrote itself, reproducible from
+    ``seed``: the target finishes a writing request's opening (PASSAGE_TASKS) with a topic of its
+    own, answers it, and the task's request wraps that answer (with a question the target asks
+    about it, where the task has one). Passages shorter than MIN_PASSAGE_CHARS are skipped."""
+    rng = random.Random(seed)
+    generator = make_generator(seed)
+    prefix = user_turn_prefix(tokenizer)
+    for _ in range(n):
+        opener, wrap = rng.choice(PASSAGE_TASKS)
+        topic = _first_line(model, tokenizer, prefix + opener, max_new_tokens=MAX_TOPIC_TOKENS, eos_ids=eos_ids,
+                            generator=generator)
+        if not topic:
+            continue
+        passage = _answer(model, tokenizer, f"{opener} {topic}".strip(), eos_ids=eos_ids, generator=generator)
+        if len(passage) < MIN_PASSAGE_CHARS:
+            continue
+        question = ""
+        if "{q}" in wrap:
+            question = _first_line(model, tokenizer, f"{prefix}{passage}\n\nQuestion:", max_new_tokens=MAX_TOPIC_TOKENS,
+                                   eos_ids=eos_ids, generator=generator)
+            if not question:
+                continue
+        yield wrap.format(p=passage, q=question)
