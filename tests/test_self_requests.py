@@ -95,6 +95,24 @@ def test_passage_requests_wrap_a_passage_the_target_wrote(model_and_tokenizer, m
     assert question and a[0] == f"{passage} Q: {question}"
 
 
+def test_mixed_requests_put_a_passage_request_in_every_fourth_place(model_and_tokenizer, monkeypatch):
+    model, tok = model_and_tokenizer
+    monkeypatch.setattr(requests, "MIN_REQUEST_CHARS", 3)
+    monkeypatch.setattr(requests, "MAX_REQUEST_TOKENS", 12)
+    monkeypatch.setattr(requests, "OPENERS", ("ab", "cd"))
+    monkeypatch.setattr(requests, "MIN_PASSAGE_CHARS", 3)
+    monkeypatch.setattr(requests, "MAX_TOPIC_TOKENS", 4)
+    monkeypatch.setattr(requests, "MAX_PASSAGE_TOKENS", 10)
+    monkeypatch.setattr(requests, "PASSAGE_TASKS", (("ef", "T: {p}"),))
+    eos = {VOCAB - 1}
+    mixed = list(requests.mixed_requests(model, tok, 8, seed=5, eos_ids=eos))
+    plain = list(requests.self_requests(model, tok, 8, seed=5, eos_ids=eos))
+    passages = list(requests.passage_requests(model, tok, 8, seed=5, eos_ids=eos))
+    assert len(mixed) == 8 and len(plain) >= 6 and len(passages) >= 2
+    assert mixed[3] == passages[0] and mixed[7] == passages[1] and mixed[3].startswith("T: ")
+    assert mixed[:3] + mixed[4:7] == plain[:6]
+
+
 def test_train_drafter_records_answers_to_the_targets_own_requests(tmp_path, capsys):
     from transformers import AutoTokenizer
 
@@ -132,7 +150,7 @@ def test_requests_auto_are_self_written_for_a_chat_model_and_templated_otherwise
     sd = types.SimpleNamespace(tokenizer=Tok(), target=types.SimpleNamespace(model=None, eos_ids=set()))
     assert request_set("auto", sd, 2) == chat_requests(5000, seed=2) == request_set("templates", sd, 2)
     Tok.chat_template = "{{ messages }}"
-    assert isinstance(request_set("auto", sd, 2), types.GeneratorType)  # self_requests, lazily
+    assert isinstance(request_set("auto", sd, 2), types.GeneratorType)  # mixed_requests, lazily
     assert request_set("templates", sd, 2) == chat_requests(5000, seed=2)
     assert isinstance(request_set("passages", sd, 2), types.GeneratorType)  # passage_requests, lazily
     Tok.chat_template = None

@@ -25,7 +25,7 @@ from .eagle_train import EagleTrainConfig, TargetShape, train_eagle
 from .medusa import KINDS as MEDUSA_KINDS
 from .medusa import MedusaTrainConfig, train_medusa
 from .model import FeatureHead, load_head, shipped_head_dir
-from .requests import passage_requests, self_requests
+from .requests import mixed_requests, passage_requests, self_requests
 from .train import TrainConfig, split_documents, train_head
 from .vocab import choice_counts, frequent_ids
 
@@ -75,7 +75,7 @@ def add_train_args(p, *, kind: str | None = None) -> None:
                         "it writes itself from the chat template's user turn (Magpie: more varied, and drafters "
                         "trained on them guess better on requests they never saw; slower to make), or requests "
                         "that carry a passage it wrote (translation into English, summaries, questions over a "
-                        "document); auto: self for a chat model, else templates")
+                        "document); auto: for a chat model self with every fourth request a passage one, else templates")
     p.add_argument("--answer-weight", type=int, default=3, help="how many times the answers count against the corpus")
     p.add_argument("--train-minutes", type=float, default=None,
                    help="stop training after this long (eagle: a checkpoint in --out resumes it on the next run)")
@@ -151,13 +151,13 @@ def _feature_sets(args, sd: Speculator, taps: tuple[int, ...] = ()) -> list[tupl
 
 def request_set(kind: str, sd: Speculator, seed: int):
     """Request set ``seed`` of ``kind``: templated ones, or ones the target writes itself ("auto":
-    those for a chat model)."""
+    for a chat model, those with every fourth one carrying a passage)."""
     chat = bool(getattr(sd.tokenizer, "chat_template", None))
     if kind in ("self", "passages") or (kind == "auto" and chat):
         if not chat:
             raise ParameterError(f"--requests {kind} needs a chat model (a tokenizer with a chat template): the target "
                                  "writes requests from its template's user turn; give --requests templates")
-        write = passage_requests if kind == "passages" else self_requests
+        write = {"self": self_requests, "passages": passage_requests}.get(kind, mixed_requests)
         return write(sd.target.model, sd.tokenizer, 5000, seed=seed, eos_ids=sd.target.eos_ids)
     return chat_requests(5000, seed=seed)
 

@@ -139,3 +139,15 @@ def passage_requests(model, tokenizer, n: int, *, seed: int = 0, eos_ids=()) -> 
             if not question:
                 continue
         yield wrap.format(p=passage, q=question)
+
+
+def mixed_requests(model, tokenizer, n: int, *, seed: int = 0, eos_ids=(), passage_every: int = 4) -> Iterator[str]:
+    """Up to ``n`` requests the target writes itself, every ``passage_every``-th one carrying a
+    passage (passage_requests), the others self_requests; reproducible from ``seed``."""
+    plain = self_requests(model, tokenizer, n, seed=seed, eos_ids=eos_ids)
+    passages = passage_requests(model, tokenizer, n, seed=seed, eos_ids=eos_ids)
+    for i in range(n):
+        request = next(passages if i % passage_every == passage_every - 1 else plain, None)
+        if request is None:
+            return
+        yield request
