@@ -6,7 +6,9 @@ far more kinds of asks than templates do; drafters trained on its answers to the
 requests they never saw (templated requests teach the templates' style). The openings steer
 towards the kinds of a chat workload (writing, roleplay, reasoning, maths, coding, extraction,
 science, humanities, translation, summarization, questions); nothing here reads a benchmark's
-prompts.
+prompts. Requests that carry a passage (translate it, summarize it, answer a question on it) take
+one more step: the target writes the passage as its answer to a writing request it finished itself
+(passage_requests); train-drafter's default mixes one of those into every four (mixed_requests).
 """
 from __future__ import annotations
 
