@@ -150,9 +150,12 @@ def test_requests_auto_are_self_written_for_a_chat_model_and_templated_otherwise
     sd = types.SimpleNamespace(tokenizer=Tok(), target=types.SimpleNamespace(model=None, eos_ids=set()))
     assert request_set("auto", sd, 2) == chat_requests(5000, seed=2) == request_set("templates", sd, 2)
     Tok.chat_template = "{{ messages }}"
-    assert isinstance(request_set("auto", sd, 2), types.GeneratorType)  # mixed_requests, lazily
+    auto = request_set("auto", sd, 2)
+    assert isinstance(auto, types.GeneratorType) and auto.__name__ == "mixed_requests"  # lazily
     assert request_set("templates", sd, 2) == chat_requests(5000, seed=2)
-    assert isinstance(request_set("passages", sd, 2), types.GeneratorType)  # passage_requests, lazily
+    passages = request_set("passages", sd, 2)
+    assert isinstance(passages, types.GeneratorType) and passages.__name__ == "passage_requests"
+    assert request_set("self", sd, 2).__name__ == "self_requests"
     Tok.chat_template = None
     with pytest.raises(ParameterError, match="--requests passages needs a chat model"):
         request_set("passages", sd, 2)
