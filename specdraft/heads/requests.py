@@ -77,6 +77,16 @@ def sample_continuation(model, ids: list[int], *, max_new_tokens: int, eos_ids, 
     return new
 
 
+def _continue_text(model, tokenizer, text: str, *, max_new_tokens: int, eos_ids, generator,
+                   sampling: SamplingConfig = SAMPLING) -> tuple[str, bool]:
+    """The target's sampled continuation of ``text`` (decoded), and whether it ran to
+    ``max_new_tokens`` rather than ending itself."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    new = sample_continuation(model, ids, max_new_tokens=max_new_tokens, eos_ids=eos_ids, generator=generator,
+                              sampling=sampling)
+    return tokenizer.decode(new, skip_special_tokens=True), len(new) == max_new_tokens
+
+
 def self_requests(model, tokenizer, n: int, *, seed: int = 0, eos_ids=()) -> Iterator[str]:
     """Up to ``n`` user requests the target writes itself, reproducible from ``seed``; a request
     that runs past MAX_REQUEST_TOKENS is cut at its last paragraph break (the model went on to
@@ -86,10 +96,10 @@ def self_requests(model, tokenizer, n: int, *, seed: int = 0, eos_ids=()) -> Ite
     prefix = user_turn_prefix(tokenizer)
     for _ in range(n):
         opener = rng.choice(OPENERS)
-        ids = tokenizer(prefix + opener, add_special_tokens=False)["input_ids"]
-        new = sample_continuation(model, ids, max_new_tokens=MAX_REQUEST_TOKENS, eos_ids=eos_ids, generator=generator)
-        text = (opener + tokenizer.decode(new, skip_special_tokens=True)).strip()
-        if len(new) == MAX_REQUEST_TOKENS and "\n\n" in text:
+        rest, capped = _continue_text(model, tokenizer, prefix + opener, max_new_tokens=MAX_REQUEST_TOKENS,
+                                      eos_ids=eos_ids, generator=generator)
+        text = (opener + rest).strip()
+        if capped and "\n\n" in text:
             text = text[:text.rindex("\n\n")].strip()
         if len(text) >= MIN_REQUEST_CHARS:
             yield text
@@ -97,9 +107,9 @@ def self_requests(model, tokenizer, n: int, *, seed: int = 0, eos_ids=()) -> Ite
 
 def _first_line(model, tokenizer, text: str, *, max_new_tokens: int, eos_ids, generator) -> str:
     """The target's sampled continuation of ``text``, up to its first line break."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    new = sample_continuation(model, ids, max_new_tokens=max_new_tokens, eos_ids=eos_ids, generator=generator)
-    return tokenizer.decode(new, skip_special_tokens=True).split("\n")[0].strip()
+    rest, _ = _continue_text(model, tokenizer, text, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
+                             generator=generator)
+    return rest.split("\n")[0].strip()
 
 
 def _answer(model, tokenizer, request: str, *, eos_ids, generator) -> str:
@@ -107,11 +117,10 @@ def _answer(model, tokenizer, request: str, *, eos_ids, generator) -> str:
     MAX_PASSAGE_TOKENS is cut after its last full sentence or paragraph."""
     text = tokenizer.apply_chat_template([{"role": "user", "content": request}], tokenize=False,
                                          add_generation_prompt=True)
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    new = sample_continuation(model, ids, max_new_tokens=MAX_PASSAGE_TOKENS, eos_ids=eos_ids, generator=generator,
-                              sampling=PASSAGE_SAMPLING)
-    out = tokenizer.decode(new, skip_special_tokens=True).strip()
-    if len(new) == MAX_PASSAGE_TOKENS:
+    out, capped = _continue_text(model, tokenizer, text, max_new_tokens=MAX_PASSAGE_TOKENS, eos_ids=eos_ids,
+                                 generator=generator, sampling=PASSAGE_SAMPLING)
+    out = out.strip()
+    if capped:
         end = max(out.rfind(c) for c in (".", "!", "?", "\u3002", "\n"))
         out = out[:end + 1].strip() if end > 0 else out
     return out
