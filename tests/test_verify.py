@@ -285,6 +285,33 @@ def test_top_p_keeps_the_minimal_set(row, top_p):
     torch.testing.assert_close(p.double(), (ref * (p > 0)) / ref[order[:m]].sum(), atol=1e-5, rtol=1e-4)
 
 
+def _nucleus_by_full_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Top-p over the whole vocabulary ranked at once: what sampling._nucleus must equal."""
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+    before = sorted_p.cumsum(-1) - sorted_p
+    kept = torch.zeros_like(probs).scatter_(-1, order, sorted_p.masked_fill(before >= top_p, 0.0))
+    return kept / kept.sum(-1, keepdim=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.lists(st.floats(-8, 8, allow_nan=False, width=32), min_size=12, max_size=12, unique=True),
+                     min_size=1, max_size=3),
+       top_p=st.floats(0.01, 0.999), first=st.integers(1, 12))
+def test_top_p_ranks_the_most_likely_first_and_keeps_what_a_full_sort_keeps(rows, top_p, first):
+    """The nucleus is looked for among the ``first`` most likely ids, then 8x as many, ...: the
+    same bits as ranking the whole vocabulary (no tied probabilities here)."""
+    import specdraft.sampling as sampling
+
+    probs = torch.softmax(torch.tensor(rows), -1)
+    assume(all(len(set(r)) == len(r) for r in probs.tolist()))
+    saved, sampling.NUCLEUS_FIRST = sampling.NUCLEUS_FIRST, first
+    try:
+        got = sampling._nucleus(probs, top_p)
+    finally:
+        sampling.NUCLEUS_FIRST = saved
+    assert torch.equal(got, _nucleus_by_full_sort(probs, top_p))
+
+
 @settings(max_examples=100, deadline=None)
 @given(row=st.lists(st.floats(-20, 20, allow_nan=False, width=32), min_size=2, max_size=24),
        k=st.integers(0, 30), top_p=st.floats(0.01, 1.0))

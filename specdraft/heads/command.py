@@ -31,6 +31,7 @@ from .vocab import choice_counts, frequent_ids
 
 # what train-drafter trains: an EAGLE layer, the MLP head, Medusa / Hydra heads, MTP modules
 KINDS = ("eagle", "mlp", "medusa", "hydra", "mtp")
+RECORD_BATCH = 8  # answers decoded together while recording (models.packed)
 MTP_INNER = 1536  # an MTP module's default MLP width: 3 modules ship in ~42 MB (bf16)
 
 
@@ -76,6 +77,9 @@ def add_train_args(p, *, kind: str | None = None) -> None:
                         "trained on them guess better on requests they never saw; slower to make), or requests "
                         "that carry a passage it wrote (translation into English, summaries, questions over a "
                         "document); auto: for a chat model self with every fourth request a passage one, else templates")
+    p.add_argument("--record-batch", type=int, default=RECORD_BATCH,
+                   help="requests written and answered together in one cache while recording answers (the same "
+                        "answers, each a fraction of the time: ~3x at 8 on 2 cores); 1: one at a time")
     p.add_argument("--answer-weight", type=int, default=3, help="how many times the answers count against the corpus")
     p.add_argument("--train-minutes", type=float, default=None,
                    help="stop training after this long (eagle: a checkpoint in --out resumes it on the next run)")
@@ -142,23 +146,25 @@ def _feature_sets(args, sd: Speculator, taps: tuple[int, ...] = ()) -> list[tupl
     for seed, path in enumerate(answer_files, start=1):
         if args.answer_weight and (args.answer_minutes > 0 or (path and Path(path).is_file())):
             sets.append((_recorded(path, "answer features", lambda progress, seed=seed: record_answers(
-                target, (sd.encode_prompt(r) for r in request_set(args.requests, sd, seed)), eos_ids=sd.target.eos_ids,
-                seconds=args.answer_minutes * 60, progress=progress, taps=taps), taps, target), args.answer_weight))
+                target, (sd.encode_prompt(r) for r in request_set(args.requests, sd, seed, args.record_batch)),
+                eos_ids=sd.target.eos_ids, seconds=args.answer_minutes * 60, progress=progress, taps=taps,
+                batch=args.record_batch), taps, target), args.answer_weight))
     if not sets:
         raise ParameterError("nothing to train on: give --record-minutes or --answer-minutes > 0")
     return sets
 
 
-def request_set(kind: str, sd: Speculator, seed: int):
+def request_set(kind: str, sd: Speculator, seed: int, batch: int = 1):
     """Request set ``seed`` of ``kind``: templated ones, or ones the target writes itself ("auto":
-    for a chat model, those with every fourth one carrying a passage)."""
+    for a chat model, those with every fourth one carrying a passage), ``batch`` at a time (the
+    written ones depend on it: the draws are taken batch by batch)."""
     chat = bool(getattr(sd.tokenizer, "chat_template", None))
     if kind in ("self", "passages") or (kind == "auto" and chat):
         if not chat:
             raise ParameterError(f"--requests {kind} needs a chat model (a tokenizer with a chat template): the target "
                                  "writes requests from its template's user turn; give --requests templates")
         write = {"self": self_requests, "passages": passage_requests}.get(kind, mixed_requests)
-        return write(sd.target.model, sd.tokenizer, 5000, seed=seed, eos_ids=sd.target.eos_ids)
+        return write(sd.target.model, sd.tokenizer, 5000, seed=seed, eos_ids=sd.target.eos_ids, batch=batch)
     return chat_requests(5000, seed=seed)
 
 
@@ -243,6 +249,7 @@ def train_from_args(args) -> int:
         else TrainConfig(**given)
     name = args.target or DEFAULT_TARGET
     opts = {"target_format": args.target_format} if args.target_format else {}
+    # a document is cut at 1024 tokens; a cache of RECORD_CONTEXT holds answers decoded together
     sd = Speculator(name, dtype=args.dtype, runtime="native", max_length=min(args.max_context, 1024),
                     load_draft=False, **opts)
     target = sd.target.model

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
+from ..models.packed import decode_packed
+
 TOP = 16  # target candidates kept per position (the argmax first)
+# cache positions per sequence when answers are decoded together: a request and its answer
+# mostly fit in 512, and the packer admits fewer at a time when they do not
+PACKED_ROOM = 512
 
 
 @dataclass
@@ -160,19 +165,58 @@ def record_generation(model, prompt: list[int], max_new_tokens: int, eos_ids=(),
 
 
 def record_answers(model, prompts, *, max_new_tokens: int = 160, eos_ids=(), seconds: float | None = None,
-                   progress=None, taps: tuple[int, ...] = ()) -> FeatureSet:
-    """record_generation over encoded prompts until ``seconds`` have passed."""
+                   progress=None, taps: tuple[int, ...] = (), batch: int = 1) -> FeatureSet:
+    """record_generation over encoded prompts until ``seconds`` have passed; ``batch`` > 1:
+    that many answers decoded together in one cache (models.packed: the same greedy tokens, and
+    rows a fraction of the time), the documents in the prompts' order."""
+
+    def keep(prompt):
+        return len(prompt) + 2 <= model.max_length
 
     def documents():
-        for prompt in prompts:
-            if len(prompt) + 2 > model.max_length:
-                continue
-            t, f, p, a = record_generation(model, prompt, max_new_tokens, eos_ids, taps)
+        if batch <= 1:
+            for prompt in filter(keep, prompts):
+                yield record_generation(model, prompt, max_new_tokens, eos_ids, taps), prompt
+            return
+        packed, chunk = model.with_cache(batch * PACKED_ROOM), []  # one cache for the batch's sequences
+        for prompt in filter(keep, prompts):
+            chunk.append(prompt)
+            if len(chunk) == batch:
+                yield from zip(record_generations(packed, chunk, max_new_tokens, eos_ids, taps, model.max_length), chunk)
+                chunk = []
+        if chunk:
+            yield from zip(record_generations(packed, chunk, max_new_tokens, eos_ids, taps, model.max_length), chunk)
+
+    def rows():
+        for (t, f, p, a), prompt in documents():
             if len(t) >= 2:  # the first row is the prompt's last token: the rest is its context
                 yield torch.tensor(t[:len(f)]), torch.stack(f), torch.stack(p), torch.stack(a) if a else None, \
                     list(prompt[:-1])
 
-    return _collect(documents(), seconds=seconds, progress=progress, taps=taps)
+    return _collect(rows(), seconds=seconds, progress=progress, taps=taps)
+
+
+@torch.inference_mode()
+def record_generations(model, prompts: list[list[int]], max_new_tokens: int, eos_ids=(),
+                       taps: tuple[int, ...] = (), max_position: int | None = None) -> list[tuple[list[int], list, list, list]]:
+    """record_generation of every prompt, decoded together (models.packed.decode_packed; a
+    sequence ends at ``max_position`` tokens, default the cache's length)."""
+    rec = [([p[-1]], [], [], []) for p in prompts]  # per prompt: tokens, features, tops, taps
+
+    def observe(i, out, r):
+        rec[i][1].append(out.hidden[r].to(torch.float16))
+        rec[i][2].append(_top(out.logits[r]))
+        if taps:
+            rec[i][3].append(_tapped(out)[r])
+
+    def choose(i, logits):
+        return int(rec[i][2][-1][0])  # the argmax, just observed
+
+    new = decode_packed(model, prompts, max_new_tokens=max_new_tokens, choose=choose, eos_ids=set(eos_ids),
+                        observe=observe, need_hidden=True, taps=taps, max_position=max_position)
+    for (toks, *_), n in zip(rec, new):
+        toks.extend(n)
+    return rec
 
 
 def record_again(model, data: FeatureSet, *, taps: tuple[int, ...] = (), progress=None) -> FeatureSet:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import torch
 
 from ..config import SamplingConfig
+from ..models.packed import decode_packed
 from ..sampling import make_generator, next_token
 
 # "" lets the model choose the whole request; the rest steer it towards a kind of ask
@@ -60,103 +61,128 @@ def user_turn_prefix(tokenizer) -> str:
     return text[:text.index(marker)]
 
 
-@torch.inference_mode()
+def sample_continuations(model, prompts: list[list[int]], *, max_new_tokens: int, eos_ids,
+                         generator: torch.Generator, sampling: SamplingConfig = SAMPLING) -> list[list[int]]:
+    """Tokens sampled after each of ``prompts`` until an end-of-sequence id (not kept) or
+    ``max_new_tokens``, decoded together (models.packed); the draws are taken step by step in the
+    prompts' order, so the same prompts and generator give the same tokens."""
+    return decode_packed(model, prompts, max_new_tokens=max_new_tokens, eos_ids=set(eos_ids),
+                         choose=lambda i, logits: next_token(logits, sampling, generator))
+
+
 def sample_continuation(model, ids: list[int], *, max_new_tokens: int, eos_ids, generator: torch.Generator,
                         sampling: SamplingConfig = SAMPLING) -> list[int]:
     """Tokens sampled after ``ids`` until an end-of-sequence id (not kept) or ``max_new_tokens``."""
-    model.reset()
-    out = model.forward(torch.tensor(ids), last_only=True)
-    new: list[int] = []
-    while len(new) < max_new_tokens and model.length < model.max_length:
-        tok = next_token(out.logits[-1], sampling, generator)
-        if tok in eos_ids:
-            break
-        new.append(tok)
-        out = model.forward(torch.tensor([tok]))
-    model.reset()
-    return new
+    return sample_continuations(model, [ids], max_new_tokens=max_new_tokens, eos_ids=eos_ids, generator=generator,
+                                sampling=sampling)[0]
 
 
-def _continue_text(model, tokenizer, text: str, *, max_new_tokens: int, eos_ids, generator,
-                   sampling: SamplingConfig = SAMPLING) -> tuple[str, bool]:
-    """The target's sampled continuation of ``text`` (decoded), and whether it ran to
+def _continue_texts(model, tokenizer, texts: list[str], *, max_new_tokens: int, eos_ids, generator,
+                    sampling: SamplingConfig = SAMPLING) -> list[tuple[str, bool]]:
+    """The target's sampled continuation of each of ``texts`` (decoded), and whether it ran to
     ``max_new_tokens`` rather than ending itself."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    new = sample_continuation(model, ids, max_new_tokens=max_new_tokens, eos_ids=eos_ids, generator=generator,
-                              sampling=sampling)
-    return tokenizer.decode(new, skip_special_tokens=True), len(new) == max_new_tokens
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    new = sample_continuations(model, ids, max_new_tokens=max_new_tokens, eos_ids=eos_ids, generator=generator,
+                               sampling=sampling)
+    return [(tokenizer.decode(n, skip_special_tokens=True), len(n) == max_new_tokens) for n in new]
 
 
-def self_requests(model, tokenizer, n: int, *, seed: int = 0, eos_ids=()) -> Iterator[str]:
-    """Up to ``n`` user requests the target writes itself, reproducible from ``seed``; a request
-    that runs past MAX_REQUEST_TOKENS is cut at its last paragraph break (the model went on to
-    answer it), and one shorter than MIN_REQUEST_CHARS is skipped."""
+def _continue_text(model, tokenizer, text: str, **kw) -> tuple[str, bool]:
+    """_continue_texts of one text."""
+    return _continue_texts(model, tokenizer, [text], **kw)[0]
+
+
+def _chunks(n: int, batch: int) -> Iterator[int]:
+    """The sizes of consecutive chunks of at most ``batch`` (>= 1) that make up ``n``."""
+    batch = max(1, batch)
+    for start in range(0, n, batch):
+        yield min(batch, n - start)
+
+
+def self_requests(model, tokenizer, n: int, *, seed: int = 0, eos_ids=(), batch: int = 1) -> Iterator[str]:
+    """Up to ``n`` user requests the target writes itself, reproducible from ``seed`` (and
+    ``batch``: how many are written together); a request that runs past MAX_REQUEST_TOKENS is cut
+    at its last paragraph break (the model went on to answer it), and one shorter than
+    MIN_REQUEST_CHARS is skipped."""
     rng = random.Random(seed)
     generator = make_generator(seed)
     prefix = user_turn_prefix(tokenizer)
-    for _ in range(n):
-        opener = rng.choice(OPENERS)
-        rest, capped = _continue_text(model, tokenizer, prefix + opener, max_new_tokens=MAX_REQUEST_TOKENS,
-                                      eos_ids=eos_ids, generator=generator)
-        text = (opener + rest).strip()
-        if capped and "\n\n" in text:
-            text = text[:text.rindex("\n\n")].strip()
-        if len(text) >= MIN_REQUEST_CHARS:
-            yield text
+    for size in _chunks(n, batch):
+        openers = [rng.choice(OPENERS) for _ in range(size)]
+        rests = _continue_texts(model, tokenizer, [prefix + o for o in openers], max_new_tokens=MAX_REQUEST_TOKENS,
+                                eos_ids=eos_ids, generator=generator)
+        for opener, (rest, capped) in zip(openers, rests):
+            text = (opener + rest).strip()
+            if capped and "\n\n" in text:
+                text = text[:text.rindex("\n\n")].strip()
+            if len(text) >= MIN_REQUEST_CHARS:
+                yield text
 
 
-def _first_line(model, tokenizer, text: str, *, max_new_tokens: int, eos_ids, generator) -> str:
-    """The target's sampled continuation of ``text``, up to its first line break."""
-    rest, _ = _continue_text(model, tokenizer, text, max_new_tokens=max_new_tokens, eos_ids=eos_ids,
-                             generator=generator)
-    return rest.split("\n")[0].strip()
+def _first_lines(model, tokenizer, texts: list[str], *, max_new_tokens: int, eos_ids, generator) -> list[str]:
+    """The target's sampled continuation of each of ``texts``, up to its first line break."""
+    got = _continue_texts(model, tokenizer, texts, max_new_tokens=max_new_tokens, eos_ids=eos_ids, generator=generator)
+    return [rest.split("\n")[0].strip() for rest, _ in got]
 
 
-def _answer(model, tokenizer, request: str, *, eos_ids, generator) -> str:
-    """The target's sampled answer to ``request`` (one user turn); one that runs past
+def _first_line(model, tokenizer, text: str, **kw) -> str:
+    """_first_lines of one text."""
+    return _first_lines(model, tokenizer, [text], **kw)[0]
+
+
+def _answers(model, tokenizer, requests: list[str], *, eos_ids, generator) -> list[str]:
+    """The target's sampled answer to each of ``requests`` (one user turn); one that runs past
     MAX_PASSAGE_TOKENS is cut after its last full sentence or paragraph."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": request}], tokenize=False,
-                                         add_generation_prompt=True)
-    out, capped = _continue_text(model, tokenizer, text, max_new_tokens=MAX_PASSAGE_TOKENS, eos_ids=eos_ids,
-                                 generator=generator, sampling=PASSAGE_SAMPLING)
-    out = out.strip()
-    if capped:
-        end = max(out.rfind(c) for c in (".", "!", "?", "\u3002", "\n"))
-        out = out[:end + 1].strip() if end > 0 else out
-    return out
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": r}], tokenize=False,
+                                           add_generation_prompt=True) for r in requests]
+    answers = []
+    for out, capped in _continue_texts(model, tokenizer, texts, max_new_tokens=MAX_PASSAGE_TOKENS, eos_ids=eos_ids,
+                                       generator=generator, sampling=PASSAGE_SAMPLING):
+        out = out.strip()
+        if capped:
+            end = max(out.rfind(c) for c in (".", "!", "?", "\u3002", "\n"))
+            out = out[:end + 1].strip() if end > 0 else out
+        answers.append(out)
+    return answers
 
 
-def passage_requests(model, tokenizer, n: int, *, seed: int = 0, eos_ids=()) -> Iterator[str]:
+def _answer(model, tokenizer, request: str, **kw) -> str:
+    """_answers to one request."""
+    return _answers(model, tokenizer, [request], **kw)[0]
+
+
+def passage_requests(model, tokenizer, n: int, *, seed: int = 0, eos_ids=(), batch: int = 1) -> Iterator[str]:
     """Up to ``n`` requests that carry a passage the target wrote itself, reproducible from
-    ``seed``: the target finishes a writing request's opening (PASSAGE_TASKS) with a topic of its
-    own, answers it, and the task's request wraps that answer (with a question the target asks
-    about it, where the task has one). Passages shorter than MIN_PASSAGE_CHARS are skipped."""
+    ``seed`` (and ``batch``: how many are written together, stage by stage): the target finishes
+    a writing request's opening (PASSAGE_TASKS) with a topic of its own, answers it, and the task's
+    request wraps that answer (with a question the target asks about it, where the task has one).
+    Passages shorter than MIN_PASSAGE_CHARS are skipped."""
     rng = random.Random(seed)
     generator = make_generator(seed)
     prefix = user_turn_prefix(tokenizer)
-    for _ in range(n):
-        opener, wrap = rng.choice(PASSAGE_TASKS)
-        topic = _first_line(model, tokenizer, prefix + opener, max_new_tokens=MAX_TOPIC_TOKENS, eos_ids=eos_ids,
-                            generator=generator)
-        if not topic:
-            continue
-        passage = _answer(model, tokenizer, f"{opener} {topic}".strip(), eos_ids=eos_ids, generator=generator)
-        if len(passage) < MIN_PASSAGE_CHARS:
-            continue
-        question = ""
-        if "{q}" in wrap:
-            question = _first_line(model, tokenizer, f"{prefix}{passage}\n\nQuestion:", max_new_tokens=MAX_TOPIC_TOKENS,
-                                   eos_ids=eos_ids, generator=generator)
-            if not question:
+    kw = {"eos_ids": eos_ids, "generator": generator}
+    for size in _chunks(n, batch):
+        tasks = [rng.choice(PASSAGE_TASKS) for _ in range(size)]
+        topics = _first_lines(model, tokenizer, [prefix + o for o, _ in tasks], max_new_tokens=MAX_TOPIC_TOKENS, **kw)
+        tasks = [(o, w, t) for (o, w), t in zip(tasks, topics) if t]
+        passages = _answers(model, tokenizer, [f"{o} {t}".strip() for o, _, t in tasks], **kw)
+        kept = [(w, p) for (_, w, _), p in zip(tasks, passages) if len(p) >= MIN_PASSAGE_CHARS]
+        asking = [p for w, p in kept if "{q}" in w]
+        questions = iter(_first_lines(model, tokenizer, [f"{prefix}{p}\n\nQuestion:" for p in asking],
+                                      max_new_tokens=MAX_TOPIC_TOKENS, **kw) if asking else [])
+        for wrap, passage in kept:
+            question = next(questions) if "{q}" in wrap else ""
+            if "{q}" in wrap and not question:
                 continue
-        yield wrap.format(p=passage, q=question)
+            yield wrap.format(p=passage, q=question)
 
 
-def mixed_requests(model, tokenizer, n: int, *, seed: int = 0, eos_ids=(), passage_every: int = 4) -> Iterator[str]:
+def mixed_requests(model, tokenizer, n: int, *, seed: int = 0, eos_ids=(), passage_every: int = 4,
+                   batch: int = 1) -> Iterator[str]:
     """Up to ``n`` requests the target writes itself, every ``passage_every``-th one carrying a
-    passage (passage_requests), the others self_requests; reproducible from ``seed``."""
-    plain = self_requests(model, tokenizer, n, seed=seed, eos_ids=eos_ids)
-    passages = passage_requests(model, tokenizer, n, seed=seed, eos_ids=eos_ids)
+    passage (passage_requests), the others self_requests; reproducible from ``seed`` and ``batch``."""
+    plain = self_requests(model, tokenizer, n, seed=seed, eos_ids=eos_ids, batch=batch)
+    passages = passage_requests(model, tokenizer, n, seed=seed, eos_ids=eos_ids, batch=batch)
     for i in range(n):
         request = next(passages if i % passage_every == passage_every - 1 else plain, None)
         if request is None:

@@ -45,6 +45,7 @@ class CausalLM(Protocol):
         *,
         positions: torch.Tensor | None = None,  # [T] rotary positions; default length + arange(T)
         tree_mask: torch.Tensor | None = None,  # [T, T] bool, new token i may see new token j
+        # (the native model also takes [T, L0 + T] over the whole cache: models.packed)
         last_only: bool = False,  # compute logits only for the last row (prefill)
         need_hidden: bool = False,  # also return the final-norm hidden states [T, H] (every row)
         taps: tuple[int, ...] = (),  # with need_hidden: also these layers' outputs (ModelOutput.taps)

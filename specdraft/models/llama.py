@@ -371,6 +371,21 @@ class LlamaModel:
             view._decoder = view._build_decoder()
         return view
 
+    def with_cache(self, capacity: int) -> LlamaModel:
+        """This model with a KV cache of its own for ``capacity`` positions (the same weights,
+        nothing copied): room for several sequences decoded together in one cache (models.packed),
+        each at most this model's max_length long (its RoPE tables)."""
+        view = copy.copy(self)
+        shape = (self.spec.num_kv_heads, -(-capacity // ATTN_CHUNK) * ATTN_CHUNK, self.spec.head_dim)
+        view.k_cache = [torch.zeros(shape, dtype=self.dtype) for _ in self.layers]
+        view.v_cache = [torch.zeros(shape, dtype=self.dtype) for _ in self.layers]
+        view.max_length = capacity
+        view.length = 0
+        view._segment_cache = {}
+        if self._decoder is not None:
+            view._decoder = view._build_decoder()
+        return view
+
     # ----------------------------------------------------------------------------- loading
     @classmethod
     def from_dir(cls, path: str | Path, *, dtype=torch.bfloat16, max_length: int = 4096,
@@ -435,9 +450,13 @@ class LlamaModel:
     @staticmethod
     def _mask(T: int, L0: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
         """Attention mask over [prefix | new block]: None when T == 1 and no tree (the one row sees
-        everything before it); otherwise [T, L0 + T] bool, True = may attend."""
+        everything before it); otherwise [T, L0 + T] bool, True = may attend. ``tree_mask``: [T, T]
+        over the new block (the prefix seen whole), or already [T, L0 + T] over the whole cache
+        (several sequences packed in one cache, models.packed)."""
         if T == 1 and tree_mask is None:
             return None
+        if tree_mask is not None and tree_mask.shape[1] == L0 + T:
+            return tree_mask.contiguous()
         block = tree_mask if tree_mask is not None else torch.ones(T, T, dtype=torch.bool).tril_()
         return torch.cat([torch.ones(T, L0, dtype=torch.bool), block], dim=1)
 
