@@ -78,8 +78,20 @@ def one_hot(index: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Draw one token per row of [N, V] probabilities -> [N] int64."""
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    """Draw one token per row of [N, V] probabilities (each row summing to > 0) -> [N] int64:
+    one uniform draw a row, found in the row's cumulative sums (torch.multinomial takes ~10x the
+    time of a whole draw this way on a 152k vocabulary).
+
+    >>> sample(torch.tensor([[0.0, 1.0, 0.0]]), make_generator(0))
+    tensor([1])
+    """
+    cdf = probs.double().cumsum(-1)  # [N, V]
+    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64) * cdf[:, -1:]  # [N, 1] in [0, total)
+    # the first id whose cumulative sum passes u: one with p > 0, taken with chance p / total
+    got = torch.searchsorted(cdf, u, right=True).squeeze(-1)
+    # u * total rounded up to total would point past the end: the last id with p > 0 instead
+    last = probs.shape[-1] - 1 - (probs.flip(-1) > 0).int().argmax(-1)
+    return torch.minimum(got, last)
 
 
 def next_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator) -> int:

@@ -162,3 +162,21 @@ def test_speculative_sampling_matches_target_with_transforms(cfg, one_hot):
 def test_the_check_detects_a_wrong_rule(wrong, one_hot, cfg):
     pvalue, info = check(wrong, cfg, 2000, one_hot, seed=3)
     assert pvalue < ALPHA_FAIL, f"the check did not detect {wrong.__name__}: {info}, p-value {pvalue:.3g}"
+
+
+def test_sample_draws_each_token_with_its_probability_and_never_an_impossible_one():
+    """sampling.sample (inverse CDF of one uniform draw a row) against crafted rows with zeros,
+    unnormalised, and shown able to fail: the same draws scored against a shifted distribution."""
+    p = torch.tensor([[0.0, 0.5, 0.2, 0.0, 0.3], [0.2, 0.0, 0.0, 1.8, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0]])
+    n = 20000
+    g = make_generator(7)
+    draws = torch.stack([sample(p, g) for _ in range(n // 100) for _ in range(100)])  # [n, 3]
+    for r in range(2):
+        counts = torch.bincount(draws[:, r], minlength=5).double()
+        pvalue, detail = goodness_of_fit(counts, p[r].double())
+        assert pvalue > ALPHA_PASS, (r, detail)
+    assert bool((draws[:, 2] == 4).all())
+    shifted = torch.tensor([0.0, 0.45, 0.25, 0.0, 0.3], dtype=torch.float64)
+    assert goodness_of_fit(torch.bincount(draws[:, 0], minlength=5).double(), shifted)[0] < ALPHA_FAIL
+    # a batch of rows draws as many rows alone do, each from its own row
+    assert sample(p.repeat(4, 1), make_generator(1)).view(4, 3)[:, 1:].tolist() == [[3, 4]] * 4
