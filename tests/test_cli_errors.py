@@ -314,6 +314,7 @@ def test_eagle_without_a_drafter_or_with_a_head_of_another_kind_gives_one_line(c
 @pytest.mark.parametrize("args,contains", [
     (["--epochs", "0"], "epochs"),
     (["--batch", "0"], "batch"),
+    (["--record-batch", "0"], "record-batch >= 1"),
     (["--lr", "2"], "lr must be"),
     (["--holdout", "1"], "holdout must be"),
     (["--kind", "medusa", "--inner", "64"], "--inner does not apply"),

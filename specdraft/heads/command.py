@@ -79,7 +79,7 @@ def add_train_args(p, *, kind: str | None = None) -> None:
                         "document); auto: for a chat model self with every fourth request a passage one, else templates")
     p.add_argument("--record-batch", type=int, default=RECORD_BATCH,
                    help="requests written and answered together in one cache while recording answers (the same "
-                        "answers, each a fraction of the time: ~3x at 8 on 2 cores); 1: one at a time")
+                        "answers, ~2.5x as many a minute at 8 on 2 cores); 1: one at a time")
     p.add_argument("--answer-weight", type=int, default=3, help="how many times the answers count against the corpus")
     p.add_argument("--train-minutes", type=float, default=None,
                    help="stop training after this long (eagle: a checkpoint in --out resumes it on the next run)")
@@ -202,10 +202,10 @@ def _taps(text: str) -> tuple[int, ...]:
 def train_from_args(args) -> int:
     """``specdraft train-head`` / ``train-drafter``: record the target's features on text and on
     its own answers to generated requests, train a drafter of ``args.kind``, save it."""
-    for name in ("epochs", "inner", "vocab", "unroll", "batch"):
+    for name in ("epochs", "inner", "vocab", "unroll", "batch", "record_batch"):
         value = getattr(args, name)
         if value is not None and value < {"inner": 8, "vocab": 2}.get(name, 1):
-            raise ParameterError("epochs, unroll, batch >= 1, inner >= 8, vocab >= 2")
+            raise ParameterError("epochs, unroll, batch, record-batch >= 1, inner >= 8, vocab >= 2")
     if args.lr is not None and not 0 < args.lr < 1:
         raise ParameterError("lr must be in (0, 1)")
     if args.holdout is not None and not 0 <= args.holdout < 1:
@@ -249,7 +249,6 @@ def train_from_args(args) -> int:
         else TrainConfig(**given)
     name = args.target or DEFAULT_TARGET
     opts = {"target_format": args.target_format} if args.target_format else {}
-    # a document is cut at 1024 tokens; a cache of RECORD_CONTEXT holds answers decoded together
     sd = Speculator(name, dtype=args.dtype, runtime="native", max_length=min(args.max_context, 1024),
                     load_draft=False, **opts)
     target = sd.target.model
