@@ -46,9 +46,11 @@ def plain_greedy(model, prompt, n, eos=()):
 def test_packed_greedy_tokens_are_each_prompts_own(tiny):
     model, _ = tiny
     prompts = _prompts((5, 9, 1, 70, 3))  # 70: prefilled in two blocks
+    model.reset()
+    model.forward(torch.tensor([1, 2, 3]))
     got = decode_packed(model, prompts, max_new_tokens=10, choose=greedy)
+    assert model.length == 3  # the model's own cache is left as it was
     assert got == [plain_greedy(model, p, 10) for p in prompts]
-    assert model.length == 0  # leaves the cache empty
     # an end-of-sequence id ends its sequence only, and is not kept
     eos = {got[1][3]}
     cut = decode_packed(model, prompts, max_new_tokens=10, choose=greedy, eos_ids=eos)
@@ -56,38 +58,39 @@ def test_packed_greedy_tokens_are_each_prompts_own(tiny):
     assert cut[1] == got[1][:3]
 
 
-def test_packing_splits_into_groups_the_cache_holds(tiny):
+def test_packing_splits_into_groups_that_fit(tiny, monkeypatch):
+    from specdraft.models import packed
+
     model, _ = tiny
     prompts = _prompts((6, 8, 7, 5, 9), seed=1)
-    small = model.with_cache(40)  # 6 + 8 new fits twice at most: three groups
-    calls = []
-    forward = small.forward
+    monkeypatch.setattr(packed, "MAX_PACKED", 30)  # 6 + 8 new and 8 + 8 fit together; 7 + 8 and 5 + 8; 9 + 8
+    groups = []
+    decode_group = packed._decode_group
 
-    def counting(ids, **kw):
-        calls.append(small.length)
-        return forward(ids, **kw)
+    def recording(cache, prompts, group, *a, **kw):
+        groups.append((list(group), cache.max_length))
+        return decode_group(cache, prompts, group, *a, **kw)
 
-    small.forward = counting
-    got = decode_packed(small, prompts, max_new_tokens=8, choose=greedy)
+    monkeypatch.setattr(packed, "_decode_group", recording)
+    got = decode_packed(model, prompts, max_new_tokens=8, choose=greedy)
     assert got == [plain_greedy(model, p, 8) for p in prompts]
-    assert max(calls) + 2 <= 40 and calls.count(0) == 3  # each group starts on an empty cache
-    # a prompt that cannot fit with one new token gets nothing; the others are decoded
-    assert decode_packed(small, [_prompts((45,))[0], prompts[0]], max_new_tokens=8, choose=greedy) == [[], got[0]]
+    assert groups == [([0, 1], 30), ([2, 3], 28), ([4], 17)]  # each in a cache of its own, sized for it
 
 
-def test_a_sequence_ends_at_max_position(tiny):
+def test_a_sequence_ends_at_the_models_length(tiny):
     model, _ = tiny
-    prompts = _prompts((5, 12), seed=2)
-    got = decode_packed(model.with_cache(200), prompts, max_new_tokens=20, choose=greedy, max_position=15)
-    assert [len(g) for g in got] == [10, 3]  # 15 tokens each, the prompt included
-    assert got == [plain_greedy(model, p, 15 - len(p)) for p in prompts]
+    short = model.with_cache(15)  # sequences of at most 15 tokens
+    prompts = _prompts((5, 12, 15), seed=2)
+    got = decode_packed(short, prompts, max_new_tokens=20, choose=greedy)
+    assert [len(g) for g in got] == [10, 3, 0]  # 15 tokens each, the prompt included; 15 leaves no room
+    assert got[:2] == [plain_greedy(model, p, 15 - len(p)) for p in prompts[:2]]
 
 
 def test_packed_recording_is_the_one_by_one_recording(tiny):
     model, _ = tiny
     prompts = _prompts((4, 11, 66, 2), seed=3)
     one = [record_generation(model, p, 9, eos_ids={5}, taps=(0,)) for p in prompts]
-    packed = record_generations(model.with_cache(400), prompts, 9, eos_ids={5}, taps=(0,))
+    packed = record_generations(model, prompts, 9, eos_ids={5}, taps=(0,))
     for (t1, f1, p1, a1), (t2, f2, p2, a2) in zip(one, packed, strict=True):
         assert t1 == t2 and len(f1) == len(f2) == len(a1) == len(a2) == len(t1)
         assert all(torch.equal(x, y) for x, y in zip(p1, p2))  # the target's top candidates

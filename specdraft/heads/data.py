@@ -15,9 +15,6 @@ import torch
 from ..models.packed import decode_packed
 
 TOP = 16  # target candidates kept per position (the argmax first)
-# cache positions per sequence when answers are decoded together: a request and its answer
-# mostly fit in 512, and the packer admits fewer at a time when they do not
-PACKED_ROOM = 512
 
 
 @dataclass
@@ -178,14 +175,14 @@ def record_answers(model, prompts, *, max_new_tokens: int = 160, eos_ids=(), sec
             for prompt in filter(keep, prompts):
                 yield record_generation(model, prompt, max_new_tokens, eos_ids, taps), prompt
             return
-        packed, chunk = model.with_cache(batch * PACKED_ROOM), []  # one cache for the batch's sequences
+        chunk = []
         for prompt in filter(keep, prompts):
             chunk.append(prompt)
             if len(chunk) == batch:
-                yield from zip(record_generations(packed, chunk, max_new_tokens, eos_ids, taps, model.max_length), chunk)
+                yield from zip(record_generations(model, chunk, max_new_tokens, eos_ids, taps), chunk)
                 chunk = []
         if chunk:
-            yield from zip(record_generations(packed, chunk, max_new_tokens, eos_ids, taps, model.max_length), chunk)
+            yield from zip(record_generations(model, chunk, max_new_tokens, eos_ids, taps), chunk)
 
     def rows():
         for (t, f, p, a), prompt in documents():
@@ -198,9 +195,8 @@ def record_answers(model, prompts, *, max_new_tokens: int = 160, eos_ids=(), sec
 
 @torch.inference_mode()
 def record_generations(model, prompts: list[list[int]], max_new_tokens: int, eos_ids=(),
-                       taps: tuple[int, ...] = (), max_position: int | None = None) -> list[tuple[list[int], list, list, list]]:
-    """record_generation of every prompt, decoded together (models.packed.decode_packed; a
-    sequence ends at ``max_position`` tokens, default the cache's length)."""
+                       taps: tuple[int, ...] = ()) -> list[tuple[list[int], list, list, list]]:
+    """record_generation of every prompt, decoded together (models.packed.decode_packed)."""
     rec = [([p[-1]], [], [], []) for p in prompts]  # per prompt: tokens, features, tops, taps
 
     def observe(i, out, r):
@@ -213,7 +209,7 @@ def record_generations(model, prompts: list[list[int]], max_new_tokens: int, eos
         return int(rec[i][2][-1][0])  # the argmax, just observed
 
     new = decode_packed(model, prompts, max_new_tokens=max_new_tokens, choose=choose, eos_ids=set(eos_ids),
-                        observe=observe, need_hidden=True, taps=taps, max_position=max_position)
+                        observe=observe, need_hidden=True, taps=taps)
     for (toks, *_), n in zip(rec, new):
         toks.extend(n)
     return rec

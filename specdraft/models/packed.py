@@ -9,7 +9,7 @@ the slot). The native attention lists a row's visible keys in ascending slot ord
 over that list, so a row gets bit for bit what decoding its sequence alone computes. Prompts are
 prefilled one by one in blocks of ROW_EXACT_MAX rows (a longer prompt decoded alone goes through
 the batched prefill path, whose sums differ from these in the last bits). The model: a native
-LlamaModel, usually a ``with_cache`` view with room for several sequences.
+LlamaModel; the sequences get a cache of their own (``with_cache``), sized for them.
 
 Used to write and record training data for drafters (heads.requests, heads.data), where many
 independent continuations are wanted and none is waited on alone.
@@ -28,36 +28,41 @@ Choose = Callable[[int, torch.Tensor], int]
 Observe = Callable[[int, object, int], None]
 
 
+# Most cache positions the sequences decoded together hold (fp32 K and V of every layer: ~57 kB a
+# position for the default 1.5B target, so ~470 MB); more sequences wait for a later group
+MAX_PACKED = 8192
+
+
 @torch.inference_mode()
 def decode_packed(model, prompts: list[list[int]], *, max_new_tokens: int, choose: Choose, eos_ids=(),
-                  observe: Observe | None = None, need_hidden: bool = False, taps: tuple[int, ...] = (),
-                  max_position: int | None = None) -> list[list[int]]:
-    """The new tokens of every prompt (an end-of-sequence id ends one and is not kept), decoding
-    all of them together: as many at a time as the cache (model.max_length) holds with
-    ``max_new_tokens`` each (at least one). A sequence also ends at ``max_position`` tokens
-    (default: the cache's length; a model's ``with_cache`` view holds several of its sequences).
-    A prompt that alone cannot fit with one new token gets []. Leaves the cache empty. Example,
-    greedy continuations of two prompts:
+                  observe: Observe | None = None, need_hidden: bool = False,
+                  taps: tuple[int, ...] = ()) -> list[list[int]]:
+    """The new tokens of every prompt (an end-of-sequence id ends one and is not kept; so does
+    reaching ``model.max_length`` tokens), decoding them together in a cache of their own
+    (``model.with_cache``): all of them when they fit in MAX_PACKED positions with
+    ``max_new_tokens`` each, else in groups that do. A prompt of max_length tokens or more gets [].
+    ``model``'s own cache is left as it was. Example, greedy continuations of two prompts:
     ``decode_packed(m, [[1, 2], [3]], max_new_tokens=4, choose=lambda i, logits: int(logits.argmax()))``."""
     out: list[list[int]] = [[] for _ in prompts]
-    limit = min(max_position or model.max_length, model.max_length)
+    limit = model.max_length  # a sequence's positions: the model's RoPE tables
     todo = [i for i, p in enumerate(prompts) if 0 < len(p) < limit]
     while todo:
-        group, room = [], model.max_length
+        group, size = [], 0
         for i in todo:  # admit in order while the prompts and their new tokens fit
-            need = len(prompts[i]) + max_new_tokens
-            if group and need > room:
+            need = min(len(prompts[i]) + max_new_tokens, limit)
+            if group and size + need > MAX_PACKED:
                 break
             group.append(i)
-            room -= need
+            size += need
         todo = todo[len(group):]
-        _decode_group(model, prompts, group, out, max_new_tokens=max_new_tokens, choose=choose, eos_ids=eos_ids,
-                      observe=observe, need_hidden=need_hidden, taps=taps, limit=limit)
+        _decode_group(model.with_cache(size), prompts, group, out, max_new_tokens=max_new_tokens, choose=choose,
+                      eos_ids=eos_ids, observe=observe, need_hidden=need_hidden, taps=taps, limit=limit)
     return out
 
 
 def _decode_group(model, prompts, group, out, *, max_new_tokens, choose, eos_ids, observe, need_hidden, taps, limit):
-    """Decode the prompts ``group`` (indices into ``prompts``) together into ``out``."""
+    """Decode the prompts ``group`` (indices into ``prompts``) together into ``out``, in
+    ``model``'s cache (room for them all), each sequence at most ``limit`` tokens long."""
     model.reset()
     owner = torch.full((model.max_length,), -1, dtype=torch.int64)  # cache slot -> sequence index
     length: dict[int, int] = {}  # sequence -> tokens it has in the cache (its next position)
