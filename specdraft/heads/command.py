@@ -78,8 +78,8 @@ def add_train_args(p, *, kind: str | None = None) -> None:
                         "that carry a passage it wrote (translation into English, summaries, questions over a "
                         "document); auto: for a chat model self with every fourth request a passage one, else templates")
     p.add_argument("--record-batch", type=int, default=RECORD_BATCH,
-                   help="requests written and answered together in one cache while recording answers (the same "
-                        "answers, ~2.5x as many a minute at 8 on 2 cores); 1: one at a time")
+                   help="requests written and answered together in one cache while recording answers (the "
+                        "answers each alone gets, ~2.7x as many a minute at 8 on 2 cores); 1: one at a time")
     p.add_argument("--answer-weight", type=int, default=3, help="how many times the answers count against the corpus")
     p.add_argument("--train-minutes", type=float, default=None,
                    help="stop training after this long (eagle: a checkpoint in --out resumes it on the next run)")
