@@ -89,9 +89,10 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64) * cdf[:, -1:]  # [N, 1] in [0, total)
     # the first id whose cumulative sum passes u: one with p > 0, taken with chance p / total
     got = torch.searchsorted(cdf, u, right=True).squeeze(-1)
-    # u * total rounded up to total would point past the end: the last id with p > 0 instead
-    last = probs.shape[-1] - 1 - (probs.flip(-1) > 0).int().argmax(-1)
-    return torch.minimum(got, last)
+    V = probs.shape[-1]
+    if bool((got == V).any()):  # u * total rounded up to total: the last id with p > 0 instead
+        got = torch.minimum(got, V - 1 - (probs.flip(-1) > 0).int().argmax(-1))
+    return got
 
 
 def next_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator) -> int:

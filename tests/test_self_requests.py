@@ -27,8 +27,8 @@ def test_continuation_is_the_models_own_and_stops_at_eos(model_and_tokenizer):
     model, _ = model_and_tokenizer
     greedy = SamplingConfig()
     prompt = [3, 1, 4, 1, 5]
-    got = requests.sample_continuation(model, prompt, max_new_tokens=6, eos_ids=(), generator=make_generator(0),
-                                       sampling=greedy)
+    got = requests.sample_continuations(model, [prompt], max_new_tokens=6, eos_ids=(), generator=make_generator(0),
+                                        sampling=greedy)[0]
     model.reset()
     ids, plain = list(prompt), []
     for _ in range(6):  # plain greedy decoding, without a cache
@@ -36,10 +36,10 @@ def test_continuation_is_the_models_own_and_stops_at_eos(model_and_tokenizer):
         model.reset()
         ids.append(plain[-1])
     assert got == plain
-    assert requests.sample_continuation(model, prompt, max_new_tokens=6, eos_ids={plain[0]},
-                                        generator=make_generator(0), sampling=greedy) == []
-    cut = requests.sample_continuation(model, prompt, max_new_tokens=6, eos_ids={plain[2]},
-                                       generator=make_generator(0), sampling=greedy)
+    assert requests.sample_continuations(model, [prompt], max_new_tokens=6, eos_ids={plain[0]},
+                                         generator=make_generator(0), sampling=greedy)[0] == []
+    cut = requests.sample_continuations(model, [prompt], max_new_tokens=6, eos_ids={plain[2]},
+                                        generator=make_generator(0), sampling=greedy)[0]
     assert cut == plain[:plain.index(plain[2])]
 
 
@@ -78,11 +78,11 @@ def test_passage_requests_wrap_a_passage_the_target_wrote(model_and_tokenizer, m
     # the passage is the target's own sampled answer to the writing request: same seed, same text
     generator = requests.make_generator(5)
     opener, wrap = random.Random(5).choice(requests.PASSAGE_TASKS)
-    topic = requests._first_line(model, tok, "<user>" + opener, max_new_tokens=4, eos_ids=eos, generator=generator)
-    passage = requests._answer(model, tok, f"{opener} {topic}".strip(), eos_ids=eos, generator=generator)
+    topic = requests._first_lines(model, tok, ["<user>" + opener], max_new_tokens=4, eos_ids=eos, generator=generator)[0]
+    passage = requests._answers(model, tok, [f"{opener} {topic}".strip()], eos_ids=eos, generator=generator)[0]
     assert topic and len(passage) >= 3 and wrap == "{p} Q: {q}"  # seed 5's first request (for this tiny model)
-    question = requests._first_line(model, tok, f"<user>{passage}\n\nQuestion:", max_new_tokens=4, eos_ids=eos,
-                                    generator=generator)
+    question = requests._first_lines(model, tok, [f"<user>{passage}\n\nQuestion:"], max_new_tokens=4, eos_ids=eos,
+                                     generator=generator)[0]
     assert question and a[0] == f"{passage} Q: {question}"
 
 

@@ -7,6 +7,7 @@ quantity comes from the text and one forward, so nothing has to be generated.
 """
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -175,13 +176,8 @@ def record_answers(model, prompts, *, max_new_tokens: int = 160, eos_ids=(), sec
             for prompt in filter(keep, prompts):
                 yield record_generation(model, prompt, max_new_tokens, eos_ids, taps), prompt
             return
-        chunk = []
-        for prompt in filter(keep, prompts):
-            chunk.append(prompt)
-            if len(chunk) == batch:
-                yield from zip(record_generations(model, chunk, max_new_tokens, eos_ids, taps), chunk)
-                chunk = []
-        if chunk:
+        kept = filter(keep, prompts)
+        while chunk := list(itertools.islice(kept, batch)):
             yield from zip(record_generations(model, chunk, max_new_tokens, eos_ids, taps), chunk)
 
     def rows():

@@ -70,13 +70,6 @@ def sample_continuations(model, prompts: list[list[int]], *, max_new_tokens: int
                          choose=lambda i, logits: next_token(logits, sampling, generator))
 
 
-def sample_continuation(model, ids: list[int], *, max_new_tokens: int, eos_ids, generator: torch.Generator,
-                        sampling: SamplingConfig = SAMPLING) -> list[int]:
-    """Tokens sampled after ``ids`` until an end-of-sequence id (not kept) or ``max_new_tokens``."""
-    return sample_continuations(model, [ids], max_new_tokens=max_new_tokens, eos_ids=eos_ids, generator=generator,
-                                sampling=sampling)[0]
-
-
 def _continue_texts(model, tokenizer, texts: list[str], *, max_new_tokens: int, eos_ids, generator,
                     sampling: SamplingConfig = SAMPLING) -> list[tuple[str, bool]]:
     """The target's sampled continuation of each of ``texts`` (decoded), and whether it ran to
@@ -85,11 +78,6 @@ def _continue_texts(model, tokenizer, texts: list[str], *, max_new_tokens: int, 
     new = sample_continuations(model, ids, max_new_tokens=max_new_tokens, eos_ids=eos_ids, generator=generator,
                                sampling=sampling)
     return [(tokenizer.decode(n, skip_special_tokens=True), len(n) == max_new_tokens) for n in new]
-
-
-def _continue_text(model, tokenizer, text: str, **kw) -> tuple[str, bool]:
-    """_continue_texts of one text."""
-    return _continue_texts(model, tokenizer, [text], **kw)[0]
 
 
 def _chunks(n: int, batch: int) -> Iterator[int]:
@@ -125,11 +113,6 @@ def _first_lines(model, tokenizer, texts: list[str], *, max_new_tokens: int, eos
     return [rest.split("\n")[0].strip() for rest, _ in got]
 
 
-def _first_line(model, tokenizer, text: str, **kw) -> str:
-    """_first_lines of one text."""
-    return _first_lines(model, tokenizer, [text], **kw)[0]
-
-
 def _answers(model, tokenizer, requests: list[str], *, eos_ids, generator) -> list[str]:
     """The target's sampled answer to each of ``requests`` (one user turn); one that runs past
     MAX_PASSAGE_TOKENS is cut after its last full sentence or paragraph."""
@@ -144,11 +127,6 @@ def _answers(model, tokenizer, requests: list[str], *, eos_ids, generator) -> li
             out = out[:end + 1].strip() if end > 0 else out
         answers.append(out)
     return answers
-
-
-def _answer(model, tokenizer, request: str, **kw) -> str:
-    """_answers to one request."""
-    return _answers(model, tokenizer, [request], **kw)[0]
 
 
 def passage_requests(model, tokenizer, n: int, *, seed: int = 0, eos_ids=(), batch: int = 1) -> Iterator[str]:

@@ -360,26 +360,23 @@ class LlamaModel:
         copy of the target that drafts for it (self-speculation, drafters.self_draft)."""
         if not keep or sorted(set(keep)) != list(keep) or not 0 <= keep[0] <= keep[-1] < len(self.layers):
             raise ValueError(f"layers to keep must be ascending indices into {len(self.layers)} layers, got {keep}")
-        view = copy.copy(self)
-        view.layers = [self.layers[i] for i in keep]
         own = (lambda c: c) if share_cache else torch.zeros_like
-        view.k_cache = [own(self.k_cache[i]) for i in keep]
-        view.v_cache = [own(self.v_cache[i]) for i in keep]
-        view.length = 0
-        view._segment_cache = {}
-        if self._decoder is not None:
-            view._decoder = view._build_decoder()
-        return view
+        return self._view([self.layers[i] for i in keep], [own(self.k_cache[i]) for i in keep],
+                          [own(self.v_cache[i]) for i in keep], self.max_length)
 
     def with_cache(self, capacity: int) -> LlamaModel:
         """This model with a KV cache of its own for ``capacity`` positions (the same weights,
         nothing copied): room for several sequences decoded together in one cache (models.packed),
         each at most this model's max_length long (its RoPE tables)."""
-        view = copy.copy(self)
         shape = (self.spec.num_kv_heads, -(-capacity // ATTN_CHUNK) * ATTN_CHUNK, self.spec.head_dim)
-        view.k_cache = [torch.zeros(shape, dtype=self.dtype) for _ in self.layers]
-        view.v_cache = [torch.zeros(shape, dtype=self.dtype) for _ in self.layers]
-        view.max_length = capacity
+        return self._view(self.layers, [torch.zeros(shape, dtype=self.dtype) for _ in self.layers],
+                          [torch.zeros(shape, dtype=self.dtype) for _ in self.layers], capacity)
+
+    def _view(self, layers: list, k_cache: list, v_cache: list, max_length: int) -> LlamaModel:
+        """A shallow copy of this model (the same weight tensors) running ``layers`` over these
+        caches of ``max_length`` positions, empty, with its native decoder built over them."""
+        view = copy.copy(self)
+        view.layers, view.k_cache, view.v_cache, view.max_length = layers, k_cache, v_cache, max_length
         view.length = 0
         view._segment_cache = {}
         if self._decoder is not None:
