@@ -2,8 +2,17 @@
 // order, so a row's result depends on that row alone (speculative verification stays exact).
 #pragma once
 #include <immintrin.h>
+#include <cstdint>
+#include <cstring>
 
 namespace simd {
+
+// the 4 bytes at p in every 32-bit lane (one vpbroadcastd from memory)
+inline __m256i bcast4(const void* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
 
 inline float hsum128(__m128 s) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

@@ -1,0 +1,111 @@
+"""The GGUF kernels of this checkout against those of another commit, in one process, round robin:
+
+    python scripts/kernel_ab.py [--base REV] [--blocks 1,2,4,8,16] [--rounds 7] [--model]
+
+Builds the kernel sources of REV (default HEAD, i.e. the last commit against the working tree)
+under another module name, checks that both give the same bits on every product of the default
+target's shapes, then times every product over those shapes (~1 GB of random records) for each
+block of rows, the two builds alternating, so a slow phase of the machine hits both alike.
+--model also times whole forwards of the default target at context 300 with each build's
+native decoder over the same weights and caches. Prints medians in ms and base / this ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from specdraft.bench.kernel_cost import random_records
+from specdraft.cache import cache_root
+from specdraft.kernels import FLAGS, HERE, SOURCES, gguf_ops
+from specdraft.kernels.plan import DEFAULT_TARGET_SHAPES
+
+
+def build_base(rev: str):
+    """The kernels of commit rev, compiled once into the cache under their own module name."""
+    root = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=HERE, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    rel = HERE.relative_to(root).as_posix()
+    names = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:{rel}"], cwd=root, capture_output=True, text=True,
+                           check=True).stdout.split()
+    src = Path(tempfile.mkdtemp(prefix="kernels-base-"))
+    code = b""
+    for n in names:
+        if n.endswith((".cpp", ".h")):
+            data = subprocess.run(["git", "show", f"{rev}:{rel}/{n}"], cwd=root, capture_output=True, check=True).stdout
+            (src / n).write_bytes(data)
+            code += data
+    key = hashlib.sha256(code + " ".join(FLAGS).encode() + torch.__version__.encode()).hexdigest()[:12]
+    build = cache_root() / "ext" / f"gguf_base-{key}"
+    build.mkdir(parents=True, exist_ok=True)
+    from torch.utils import cpp_extension
+
+    return cpp_extension.load(name=f"specdraft_gguf_base_{key}", sources=[str(src / p.name) for p in SOURCES],
+                              extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
+
+
+def product(ops, w, xq):
+    return (ops.q4k_matmul if w.kind == "Q4_K" else ops.q6k_matmul)(*xq[w.in_features], w.w, w.out_features)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", default="HEAD")
+    ap.add_argument("--blocks", default="1,2,4,8,16")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--model", action="store_true", help="also whole forwards of the default target")
+    args = ap.parse_args()
+    blocks = [int(b) for b in args.blocks.split(",")]
+    builds = {"base": build_base(args.base), "this": gguf_ops()}
+    print(f"kernel path: {builds['this'].kernel_path()}; base {args.base}")
+    gen = torch.Generator().manual_seed(0)
+    weights = [random_records(k, o, i, gen) for k, o, i in DEFAULT_TARGET_SHAPES]
+    xq = {k: {i: builds["this"].quantize_q8k(torch.randn(k, i, generator=gen)) for i in (1536, 8960)} for k in blocks}
+    for k in blocks:
+        for w in weights[:12] + weights[-1:]:
+            if not torch.equal(product(builds["base"], w, xq[k]), product(builds["this"], w, xq[k])):
+                sys.exit(f"different bits: {w.kind} {w.out_features}x{w.in_features}, {k} rows")
+    print("same bits on every product checked")
+    timed = {"kernels": lambda ops, k: [product(ops, w, xq[k]) for w in weights]}
+    if args.model:
+        from specdraft.pipeline import load_model
+
+        m = load_model("qwen2.5-coder-1.5b", dtype="auto", weight_format="auto", max_length=400).model
+        m.reset()
+        m.forward(torch.randint(0, 32000, (300,), generator=gen), last_only=True)
+        decoders = {}
+        for name, ops in builds.items():
+            m._ops = ops
+            decoders[name] = m._build_decoder()
+        ids = {k: torch.randint(0, 32000, (k,), generator=gen) for k in blocks}
+
+        def forward(ops, k):
+            m._decoder = decoders["base" if ops is builds["base"] else "this"]
+            m.rollback(300)
+            m.forward(ids[k])
+        timed["forward"] = forward
+    times = {(what, b, k): [] for what in timed for b in builds for k in blocks}
+    for r in range(args.rounds + 1):  # round 0 warms up
+        for k in blocks:
+            for what, f in timed.items():
+                for b in (("base", "this") if r % 2 else ("this", "base")):
+                    t0 = time.perf_counter()
+                    f(builds[b], k)
+                    if r:
+                        times[what, b, k].append(time.perf_counter() - t0)
+    for what in timed:
+        print(f"{what} (ms, median of {args.rounds})")
+        for k in blocks:
+            base, this = (statistics.median(times[what, b, k]) * 1e3 for b in ("base", "this"))
+            print(f"  {k:3d} rows: base {base:7.1f}  this {this:7.1f}  base/this {base / this:.2f}")
+
+
+if __name__ == "__main__":
+    main()
