@@ -1,6 +1,6 @@
 """The GGUF kernels of this checkout against those of another commit, in one process, round robin:
 
-    python scripts/kernel_ab.py [--base REV] [--blocks 1,2,4,8,16] [--rounds 7] [--model]
+    python scripts/kernel_ab.py [--base REV] [--blocks 1,2,4,8,16] [--rounds 7] [--threads N] [--model]
 
 Builds the kernel sources of REV (default HEAD, i.e. the last commit against the working tree)
 under another module name, checks that both give the same bits on every product of the default
@@ -8,6 +8,7 @@ target's shapes, then times every product over those shapes (~1 GB of random rec
 block of rows, the two builds alternating, so a slow phase of the machine hits both alike.
 --model also times whole forwards of the default target at context 300 with each build's
 native decoder over the same weights and caches. Prints medians in ms and base / this ratios.
+--threads 1 measures one core alone (on shared VMs the second vCPU's speed comes and goes).
 """
 from __future__ import annotations
 
@@ -60,11 +61,14 @@ def main() -> None:
     ap.add_argument("--base", default="HEAD")
     ap.add_argument("--blocks", default="1,2,4,8,16")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     ap.add_argument("--model", action="store_true", help="also whole forwards of the default target")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     blocks = [int(b) for b in args.blocks.split(",")]
     builds = {"base": build_base(args.base), "this": gguf_ops()}
-    print(f"kernel path: {builds['this'].kernel_path()}; base {args.base}")
+    print(f"kernel path: {builds['this'].kernel_path()}; base {args.base}; {torch.get_num_threads()} threads")
     gen = torch.Generator().manual_seed(0)
     weights = [random_records(k, o, i, gen) for k, o, i in DEFAULT_TARGET_SHAPES]
     xq = {k: {i: builds["this"].quantize_q8k(torch.randn(k, i, generator=gen)) for i in (1536, 8960)} for k in blocks}

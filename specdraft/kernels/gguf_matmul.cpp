@@ -60,8 +60,10 @@ inline void store_rows(const float (*acc)[8], float* out, int64_t t0, int64_t O,
 // output is one lane: no horizontal sums, and every (t, o) takes the same steps for any NT.
 // A sub-block's weights are unpacked once into 8 registers and serve all NT rows, each row's
 // products summed in one chain; the per-row integer and float sums live in L1 (one load and
-// store per sub-block), not in registers, so NT can reach 8 without spills (measured on a Zen 3
-// core, 16 rows of 1536 x 8960: 67 -> 90 G products/s against all sums in registers, 4 rows a pass).
+// store per sub-block), not in registers, so NT can reach 8 without spills (Zen 3, one core,
+// `python scripts/kernel_ab.py --threads 1`: the default target's products over 8 rows 1.16x faster
+// than with every sum in registers, 4 rows a pass, whose compiled form spilled them; 1.00-1.07x
+// at 1, 2, 4 and 16 rows).
 template <int NT>
 inline void q4k_rows(const uint8_t* w, const int8_t* qx, const float* xs, const int16_t* bsums, int64_t nb,
                      int64_t in, int64_t t0, float* out, int64_t O, int64_t valid) {
@@ -122,7 +124,7 @@ inline void q4k_rows(const uint8_t* w, const int8_t* qx, const float* xs, const 
 // the -32 offset, is sum (q - 32) x over 8 inputs a lane, |.| <= 8 * 32 * 127 < 2^15: so each lane
 // starts at -32 * (its inputs' sum of x) (corr, the same for every output row) and one vpmaddwd
 // per sub-block of 16 inputs applies the scales. 10 multiplies per 256 products instead of 16.
-// Sums in L1 as in q4k_rows (Zen 3 core, 16 rows of 1536 x 8960: 62 -> 77 G products/s).
+// Sums in L1 as in q4k_rows.
 template <int NT>
 inline void q6k_rows(const uint8_t* w, const int8_t* qx, const float* xs, const int32_t* corr, int64_t nb,
                      int64_t in, int64_t t0, float* out, int64_t O, int64_t valid) {
