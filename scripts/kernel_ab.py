@@ -36,20 +36,23 @@ def build_base(rev: str):
     rel = HERE.relative_to(root).as_posix()
     names = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:{rel}"], cwd=root, capture_output=True, text=True,
                            check=True).stdout.split()
-    src = Path(tempfile.mkdtemp(prefix="kernels-base-"))
-    code = b""
-    for n in names:
-        if n.endswith((".cpp", ".h")):
-            data = subprocess.run(["git", "show", f"{rev}:{rel}/{n}"], cwd=root, capture_output=True, check=True).stdout
-            (src / n).write_bytes(data)
-            code += data
-    key = hashlib.sha256(code + " ".join(FLAGS).encode() + torch.__version__.encode()).hexdigest()[:12]
-    build = cache_root() / "ext" / f"gguf_base-{key}"
-    build.mkdir(parents=True, exist_ok=True)
-    from torch.utils import cpp_extension
+    with tempfile.TemporaryDirectory(prefix="kernels-base-") as tmp:  # the sources are needed only to build
+        src = Path(tmp)
+        code = b""
+        for n in names:
+            if n.endswith((".cpp", ".h")):
+                data = subprocess.run(["git", "show", f"{rev}:{rel}/{n}"], cwd=root, capture_output=True,
+                                      check=True).stdout
+                (src / n).write_bytes(data)
+                code += data
+        key = hashlib.sha256(code + " ".join(FLAGS).encode() + torch.__version__.encode()).hexdigest()[:12]
+        build = cache_root() / "ext" / f"gguf_base-{key}"
+        build.mkdir(parents=True, exist_ok=True)
+        from torch.utils import cpp_extension
 
-    return cpp_extension.load(name=f"specdraft_gguf_base_{key}", sources=[str(src / p.name) for p in SOURCES],
-                              extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
+        return cpp_extension.load(name=f"specdraft_gguf_base_{key}", sources=[str(src / p.name) for p in SOURCES],
+                                  extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(build),
+                                  verbose=False)
 
 
 def product(ops, w, xq):
