@@ -13,7 +13,6 @@ native decoder over the same weights and caches. Prints medians in ms and base /
 from __future__ import annotations
 
 import argparse
-import hashlib
 import statistics
 import subprocess
 import sys
@@ -23,9 +22,8 @@ from pathlib import Path
 
 import torch
 
-from specdraft.bench.kernel_cost import random_records
-from specdraft.cache import cache_root
-from specdraft.kernels import FLAGS, HERE, SOURCES, gguf_ops
+from specdraft.bench.kernel_cost import product, random_records
+from specdraft.kernels import HERE, SOURCES, build_dir, build_kernels, gguf_ops
 from specdraft.kernels.plan import DEFAULT_TARGET_SHAPES
 
 
@@ -45,18 +43,7 @@ def build_base(rev: str):
                                       check=True).stdout
                 (src / n).write_bytes(data)
                 code += data
-        key = hashlib.sha256(code + " ".join(FLAGS).encode() + torch.__version__.encode()).hexdigest()[:12]
-        build = cache_root() / "ext" / f"gguf_base-{key}"
-        build.mkdir(parents=True, exist_ok=True)
-        from torch.utils import cpp_extension
-
-        return cpp_extension.load(name=f"specdraft_gguf_base_{key}", sources=[str(src / p.name) for p in SOURCES],
-                                  extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(build),
-                                  verbose=False)
-
-
-def product(ops, w, xq):
-    return (ops.q4k_matmul if w.kind == "Q4_K" else ops.q6k_matmul)(*xq[w.in_features], w.w, w.out_features)
+        return build_kernels([src / p.name for p in SOURCES], build_dir("gguf_base", code), "specdraft_gguf_base")
 
 
 def main() -> None:
@@ -77,10 +64,11 @@ def main() -> None:
     xq = {k: {i: builds["this"].quantize_q8k(torch.randn(k, i, generator=gen)) for i in (1536, 8960)} for k in blocks}
     for k in blocks:
         for w in weights[:12] + weights[-1:]:
-            if not torch.equal(product(builds["base"], w, xq[k]), product(builds["this"], w, xq[k])):
+            base, this = (product(builds[b], w, xq[k][w.in_features]) for b in ("base", "this"))
+            if not torch.equal(base, this):
                 sys.exit(f"different bits: {w.kind} {w.out_features}x{w.in_features}, {k} rows")
     print("same bits on every product checked")
-    timed = {"kernels": lambda ops, k: [product(ops, w, xq[k]) for w in weights]}
+    timed = {"kernels": lambda ops, k: [product(ops, w, xq[k][w.in_features]) for w in weights]}
     if args.model:
         from specdraft.pipeline import load_model
 

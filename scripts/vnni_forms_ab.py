@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from specdraft.bench.kernel_cost import random_records
+from specdraft.bench.kernel_cost import product, random_records
 from specdraft.kernels import gguf_ops, plan
 
 BLOCKS = [1, 2, 3, 4, 5, 6, 8, 16]
@@ -31,7 +31,7 @@ def main(rounds: int) -> None:
                 ops.set_vnni_forms(masks)
                 t0 = time.perf_counter()
                 for w in weights:
-                    (ops.q4k_matmul if w.kind == "Q4_K" else ops.q6k_matmul)(*xq[k][w.in_features], w.w, w.out_features)
+                    product(ops, w, xq[k][w.in_features])
                 times[name, k].append(time.perf_counter() - t0)
     print("rows      " + "".join(f"{k:>8d}" for k in BLOCKS))
     for name in settings:

@@ -31,6 +31,11 @@ def random_records(kind: str, out_f: int, in_f: int, gen: torch.Generator) -> Qu
     return QuantTensor(kind, out_f, in_f, w.reshape(groups, -1))
 
 
+def product(ops, w: QuantTensor, xq) -> torch.Tensor:
+    """The kernels' product of quantized activations xq (quantize_q8k's triple) and records w."""
+    return (ops.q4k_matmul if w.kind == "Q4_K" else ops.q6k_matmul)(*xq, w.w, w.out_features)
+
+
 def kernel_costs(spec: str, blocks=(1, 2, 4, 8, 16, 32), shapes=DEFAULT_TARGET_SHAPES, repeats: int = 5,
                  warmup: int = 1) -> tuple[list[str], dict[str, dict[str, list]]]:
     """spec: ISA paths, comma-separated, or "all" this CPU has -> (paths, {path: {"tokens": [k...],
@@ -58,7 +63,7 @@ def kernel_costs(spec: str, blocks=(1, 2, 4, 8, 16, 32), shapes=DEFAULT_TARGET_S
                     ops.set_kernel_path(p)
                     t0 = time.perf_counter()
                     for w in weights:
-                        (ops.q4k_matmul if w.kind == "Q4_K" else ops.q6k_matmul)(*xq[k][w.in_features], w.w, w.out_features)
+                        product(ops, w, xq[k][w.in_features])
                     if r >= warmup:
                         times[p, k].append(time.perf_counter() - t0)
     finally:

@@ -40,6 +40,22 @@ def cpu_supports_avx2() -> bool:
     return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
 
+def build_dir(label: str, code: bytes) -> Path:
+    """<cache>/ext/<label>-<key>, the key a hash of the sources, flags and torch version."""
+    key = hashlib.sha256(code + " ".join(FLAGS).encode() + torch.__version__.encode()).hexdigest()[:12]
+    build = cache_root() / "ext" / f"{label}-{key}"
+    build.mkdir(parents=True, exist_ok=True)
+    return build
+
+
+def build_kernels(sources: list[Path], build: Path, module: str):
+    """The extension of these sources, compiled into build (once) as module_<key>."""
+    from torch.utils import cpp_extension
+
+    return cpp_extension.load(name=f"{module}_{build.name.rsplit('-', 1)[1]}", sources=[str(p) for p in sources],
+                              extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
+
+
 @lru_cache(maxsize=1)
 def gguf_ops():
     if not cpu_supports_avx2():
@@ -53,19 +69,14 @@ def gguf_ops():
         pass
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         raise KernelUnavailable("the GGUF kernels need a C++ compiler (apt install g++)")
-    from torch.utils import cpp_extension
-
     code = b"".join(p.read_bytes() for p in SOURCES + HEADERS)
-    key = hashlib.sha256(code + " ".join(FLAGS).encode() + torch.__version__.encode()).hexdigest()[:12]
-    build = cache_root() / "ext" / f"gguf_matmul-{key}"
-    build.mkdir(parents=True, exist_ok=True)
+    build = build_dir("gguf_matmul", code)
     # a status line on a terminal only, erased when done: never a line of a log or an error
     building = console().status("building the GGUF kernels (once, about a minute)...") \
         if not any(build.glob("*.so")) else nullcontext()
     try:
         with building:
-            return cpp_extension.load(name=f"specdraft_gguf_{key}", sources=[str(p) for p in SOURCES], extra_cflags=FLAGS,
-                                      extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
+            return build_kernels(SOURCES, build, "specdraft_gguf")
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise KernelUnavailable(f"building the GGUF kernels failed ({first}); see {build}") from None
