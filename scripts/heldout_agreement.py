@@ -48,7 +48,7 @@ def main() -> None:
     p.add_argument("--bench", type=int, default=None)
     p.add_argument("--vocab", type=int, default=None,
                    help="with --coverage: judge MLP heads over the VOCAB ids those files rank first, not their own")
-    args = p.parse_args()
+    args = p.parse_intermixed_args()  # drafters may follow the options too
     sd = Speculator(args.target, dtype="fp32", runtime="native", max_length=2048, load_draft=False)
     target = sd.target.model
     if args.bench:
