@@ -10,6 +10,8 @@ per second.
 """
 from __future__ import annotations
 
+import math
+
 PRIOR_SLOPE = 0.05  # assumed extra cost per token of a block size not yet measured (optimistic:
 # an unmeasured length gets tried, and measured)
 ALPHA = 0.2  # weight of a new measurement in the running mean
@@ -21,49 +23,91 @@ def running_mean(mean: float, x: float) -> float:
 
 
 class ForwardCosts:
-    """Running mean seconds of target forwards over T new tokens, and what a block costs against
-    a one-token forward timed at the same time.
+    """What a target forward over T new tokens costs against a one-token forward of the same
+    moment, learnt from the forwards the engine times while decoding.
 
-    This machine runs in phases minutes long, one ~2x slower than the other. A block size is
-    timed far less often than single tokens, so its mean seconds over the one-token mean of
-    another phase is off by up to 2x, both ways. So each block's time is divided by the
-    one-token mean of that moment (``relative``), and ratios are averaged, not seconds."""
+    These machines run in phases minutes long, one up to ~2x slower than the other, and a
+    speculating engine runs few one-token forwards (only steps with nothing to check). Dividing
+    a block's time by a one-token mean timed minutes earlier mixed the phases (measured, AVX2
+    EPYC, head chains: 2 tokens 0.97x one, 4 tokens 2.64x, where forwards timed side by side give
+    1.13x and 1.58x). So ratios are learnt from neighbours: two forwards in a row run in the same
+    phase, and log(s_b / s_a) estimates log r(b) - log r(a); each pair of different sizes moves
+    both estimates toward it (one-token forwards fix r(1) = 1). One-token forwards anchor the
+    chain of pairs; the engine runs one when none was timed for ANCHOR forwards
+    (``wants_one``)."""
 
     EXPLORE = 16  # choose_length: one in EXPLORE cuts to nothing sends a draft anyway
+    ANCHOR = 128  # forwards after which a one-token forward is due again
 
     def __init__(self):
-        self.seconds: dict[int, float] = {}
-        self.relative: dict[int, float] = {}  # T -> running mean of cost(T) / cost(1) at that time
+        self.seconds: dict[int, float] = {}  # T -> running mean seconds (mixes phases; see ratio)
+        self.log_ratio: dict[int, float] = {1: 0.0}  # T -> estimated log(cost(T) / cost(1))
+        self.one_now = 0.0  # a one-token forward's seconds in the current phase (latest forwards)
+        self.last: tuple[int, float] | None = None  # the previous forward: (T, seconds)
+        self.since_one = 0  # forwards since the latest one-token forward
         self.cuts = 0  # drafts choose_length cut to nothing
+        self.frozen = False  # record() learns nothing (ForwardCosts.fixed)
+
+    @classmethod
+    def fixed(cls, ratios: dict[int, float], one_seconds: float) -> ForwardCosts:
+        """A table that does not learn: cost(T) / cost(1) = ratios[T] (T = 1 implied), a one-token
+        forward ``one_seconds`` (tests, and runs that should not adapt)."""
+        c = cls()
+        c.frozen = True
+        c.seconds = {1: one_seconds} | {t: r * one_seconds for t, r in ratios.items()}
+        c.log_ratio |= {t: math.log(r) for t, r in ratios.items() if t > 1}
+        c.one_now = one_seconds
+        return c
 
     @property
     def measured(self) -> bool:
         """A one-token forward has been timed: ratios mean something."""
         return bool(self.seconds.get(1))
 
+    def wants_one(self) -> bool:
+        """Whether the next step should be a one-token forward, to anchor the ratios: none timed
+        yet, or none for ANCHOR forwards."""
+        return not self.measured or self.since_one >= self.ANCHOR
+
     def record(self, tokens: int, seconds: float) -> None:
-        old = self.seconds.get(tokens)
-        self.seconds[tokens] = seconds if old is None else old + ALPHA * (seconds - old)
-        one = self.seconds.get(1)
-        if tokens > 1 and one:
-            self.relative[tokens] = running_mean(self.relative.get(tokens, 0.0), seconds / one)
+        if self.frozen:
+            return
+        self.seconds[tokens] = running_mean(self.seconds.get(tokens, 0.0), seconds)
+        self.since_one = 0 if tokens == 1 else self.since_one + 1
+        if self.last is not None and self.last[0] != tokens:
+            self._pair(*self.last, tokens, seconds)
+        self.last = (tokens, seconds)
+        if tokens in self.log_ratio and self.measured:
+            self.one_now = running_mean(self.one_now, seconds / self._ratio_at(tokens))
+
+    def _pair(self, a: int, sa: float, b: int, sb: float) -> None:
+        """Forwards over a then b tokens, timed one after the other (one phase)."""
+        seen = self.log_ratio
+        step = math.log(sb / sa)  # ~ log r(b) - log r(a)
+        if a in seen and b not in seen:
+            seen[b] = seen[a] + step
+        elif b in seen and a not in seen:
+            seen[a] = seen[b] - step
+        elif a in seen and b in seen:
+            err = step - (seen[b] - seen[a])
+            for t, sign in ((a, -1.0), (b, 1.0)):
+                if t != 1:
+                    seen[t] += sign * ALPHA * err
 
     def _ratio_at(self, tokens: int) -> float:
         """cost(tokens) / cost(1) for a measured size."""
-        if tokens == 1:
-            return 1.0
-        return self.relative.get(tokens) or self.seconds[tokens] / self.seconds[1]
+        return math.exp(self.log_ratio[tokens])
 
     def ratio(self, tokens: int) -> float:
         """cost(tokens) / cost(1); linear between measured sizes, beyond them the last measured
         segment's slope (at least the prior's)."""
-        if not self.seconds.get(1) or tokens <= 1:
-            return 1.0 + PRIOR_SLOPE * (tokens - 1)
-        known = sorted(t for t in self.seconds if t <= tokens)
+        if not self.measured or tokens <= 1:
+            return 1.0 + PRIOR_SLOPE * (max(tokens, 1) - 1)
+        known = sorted(t for t in self.log_ratio if t <= tokens)
         lo = known[-1]
         if lo == tokens:
             return self._ratio_at(tokens)
-        above = [t for t in self.seconds if t > tokens]
+        above = [t for t in self.log_ratio if t > tokens]
         if above:
             hi = min(above)
             r_lo, r_hi = self._ratio_at(lo), self._ratio_at(hi)

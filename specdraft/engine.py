@@ -160,7 +160,8 @@ class Engine:
                 # 1. Draft.
                 t0 = time.perf_counter()
                 room = min(self.spec.draft_len, gen.max_new_tokens - len(generated) - 1)
-                drafted = room > 0 and self.policy.draft_now(self.drafter)
+                # (a plain step now and then: a one-token forward anchors the cost ratios, see costs)
+                drafted = room > 0 and not self.policy.wants_one() and self.policy.draft_now(self.drafter)
                 sent = self.policy.cut(self.drafter.propose(context, room, sampling, generator) if drafted
                                        else Draft(), max(room, 0))
                 draft = sent.draft

@@ -56,14 +56,18 @@ class DraftPolicy:
         return self.enabled and self.costs.measured
 
     def in_forwards(self, seconds: float) -> float:
-        """``seconds`` in one-token target forwards (0 before one is timed)."""
-        one = self.costs.seconds.get(1)
+        """``seconds`` in one-token target forwards of the current phase (0 before one is timed)."""
+        one = self.costs.one_now
         return seconds / one if one else 0.0
 
     def best_length(self, sure: list[float], draft_cost: float = 0.0, free: int = 0) -> int:
         """ForwardCosts.best_length: how many guesses of these chances (sure[i]: P(the first
         i + 1 all pass)) pay, each costing ``draft_cost`` one-token forwards to make."""
         return self.costs.best_length(sure, draft_cost, free)
+
+    def wants_one(self) -> bool:
+        """The cost rule is on and a one-token forward is due to anchor its ratios (ForwardCosts)."""
+        return self.enabled and self.costs.wants_one()
 
     def draft_now(self, drafter) -> bool:
         """Run ``drafter`` this step? No while its steps do not pay (then every Payoff.EXPLORE-th)."""

@@ -298,11 +298,7 @@ def fixed_costs(per_token: float):
     kept fixed while generating."""
     from specdraft.costs import ForwardCosts
 
-    costs = ForwardCosts()
-    for t in range(1, 12):
-        costs.seconds[t] = 0.005 * (1 + per_token * (t - 1))
-    costs.record = lambda tokens, seconds: None
-    return costs
+    return ForwardCosts.fixed({t: 1 + per_token * (t - 1) for t in range(2, 12)}, 0.005)
 
 
 @pytest.mark.parametrize("per_token, draft_seconds, expect_drafts", [

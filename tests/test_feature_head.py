@@ -196,12 +196,9 @@ def test_cost_aware_head_stays_exact_and_cuts_drafts(target, trained):
     prompt = [3, 1, 4, 1, 5]
     plain, _ = generate(target, "none", prompt)
     for per_token, expect_drafts in ((1.0, False), (0.0, True)):
-        costs = ForwardCosts()
-        for t in range(1, 12):
-            costs.seconds[t] = 0.05 * (1 + per_token * (t - 1))
+        costs = ForwardCosts.fixed({t: 1 + per_token * (t - 1) for t in range(2, 12)}, 0.05)  # kept while generating
         e = engine(target, "head", head, k=4, cost_rule=True)
         e.costs = e.policy.costs = costs
-        costs.record = lambda tokens, seconds: None  # keep the table fixed while generating
         e.generate(prompt, SamplingConfig(), GenerationConfig(max_new_tokens=40))
         assert list(e.token_ids) == plain
         if expect_drafts:

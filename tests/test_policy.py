@@ -94,8 +94,8 @@ def test_the_engine_cuts_learns_by_proposed_node_and_skips_what_does_not_pay(tmp
     assert all({j for j, _ in judged} <= {0, 2} for judged in drafter.learned)  # (the last step: room for 1)
 
     drafter = Fixed()
-    e = Engine(target, FakeTokenizer(), drafter, SpecConfig(method="fixed", k=2), costs=costs(**STEEP))
-    e.costs.record = lambda tokens, seconds: None  # keep the steep table while generating
+    steep = ForwardCosts.fixed({int(t[1:]): v / STEEP["t1"] for t, v in STEEP.items() if t != "t1"}, STEEP["t1"] / 1000)
+    e = Engine(target, FakeTokenizer(), drafter, SpecConfig(method="fixed", k=2), costs=steep)  # kept while generating
     steps = Payoff.WARMUP + 6 * Payoff.EXPLORE
     e.generate([3, 4, 5, 3], SamplingConfig(), GenerationConfig(max_new_tokens=steps, ignore_eos=True))
     assert e.token_ids[:6] == plain.token_ids

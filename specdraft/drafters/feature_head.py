@@ -208,13 +208,28 @@ class FeatureHeadDrafter(RatedGuesses):
             layer = sorted(new, key=lambda j: -chance[j])[:BEAM]
             if chance[layer[0]] < MIN_CHANCE:  # nothing below here would be worth its verification
                 break
-            if costed:  # another round only while this layer's best node would be sent
-                ranked = sorted(chance, reverse=True)
-                if chance[layer[0]] < ranked[max(self.policy.best_length(ranked, draft_cost * rounds) - 1, 0)]:
-                    break
+            if costed:  # expand only nodes the check would take: a child is never likelier than its parent
+                layer = self._worth_expanding(layer, chance, draft_cost)
         self.step_seconds = running_mean(self.step_seconds, (time.perf_counter() - t0) / rounds)
         self.proposed = conf
         return Draft(tokens, parents=parents, chances=chance)
+
+    def _worth_expanding(self, layer: list[int], chance: list[float], draft_cost: float) -> list[int]:
+        """The nodes of ``layer`` (likeliest first) whose children could still be sent: those at
+        least as likely as the least likely node the policy would send now (drafting sunk), while
+        one more round, at ``draft_cost`` one-token forwards, is worth what its best child could add.
+        On a CPU where each checked node costs much (AVX2: 2 tokens 1.1x one, 4 tokens 1.6x) this
+        is mostly one node a round, as in a chain, with the siblings of each round for free."""
+        ranked = sorted(chance, reverse=True)
+        n = self.policy.best_length(ranked)
+        if n == 0:
+            return []
+        floor = ranked[n - 1]
+        keep = [j for j in layer if chance[j] >= floor]
+        # the round's best child adds at most chance[keep[0]] tokens for one more step
+        if keep and self.policy.best_length([*ranked[:n], chance[keep[0]]], draft_cost) <= n:
+            return []
+        return keep
 
 
 @register("head", needs_head=True)
