@@ -97,10 +97,11 @@ class SpecConfig:
     # check by the target's measured forward costs, stop drafting where a further guess would not
     # pay, skip a drafter while its steps do not pay. False: only min_confidence and k bound a draft.
     cost_rule: bool = True
-    # head / hybrid-head, greedy: draft EAGLE-2 dynamic token trees (several guesses a position)
-    # where the target verifies tree masks; False: one chain of guesses. Off by default: on the
-    # Zen 5 EPYC (bench, 13 prompts) hybrid-head ran 1.04-1.08x plain decoding with trees and 1.16x
-    # with chains (the shipped head's second and third guesses rarely pass; each round costs a step).
+    # head / hybrid-head / eagle: draft EAGLE-2 dynamic token trees (several guesses a position)
+    # where the target verifies tree masks, greedy or sampling (deterministic children, verified
+    # one-hot); False: one chain of guesses (sampling: each drawn from the head's q). Off by
+    # default: greedy on the AVX2 EPYC (bench, 13 prompts, 4 runs) trees and chains ran within
+    # each other's spread (head 1.09-1.11x against 1.06-1.18x); at temperature 0.7 trees led.
     trees: bool = False
     # head / hybrid-head: the directory of a trained drafting head (head.json + head.safetensors);
     # None = the one shipped for the target, when there is one.

@@ -117,12 +117,32 @@ def test_a_bf16_target_drafts_with_the_head(tmp_path, trained, method):
         assert len(ids) == 20 and stats.drafts > 0 and stats.draft_tokens > 0
 
 
-def test_sampling_is_reproducible_and_drafts(target, trained):
+@pytest.mark.parametrize("trees", [False, True])
+def test_sampling_is_reproducible_and_drafts(target, trained, trees):
     _, head, _ = trained
     s = SamplingConfig(temperature=0.8, top_k=20, seed=7)
-    a, stats = generate(target, "head", PROMPTS[0], head, s)
-    b, _ = generate(target, "head", PROMPTS[0], head, s)
+    a, stats = drafted(target, "head", PROMPTS[0], head, s, ngram_min=1, trees=trees)
+    b, _ = drafted(target, "head", PROMPTS[0], head, s, ngram_min=1, trees=trees)
     assert a == b and stats.draft_tokens > 0 and len(a) == 40
+
+
+def test_sampled_head_trees_are_deterministic_branched_trees(target, trained):
+    """Sampling, the head drafts the same trees as greedy: its likeliest children, one-hot for
+    the verifier (no q), whose recursive rejection over a node's children keeps the target's
+    distribution (tests/test_tree_verify.py); chains draw each guess from the head's q."""
+    _, head, _ = trained
+    s = SamplingConfig(temperature=0.8, top_k=20, seed=7)
+    drafts = {}
+    for trees, sampling in ((True, s), (True, SamplingConfig()), (False, s)):
+        e = engine(target, "head", head, trees=trees, k=4)
+        target.reset()
+        e.drafter.take_features(target.forward(torch.tensor(PROMPTS[0]), need_hidden=True).hidden)
+        drafts[trees, sampling.greedy] = e.drafter.propose(PROMPTS[0], 4, sampling, torch.Generator().manual_seed(0))
+        target.reset()
+    sampled, greedy, chain = drafts[True, False], drafts[True, True], drafts[False, False]
+    assert sampled.probs is None and sampled.tokens == greedy.tokens and sampled.parents == greedy.parents
+    assert len(set(sampled.parents)) < len(sampled.parents)  # a node with 2+ children
+    assert chain.parents is None and chain.probs is not None and chain.probs.shape[0] == len(chain)
 
 
 def test_save_load_round_trip_and_bad_files(tmp_path, trained):

@@ -151,7 +151,7 @@ class FeatureHeadDrafter(RatedGuesses):
         p_all_pass, cumulative, confidences = 1.0, [], []  # P(all guesses so far pass), after each guess
         costed = self.costed
         draft_cost = self.policy.in_forwards(self.step_seconds) if costed else 0.0  # a guess, in one-token forwards
-        if self.trees and sampling.greedy:
+        if self.trees:  # (sampling too: deterministic children, verified one-hot, are lossless)
             return self._propose_tree(context, k, costed, draft_cost)
         t0 = time.perf_counter()
         for _ in range(k):
