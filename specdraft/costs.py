@@ -179,6 +179,31 @@ class PassRates:
         self.passed[b] += passed
 
 
+class BetterOfTwo:
+    """Which of two ways of guessing passes more often here: counts of judged first guesses per way
+    (a prior of 1 in 2 each); ``pick`` returns the way with the higher pass rate, and every
+    EXPLORE-th pick the other, so a way that starts badly is measured again."""
+
+    EXPLORE = 8
+
+    def __init__(self):
+        self.passed = {False: 1.0, True: 1.0}
+        self.tried = {False: 2.0, True: 2.0}
+        self.picks = 0
+
+    def rate(self, way: bool) -> float:
+        return self.passed[way] / self.tried[way]
+
+    def pick(self) -> bool:
+        self.picks += 1
+        best = self.rate(True) > self.rate(False)
+        return (not best) if self.picks % self.EXPLORE == 0 else best
+
+    def record(self, way: bool, passed: bool) -> None:
+        self.tried[way] += 1
+        self.passed[way] += passed
+
+
 class CopyRates:
     """How often the i-th copied token of a copy (prompt lookup) passed given that the ones before
     it did (counts with a prior of 2 in 3): a copy's chances, by which the engine's policy sends

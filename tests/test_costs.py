@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from specdraft.costs import ALPHA, PRIOR_SLOPE, ForwardCosts, running_mean
+from specdraft.costs import ALPHA, PRIOR_SLOPE, BetterOfTwo, ForwardCosts, running_mean
 from specdraft.drafters.base import Draft, Drafter
 from specdraft.drafters.hybrid import Hybrid
 from specdraft.policy import DraftPolicy
@@ -200,3 +200,17 @@ def test_payoff_skips_a_prophet_that_does_not_pay_and_explores():
     for _ in range(60):
         p.record(2.0, 1.3)  # the text turned predictable
     assert p.worth_running() and p.tokens > p.cost
+
+
+def test_the_better_of_two_ways_is_picked_and_the_other_still_tried():
+    ways = BetterOfTwo()
+    for _ in range(20):
+        ways.record(True, False)  # drawn from q: never passes here
+        ways.record(False, True)
+    picks = [ways.pick() for _ in range(4 * BetterOfTwo.EXPLORE)]
+    assert picks.count(True) == 4 and all(p == (i % BetterOfTwo.EXPLORE == BetterOfTwo.EXPLORE - 1)
+                                          for i, p in enumerate(picks))
+    for _ in range(60):  # the text turns: q's guesses pass, the argmax ones do not
+        ways.record(True, True)
+        ways.record(False, False)
+    assert ways.pick() is True

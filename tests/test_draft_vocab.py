@@ -120,6 +120,7 @@ def test_guesses_and_their_q_are_target_ids(target, trained, monkeypatch):
     real = FeatureHeadDrafter.propose
 
     def spy(self, context, k, sampling, generator):
+        self.sample_from_q = True  # sampled guesses drawn from q (else their argmax, one-hot)
         draft = real(self, context, k, sampling, generator)
         seen.append(draft)
         return draft

@@ -129,20 +129,25 @@ def test_sampling_is_reproducible_and_drafts(target, trained, trees):
 def test_sampled_head_trees_are_deterministic_branched_trees(target, trained):
     """Sampling, the head drafts the same trees as greedy: its likeliest children, one-hot for
     the verifier (no q), whose recursive rejection over a node's children keeps the target's
-    distribution (tests/test_tree_verify.py); chains draw each guess from the head's q."""
+    distribution (tests/test_tree_verify.py); a chain's guesses are drawn from the head's q or
+    are its argmax guesses, one-hot (``sample_from_q``)."""
     _, head, _ = trained
     s = SamplingConfig(temperature=0.8, top_k=20, seed=7)
     drafts = {}
-    for trees, sampling in ((True, s), (True, SamplingConfig()), (False, s)):
+    for trees, sampling, from_q in ((True, s, None), (True, SamplingConfig(), None), (False, s, True),
+                                    (False, s, False), (False, SamplingConfig(), None)):
         e = engine(target, "head", head, trees=trees, k=4)
+        e.drafter.sample_from_q = from_q
         target.reset()
         e.drafter.take_features(target.forward(torch.tensor(PROMPTS[0]), need_hidden=True).hidden)
-        drafts[trees, sampling.greedy] = e.drafter.propose(PROMPTS[0], 4, sampling, torch.Generator().manual_seed(0))
+        drafts[trees, sampling.greedy, from_q] = e.drafter.propose(PROMPTS[0], 4, sampling, torch.Generator().manual_seed(0))
         target.reset()
-    sampled, greedy, chain = drafts[True, False], drafts[True, True], drafts[False, False]
+    sampled, greedy = drafts[True, False, None], drafts[True, True, None]
     assert sampled.probs is None and sampled.tokens == greedy.tokens and sampled.parents == greedy.parents
     assert len(set(sampled.parents)) < len(sampled.parents)  # a node with 2+ children
-    assert chain.parents is None and chain.probs is not None and chain.probs.shape[0] == len(chain)
+    drawn, best, greedy_chain = drafts[False, False, True], drafts[False, False, False], drafts[False, True, None]
+    assert drawn.parents is None and drawn.probs is not None and drawn.probs.shape[0] == len(drawn)
+    assert best.probs is None and best.tokens == greedy_chain.tokens  # the argmax guesses, one-hot
 
 
 def test_save_load_round_trip_and_bad_files(tmp_path, trained):
