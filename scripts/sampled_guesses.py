@@ -30,7 +30,7 @@ arms = {"none": ("none", False, False), "chains from q": (args.method, False, Tr
 shipped = shipped_head_dir(sd.target.name)
 # the chain arms name the same head differently, so each keeps a drafter (and pass rates) of its own
 head_name = {True: shipped, False: shipped + "/.", None: None}
-sums = {a: {"seconds": 0.0, "forwards": 0, "tokens": 0} for a in arms}
+sums = {a: {"seconds": 0.0, "forwards": 0, "tokens": 0, "drafting": 0.0} for a in arms}
 names = list(arms)
 for i, p in enumerate(firsts.values()):
     for a in names[i % len(names):] + names[:i % len(names)]:
@@ -44,9 +44,11 @@ for i, p in enumerate(firsts.values()):
         s["seconds"] += r.stats.time_total - r.stats.time_prefill
         s["forwards"] += r.stats.target_forwards
         s["tokens"] += r.stats.new_tokens
+        s["drafting"] += r.stats.time_draft
 plain = sums["none"]["seconds"] / sums["none"]["tokens"]
 print(f"{args.method}, temperature {args.temperature}, {len(firsts)} prompts")
-print("arm              | tokens/forward | decode ms/token | decode speedup")
+print("arm              | tokens/forward | decode ms/token | drafting ms/forward | decode speedup")
 for a, s in sums.items():
     per = s["seconds"] / s["tokens"]
-    print(f"{a:16s} | {s['tokens'] / s['forwards']:14.3f} | {1000 * per:15.2f} | {plain / per:13.3f}x")
+    print(f"{a:16s} | {s['tokens'] / s['forwards']:14.3f} | {1000 * per:15.2f} | "
+          f"{1000 * s['drafting'] / s['forwards']:19.2f} | {plain / per:13.3f}x")
