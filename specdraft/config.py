@@ -99,9 +99,9 @@ class SpecConfig:
     cost_rule: bool = True
     # head / hybrid-head / eagle: draft EAGLE-2 dynamic token trees (several guesses a position)
     # where the target verifies tree masks, greedy or sampling (deterministic children, verified
-    # one-hot); False: one chain of guesses (sampling: each drawn from the head's q). Off by
-    # default: greedy on the AVX2 EPYC (bench, 13 prompts, 4 runs) trees and chains ran within
-    # each other's spread (head 1.09-1.11x against 1.06-1.18x); at temperature 0.7 trees led.
+    # one-hot); False: one chain of guesses. Off by default: on the AVX2 EPYC (bench, 13 prompts,
+    # 4 runs each) trees and chains ran within each other's spread, greedy (head 1.09-1.11x against
+    # 1.06-1.18x) and at temperature 0.7 (1.09-1.12x against 0.99-1.12x).
     trees: bool = False
     # head / hybrid-head: the directory of a trained drafting head (head.json + head.safetensors);
     # None = the one shipped for the target, when there is one.

@@ -28,9 +28,9 @@ class ForwardCosts:
 
     These machines run in phases minutes long, one up to ~2x slower than the other, and a
     speculating engine runs few one-token forwards (only steps with nothing to check). Dividing
-    a block's time by a one-token mean timed minutes earlier mixed the phases (measured, AVX2
-    EPYC, head chains: 2 tokens 0.97x one, 4 tokens 2.64x, where forwards timed side by side give
-    1.13x and 1.58x). So ratios are learnt from neighbours: two forwards in a row run in the same
+    a block's time by a one-token mean timed minutes earlier mixed the phases (AVX2 EPYC, head
+    chains, 13 prompts, scripts/engine_ratios.py: 2 and 3 tokens learnt as 0.89x and 0.98x one,
+    timed side by side 1.10x and 1.33x). So ratios are learnt from neighbours: two forwards in a row run in the same
     phase, and log(s_b / s_a) estimates log r(b) - log r(a); each pair of different sizes moves
     both estimates toward it (one-token forwards fix r(1) = 1). One-token forwards anchor the
     chain of pairs; the engine runs one when none was timed for ANCHOR forwards
@@ -77,11 +77,13 @@ class ForwardCosts:
         if self.last is not None and self.last[0] != tokens:
             self._pair(*self.last, tokens, seconds)
         self.last = (tokens, seconds)
-        if tokens in self.log_ratio and self.measured:
+        if tokens in self.log_ratio and self.measured and seconds > 0.0:
             self.one_now = running_mean(self.one_now, seconds / self._ratio_at(tokens))
 
     def _pair(self, a: int, sa: float, b: int, sb: float) -> None:
         """Forwards over a then b tokens, timed one after the other (one phase)."""
+        if sa <= 0.0 or sb <= 0.0:  # a clock too coarse to time it: nothing to learn
+            return
         seen = self.log_ratio
         step = math.log(sb / sa)  # ~ log r(b) - log r(a)
         if a in seen and b not in seen:
