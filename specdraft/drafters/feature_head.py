@@ -103,8 +103,9 @@ class FeatureHeadDrafter(RatedGuesses):
         # sampling, chains: each guess drawn from the head's q (True), or its most confident one,
         # verified one-hot (False); lossless either way. None: whichever way's first guesses pass
         # more often in this process (costs.BetterOfTwo). Drawn from q passes more where q is close
-        # to the target's p; the shipped head's argmax guesses passed more (temperature 0.7, AVX2
-        # EPYC, 13 dev prompts, scripts/sampled_guesses.py: 1.44 tokens a forward against 1.38).
+        # to the target's p; for the shipped head the measurements disagree (temperature 0.7, AVX2
+        # EPYC, 13 dev prompts: scripts/sampled_guesses.py, argmax 1.47-1.52 tokens a forward
+        # against 1.35-1.36 from q; the bench 1.40 choosing against 1.43-1.46 from q; BENCHMARKS.md).
         self.sample_from_q: bool | None = None
         self.ways = BetterOfTwo()
         self.q_rates = PassRates()  # the pass rates of guesses drawn from q (all rated 1.0)
