@@ -12,7 +12,7 @@ import argparse
 import collections
 
 from specdraft.bench.forward_cost import forward_cost
-from specdraft.bench.prompts import PACKAGED_PROMPTS, load_prompts
+from specdraft.bench.prompts import PACKAGED_PROMPTS, load_prompts, select_prompts
 from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdraft.pipeline import Speculator
 
@@ -24,9 +24,7 @@ ap.add_argument("--max-new-tokens", type=int, default=128)
 ap.add_argument("--blocks", default="1,2,3,4,5,6,8")
 args = ap.parse_args()
 
-firsts: dict[str, object] = {}
-for p in load_prompts(PACKAGED_PROMPTS):
-    firsts.setdefault(p.category, p)
+firsts = select_prompts(load_prompts(PACKAGED_PROMPTS), per_category=1)  # as the bench's --per-category 1
 sd = Speculator(load_draft=False, progress=False)
 spec = SpecConfig(method=args.method, trees=args.trees)
 sampling = SamplingConfig(temperature=args.temperature, seed=1)
@@ -40,7 +38,7 @@ def counted(tokens: int, seconds: float) -> None:
 
 
 sd._costs.record = counted
-for p in firsts.values():
+for p in firsts:
     sd.generate(p.text, spec=spec, sampling=sampling, gen=GenerationConfig(max_new_tokens=args.max_new_tokens))
 blocks = [int(b) for b in args.blocks.split(",")]
 timed = forward_cost(sd.target.model, blocks=blocks, context=400, repeats=5)

@@ -8,7 +8,7 @@ prompt by prompt in one process; decode time only (after the first token).
 """
 import argparse
 
-from specdraft.bench.prompts import PACKAGED_PROMPTS, load_prompts
+from specdraft.bench.prompts import PACKAGED_PROMPTS, load_prompts, select_prompts
 from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdraft.heads.model import shipped_head_dir
 from specdraft.pipeline import Speculator
@@ -19,9 +19,7 @@ ap.add_argument("--temperature", type=float, default=0.7)
 ap.add_argument("--max-new-tokens", type=int, default=128)
 args = ap.parse_args()
 
-firsts: dict[str, object] = {}
-for p in load_prompts(PACKAGED_PROMPTS):
-    firsts.setdefault(p.category, p)
+firsts = select_prompts(load_prompts(PACKAGED_PROMPTS), per_category=1)  # as the bench's --per-category 1
 sd = Speculator(load_draft=False, progress=False)
 # arm -> (method, trees, guesses drawn from q: True, False, None = whichever passes more, the default)
 arms = {"none": ("none", False, False), "chains from q": (args.method, False, True),
@@ -32,7 +30,7 @@ shipped = shipped_head_dir(sd.target.name)
 head_name = {True: shipped, False: shipped + "/.", None: None}
 sums = {a: {"seconds": 0.0, "forwards": 0, "tokens": 0, "drafting": 0.0} for a in arms}
 names = list(arms)
-for i, p in enumerate(firsts.values()):
+for i, p in enumerate(firsts):
     for a in names[i % len(names):] + names[:i % len(names)]:
         method, trees, from_q = arms[a]
         spec = SpecConfig(method=method, trees=trees, head=None if trees else head_name[from_q])

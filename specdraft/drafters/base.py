@@ -113,10 +113,16 @@ class RatedGuesses(Drafter):
         self.rates = PassRates()
         self.proposed: list[float] = []  # per proposed node, until judged
 
+    def judged_rates(self) -> PassRates:
+        """The pass rates the latest proposal's guesses count toward (one table unless a drafter
+        rates several ways of guessing apart)."""
+        return self.rates
+
     def learn(self, judged: list[tuple[int, bool]]) -> None:
+        rates = self.judged_rates()
         for j, passed in judged:
             if j < len(self.proposed):
-                self.rates.record(self.proposed[j], passed)
+                rates.record(self.proposed[j], passed)
         self.proposed = []
 
 

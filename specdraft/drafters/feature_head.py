@@ -169,7 +169,7 @@ class FeatureHeadDrafter(RatedGuesses):
         t0 = time.perf_counter()
         self.drawn = None if sampling.greedy else \
             (self.sample_from_q if self.sample_from_q is not None else self.ways.pick())
-        rates = self.q_rates if self.drawn else self.rates
+        rates = self.judged_rates()
         for _ in range(k):
             f = self.advance([node], [tok], parents, feats)  # [1, H] predicted next feature
             logits = self.out(f)[0]  # [V']
@@ -232,16 +232,17 @@ class FeatureHeadDrafter(RatedGuesses):
         self.proposed = conf
         return Draft(tokens, parents=parents, chances=chance)
 
+    def judged_rates(self) -> PassRates:
+        """Guesses drawn from q (all rated 1.0) are counted apart from the most confident ones."""
+        return self.q_rates if self.drawn else self.rates
+
     def learn(self, judged: list[tuple[int, bool]]) -> None:
-        """Pass counts for the rates of the way the latest chain was guessed, and for that way's
-        first guesses (BetterOfTwo)."""
-        rates = self.q_rates if self.drawn else self.rates
-        for j, passed in judged:
-            if j < len(self.proposed):
-                rates.record(self.proposed[j], passed)
-            if j == 0 and self.drawn is not None:
-                self.ways.record(self.drawn, passed)
-        self.proposed = []
+        """RatedGuesses.learn, and the first guess's outcome for the way it was guessed (BetterOfTwo)."""
+        if self.drawn is not None:
+            for j, passed in judged:
+                if j == 0:
+                    self.ways.record(self.drawn, passed)
+        super().learn(judged)
 
     def _worth_expanding(self, layer: list[int], chance: list[float], draft_cost: float) -> list[int]:
         """The nodes of ``layer`` (likeliest first) whose children could still be sent: those at
