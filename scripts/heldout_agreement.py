@@ -11,7 +11,7 @@ of the first N ids against the N most frequent for several N.
 With --holdout H, HELDOUT is the training files of a `train-drafter` run (commas between them,
 --weights as its --answer-weight gave them: 1 for the corpus, the weight for answers) and the
 drafters are judged on the documents that run held out (the same split, seed 0), all of them and
-those of the largest weight (the answers).
+those of the largest weight (the answers), and on every 8th document it trained on.
 
 With --bench N, HELDOUT is the target's greedy answers (128 new tokens, taps 1,13,24) to the first N
 Spec-Bench dev prompts of each category, recorded into HELDOUT when it does not exist: agreement on
@@ -67,8 +67,9 @@ def main() -> None:
     if args.holdout is not None:
         weights = [int(w) for w in args.weights.split(",")] if args.weights else [1] * len(sets)
         weight = torch.cat([torch.full((len(fs.starts) - 1,), w) for fs, w in zip(sets, weights)])
-        val, _ = train.split_documents(len(held.starts) - 1, args.holdout, 0)
-        groups = {"held out": val, "held-out answers": val[weight[val] == weight.max()]}
+        val, trained = train.split_documents(len(held.starts) - 1, args.holdout, 0)
+        groups = {"held out": val, "held-out answers": val[weight[val] == weight.max()],
+                  "trained on (every 8th)": trained[::8]}  # against held out: how much a drafter memorised
     if args.coverage:
         counts = sum(choice_counts(FeatureSet.load(f).top, 151936) for f in args.coverage.split(","))
         choices = held.top[:, 0].long()

@@ -18,7 +18,7 @@ from specdraft.drafters.feature_head import output_weight
 from specdraft.errors import ModelFileError
 from specdraft.heads.data import FeatureSet, record
 from specdraft.heads.model import FeatureHead
-from specdraft.heads.train import TrainConfig, train_head
+from specdraft.heads.train import TrainConfig, noisy, train_head
 
 PROMPTS = [[5, 17, 33, 2, 5, 17, 33, 8], [41, 5, 17, 60, 3], [9, 9, 1, 70, 12, 30]]
 
@@ -69,6 +69,21 @@ def test_training_beats_the_untrained_head(target, trained):
             return float(((f @ w.T).argmax(-1) == data.top[rows + 1, 0]).float().mean())
 
     assert agreement(head) > agreement(untrained) + 0.2, (agreement(head), agreement(untrained))
+
+
+def test_feature_noise_is_a_share_of_each_rows_rms_and_trains(target, trained):
+    torch.manual_seed(0)
+    x = torch.randn(4000, 64) * torch.tensor([1.0, 10.0, 0.1, 3.0]).repeat(1000)[:, None]
+    assert noisy(x, 0.0) is x
+    ratio = (noisy(x, 0.2) - x).pow(2).mean(-1).sqrt() / x.pow(2).mean(-1).sqrt()  # [rows]
+    for r in ratio.view(1000, 4).T:  # each scale of row alike
+        assert abs(float(r.mean()) - 0.2) < 0.01
+    data, head, _ = trained
+    cfg = TrainConfig(inner=128, vocab=VOCAB, epochs=2, batch=64, negatives=32, lr=3e-3, holdout=0.2,
+                      feature_noise=0.1)
+    noisy_head, report = train_head(data, target.embed, output_weight(target, VOCAB), cfg, log=lambda *a: None,
+                                    init=head)
+    assert report["steps"] > 0 and all(a > 0 for a in report["val_agreement"])
 
 
 @pytest.mark.parametrize("trees", [False, True])

@@ -102,6 +102,11 @@ def add_train_args(p, *, kind: str | None = None) -> None:
                         "mtp: the number of modules (default: 3); medusa, hydra: the number of heads (default: 4)")
     p.add_argument("--holdout", type=float, default=None,
                    help="share of the documents kept out of training to measure agreement on (default 0.05)")
+    p.add_argument("--weight-decay", type=float, default=None,
+                   help="AdamW weight decay (default: mlp, mtp 0; eagle 0.05 on its matrices; medusa, hydra theirs)")
+    p.add_argument("--feature-noise", type=float, default=None,
+                   help="mlp, mtp: Gaussian noise on the real features while training, as a share of each row's RMS "
+                        "(default 0; against memorising few documents)")
 
 
 def _recorded(path, what: str, make, taps: tuple[int, ...] = (), target=None) -> FeatureSet:
@@ -210,12 +215,19 @@ def train_from_args(args) -> int:
         raise ParameterError("lr must be in (0, 1)")
     if args.holdout is not None and not 0 <= args.holdout < 1:
         raise ParameterError("holdout must be in [0, 1)")
+    if args.weight_decay is not None and not 0 <= args.weight_decay < 1:
+        raise ParameterError("weight-decay must be in [0, 1)")
+    if args.feature_noise is not None and not 0 <= args.feature_noise <= 10:
+        raise ParameterError("feature-noise must be in [0, 10]")
     if args.answer_weight < 0 or args.record_minutes < 0 or args.answer_minutes < 0 or \
             (args.train_minutes is not None and args.train_minutes <= 0):
         raise ParameterError("minutes and answer-weight >= 0 (train-minutes > 0)")
     given = {k: v for k, v in (("epochs", args.epochs), ("inner", args.inner), ("vocab", args.vocab), ("lr", args.lr),
-                               ("holdout", args.holdout)) if v is not None}
+                               ("holdout", args.holdout), ("weight_decay", args.weight_decay),
+                               ("feature_noise", args.feature_noise)) if v is not None}
     heads_kind = args.kind in MEDUSA_KINDS
+    if args.feature_noise is not None and args.kind not in ("mlp", "mtp"):
+        raise ParameterError("--feature-noise applies to --kind mlp and mtp only")
     on_head = args.kind == "eagle" and bool(args.init)  # an EAGLE layer of the "head" form
     eagle3 = args.kind == "eagle" and bool(args.taps) and not on_head  # EAGLE-3's layer
     if args.start is not None:
