@@ -329,6 +329,8 @@ def test_eagle_without_a_drafter_or_with_a_head_of_another_kind_gives_one_line(c
     (["--kind", "eagle", "--feature-noise", "0.1"], "--feature-noise applies to --kind mlp and mtp only"),
     (["--kind", "mlp", "--feature-noise", "-1"], "feature-noise must be in [0, 10]"),
     (["--kind", "mlp", "--weight-decay", "2"], "weight-decay must be in [0, 1)"),
+    (["--kind", "hydra", "--soft-labels", "0.5"], "--soft-labels applies to --kind mlp and mtp only"),
+    (["--kind", "mtp", "--soft-labels", "1.5"], "soft-labels must be in [0, 1]"),
 ])
 def test_train_drafter_refuses_bad_settings_in_one_line(capsys, tmp_path, args, contains):
     rc, out, err = call(["train-drafter", "--out", str(tmp_path), *args], capsys)

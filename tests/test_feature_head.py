@@ -18,7 +18,7 @@ from specdraft.drafters.feature_head import output_weight
 from specdraft.errors import ModelFileError
 from specdraft.heads.data import FeatureSet, record
 from specdraft.heads.model import FeatureHead
-from specdraft.heads.train import TrainConfig, noisy, train_head
+from specdraft.heads.train import TrainConfig, noisy, sampled_softmax, train_head
 
 PROMPTS = [[5, 17, 33, 2, 5, 17, 33, 8], [41, 5, 17, 60, 3], [9, 9, 1, 70, 12, 30]]
 
@@ -80,10 +80,32 @@ def test_feature_noise_is_a_share_of_each_rows_rms_and_trains(target, trained):
         assert abs(float(r.mean()) - 0.2) < 0.01
     data, head, _ = trained
     cfg = TrainConfig(inner=128, vocab=VOCAB, epochs=2, batch=64, negatives=32, lr=3e-3, holdout=0.2,
-                      feature_noise=0.1)
+                      feature_noise=0.1, soft_labels=0.5)
     noisy_head, report = train_head(data, target.embed, output_weight(target, VOCAB), cfg, log=lambda *a: None,
                                     init=head)
     assert report["steps"] > 0 and all(a > 0 for a in report["val_agreement"])
+
+
+def test_soft_labels_are_the_targets_distribution_over_the_sampled_ids():
+    torch.manual_seed(0)
+    N, H, V, K = 5, 8, 40, 4
+    w = torch.randn(V, H)
+    f, true_f = torch.randn(N, H, requires_grad=True), torch.randn(N, H)
+    cand = torch.stack([torch.randperm(V)[:K] for _ in range(N)])
+    cand[1, 3] = -1  # a candidate outside the vocabulary
+    neg = torch.tensor([cand[0, 0].item(), 7, 11])  # the first row's label among the negatives
+    hard = sampled_softmax(f, cand, w, neg)
+    assert torch.equal(hard, sampled_softmax(f, cand, w, neg, true_f, 0.0))
+    ids = torch.cat([cand.clamp_min(0), neg.expand(N, -1)], -1)  # [N, K + 3]
+    drop = torch.cat([cand < 0, neg[None, :] == cand[:, :1]], -1)
+    z, zt = (torch.einsum("nh,nkh->nk", x, w[ids]).masked_fill(drop, float("-inf")) for x in (f, true_f))
+    assert torch.allclose(hard, torch.nn.functional.cross_entropy(z, torch.zeros(N, dtype=torch.long)))
+    want = -(zt.softmax(-1) * z.log_softmax(-1).masked_fill(drop, 0)).sum(-1).mean()
+    soft = sampled_softmax(f, cand, w, neg, true_f, 1.0)
+    assert torch.allclose(soft, want)
+    assert torch.allclose(sampled_softmax(f, cand, w, neg, true_f, 0.25), 0.75 * hard + 0.25 * want)
+    soft.backward()
+    assert torch.isfinite(f.grad).all() and f.grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize("trees", [False, True])

@@ -107,6 +107,9 @@ def add_train_args(p, *, kind: str | None = None) -> None:
     p.add_argument("--feature-noise", type=float, default=None,
                    help="mlp, mtp: Gaussian noise on the real features while training, as a share of each row's RMS "
                         "(default 0; against memorising few documents)")
+    p.add_argument("--soft-labels", type=float, default=None,
+                   help="mlp, mtp: share of each label that is the target's distribution over its candidates rather "
+                        "than its choice (default 0)")
 
 
 def _recorded(path, what: str, make, taps: tuple[int, ...] = (), target=None) -> FeatureSet:
@@ -219,15 +222,19 @@ def train_from_args(args) -> int:
         raise ParameterError("weight-decay must be in [0, 1)")
     if args.feature_noise is not None and not 0 <= args.feature_noise <= 10:
         raise ParameterError("feature-noise must be in [0, 10]")
+    if args.soft_labels is not None and not 0 <= args.soft_labels <= 1:
+        raise ParameterError("soft-labels must be in [0, 1]")
     if args.answer_weight < 0 or args.record_minutes < 0 or args.answer_minutes < 0 or \
             (args.train_minutes is not None and args.train_minutes <= 0):
         raise ParameterError("minutes and answer-weight >= 0 (train-minutes > 0)")
     given = {k: v for k, v in (("epochs", args.epochs), ("inner", args.inner), ("vocab", args.vocab), ("lr", args.lr),
                                ("holdout", args.holdout), ("weight_decay", args.weight_decay),
-                               ("feature_noise", args.feature_noise)) if v is not None}
+                               ("feature_noise", args.feature_noise), ("soft_labels", args.soft_labels))
+             if v is not None}
     heads_kind = args.kind in MEDUSA_KINDS
-    if args.feature_noise is not None and args.kind not in ("mlp", "mtp"):
-        raise ParameterError("--feature-noise applies to --kind mlp and mtp only")
+    for flag, value in (("--feature-noise", args.feature_noise), ("--soft-labels", args.soft_labels)):
+        if value is not None and args.kind not in ("mlp", "mtp"):
+            raise ParameterError(f"{flag} applies to --kind mlp and mtp only")
     on_head = args.kind == "eagle" and bool(args.init)  # an EAGLE layer of the "head" form
     eagle3 = args.kind == "eagle" and bool(args.taps) and not on_head  # EAGLE-3's layer
     if args.start is not None:

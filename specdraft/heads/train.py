@@ -44,6 +44,7 @@ class TrainConfig:
     # RMS, while training only (EAGLE's feature noise): a head memorises the few documents one CPU
     # records (the shipped recipe: ~90% agreement on its training answers, ~56% on new ones)
     feature_noise: float = 0.0
+    soft_labels: float = 0.0  # share of the label that is the target's distribution, not its argmax (sampled_softmax)
 
 
 def start_rows(data: FeatureSet, docs: torch.Tensor, S: int, weight: torch.Tensor | None = None) -> torch.Tensor:
@@ -64,15 +65,32 @@ def split_documents(n_docs: int, holdout: float, seed: int) -> tuple[torch.Tenso
     return perm[:n_val], perm[n_val:]
 
 
-def sampled_softmax(f: torch.Tensor, cand: torch.Tensor, w_out: torch.Tensor, negatives: torch.Tensor) -> torch.Tensor:
+def sampled_softmax(f: torch.Tensor, cand: torch.Tensor, w_out: torch.Tensor, negatives: torch.Tensor,
+                    true_f: torch.Tensor | None = None, soft: float = 0.0) -> torch.Tensor:
     """Cross-entropy of predicted features f [N, H] over the target's candidates cand [N, TOP]
     (draft indices, its choice first, which must be in the vocabulary) plus the shared random
     draft indices ``negatives`` [M], scored by the output rows w_out [V', H]; candidates outside
-    the vocabulary (-1) and a negative equal to the label (it would compete with itself) are masked."""
-    pos = torch.einsum("nh,nkh->nk", f, w_out[cand.clamp_min(0)].float())
-    pos = pos.masked_fill(cand < 0, float("-inf"))
-    neg = (f @ w_out[negatives].float().T).masked_fill(negatives[None, :] == cand[:, :1], float("-inf"))
-    return F.cross_entropy(torch.cat([pos, neg], -1), torch.zeros(len(f), dtype=torch.long))
+    the vocabulary (-1) and a negative equal to the label (it would compete with itself) are masked.
+
+    With ``soft`` > 0 the label is partly the target's own distribution over the same ids, read
+    from its true features true_f [N, H] through the same rows (a distilled label: how likely the
+    target found each of its runners-up, not only which one won): the loss is (1 - soft) times the
+    cross-entropy with the argmax plus ``soft`` times that with the target's distribution."""
+
+    def logits(x: torch.Tensor) -> torch.Tensor:  # [N, TOP + M], masked ids at -inf
+        pos = torch.einsum("nh,nkh->nk", x, w_out[cand.clamp_min(0)].float())
+        neg = x @ w_out[negatives].float().T
+        return torch.cat([pos, neg], -1).masked_fill(masked, float("-inf"))
+
+    masked = torch.cat([cand < 0, (negatives[None, :] == cand[:, :1])], -1)  # [N, TOP + M]
+    z = logits(f)
+    hard = F.cross_entropy(z, torch.zeros(len(f), dtype=torch.long))
+    if not soft:
+        return hard
+    with torch.no_grad():
+        p = torch.softmax(logits(true_f), -1)  # the target's distribution over the sampled ids
+    log_q = torch.log_softmax(z, -1).masked_fill(masked, 0.0)
+    return (1 - soft) * hard - soft * (p * log_q).sum(-1).mean()
 
 
 def noisy(x: torch.Tensor, share: float) -> torch.Tensor:
@@ -83,10 +101,11 @@ def noisy(x: torch.Tensor, share: float) -> torch.Tensor:
 
 
 def _unroll(head: FeatureHead | MTPModules, data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, rows: torch.Tensor,
-            S: int, top: torch.Tensor, negatives: torch.Tensor | None, reg_weight: float, noise: float = 0.0):
+            S: int, top: torch.Tensor, negatives: torch.Tensor | None, reg_weight: float, noise: float = 0.0,
+            soft: float = 0.0):
     """Loss and per-step greedy agreement (argmax over the vocabulary's rows w_out [V', H]) for
     start rows; top [N, TOP]: data.top as draft indices (-1 outside the vocabulary); ``noise``:
-    TrainConfig.feature_noise on the start's real features."""
+    TrainConfig.feature_noise on the start's real features; ``soft``: TrainConfig.soft_labels."""
     f = noisy(data.features[rows].float(), noise)  # [B, H]
     if getattr(head.cfg, "taps", ()):  # EAGLE-3 fused features for the first step
         f = head.entry(f, noisy(data.aux[rows].float(), noise))
@@ -99,7 +118,8 @@ def _unroll(head: FeatureHead | MTPModules, data: FeatureSet, emb: torch.Tensor,
         label = top[nxt, 0]  # [B] the target's choice after position t+s+1 (its draft index)
         if negatives is not None:
             valid = label >= 0
-            ce = sampled_softmax(f[valid], top[nxt][valid], w_out, negatives) if valid.any() else 0.0
+            ce = sampled_softmax(f[valid], top[nxt][valid], w_out, negatives, true_f[valid], soft) \
+                if valid.any() else 0.0
             loss = loss + ce + reg_weight * F.smooth_l1_loss(f, true_f)
         else:
             with torch.no_grad():
@@ -182,7 +202,7 @@ def _fit(head: FeatureHead | MTPModules, data: FeatureSet, emb: torch.Tensor, w_
     def loss_of(rows: torch.Tensor) -> torch.Tensor:
         negatives = torch.randint(0, len(w_head), (cfg.negatives,))
         return _unroll(head, data, emb, w_head, rows, cfg.steps_unrolled, top, negatives, cfg.reg_weight,
-                       cfg.feature_noise)[0]
+                       cfg.feature_noise, cfg.soft_labels)[0]
 
     return fit_rows(head, train_rows, loss_of, epochs=cfg.epochs, batch=cfg.batch, lr=cfg.lr,
                     weight_decay=cfg.weight_decay, log=log, seconds=seconds)[0]
