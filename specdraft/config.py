@@ -97,12 +97,15 @@ class SpecConfig:
     # check by the target's measured forward costs, stop drafting where a further guess would not
     # pay, skip a drafter while its steps do not pay. False: only min_confidence and k bound a draft.
     cost_rule: bool = True
-    # head / hybrid-head / eagle: draft EAGLE-2 dynamic token trees (several guesses a position)
-    # where the target verifies tree masks, greedy or sampling (deterministic children, verified
-    # one-hot); False: one chain of guesses. Off by default: on the AVX2 EPYC (bench, 13 prompts,
-    # 4 runs each) trees and chains ran within each other's spread, greedy (head 1.09-1.11x against
-    # 1.06-1.18x) and at temperature 0.7 (1.09-1.12x against 0.99-1.12x).
-    trees: bool = False
+    # head / hybrid-head / eagle / medusa / hydra / mtp: draft EAGLE-2 dynamic token trees (several
+    # guesses a position) where the target verifies tree masks, greedy or sampling (deterministic
+    # children, verified one-hot); False: one chain of guesses. A tree grows only while the measured
+    # cost curve pays for its nodes, so where checks are dear it stays a chain with free siblings.
+    # On by default: on the Zen 4 EPYC (bench, 13 prompts, one run each in one phase) trees
+    # committed more tokens a forward for every such method (head 1.66 against 1.57, eagle 1.65
+    # against 1.56, mtp 1.33 against 1.23) and ran as fast or faster; on the AVX2 EPYC (4 runs each)
+    # the two ran within each other's spread (head 1.09-1.11x against 1.06-1.18x). BENCHMARKS.md.
+    trees: bool = True
     # head / hybrid-head: the directory of a trained drafting head (head.json + head.safetensors);
     # None = the one shipped for the target, when there is one.
     head: str | None = None

@@ -127,7 +127,7 @@ def test_guesses_and_their_q_are_target_ids(target, trained, monkeypatch):
 
     monkeypatch.setattr(FeatureHeadDrafter, "propose", spy)
     for sampling in (SamplingConfig(), SamplingConfig(temperature=0.8, seed=3)):
-        drafted(target, "head", PROMPTS[0], head, sampling, n=20)
+        drafted(target, "head", PROMPTS[0], head, sampling, n=20, trees=False)  # chains: sampled guesses carry q
     drafts = [d for d in seen if d.tokens]
     assert drafts and all(set(d.tokens) <= allowed for d in drafts)
     sampled = [d for d in drafts if d.probs is not None]
