@@ -106,7 +106,7 @@ def add_train_args(p, *, kind: str | None = None) -> None:
                    help="AdamW weight decay (default: mlp, mtp 0; eagle 0.05 on its matrices; medusa, hydra theirs)")
     p.add_argument("--feature-noise", type=float, default=None,
                    help="mlp, mtp: Gaussian noise on the real features while training, as a share of each row's RMS "
-                        "(default 0; against memorising few documents)")
+                        "(default 0; at 0.1 no measured change held out, BENCHMARKS.md)")
     p.add_argument("--soft-labels", type=float, default=None,
                    help="mlp, mtp: share of each label that is the target's distribution over its candidates rather "
                         "than its choice (default 0)")

@@ -120,7 +120,7 @@ def _unroll(head: FeatureHead | MTPModules, data: FeatureSet, emb: torch.Tensor,
         label = top[nxt, 0]  # [B] the target's choice after position t+s+1 (its draft index)
         if negatives is not None:
             valid = label >= 0
-            ce = sampled_softmax(f[valid], top[nxt][valid], w_out, negatives, true_f[valid], soft) \
+            ce = sampled_softmax(f[valid], top[nxt][valid], w_out, negatives, true_f[valid] if soft else None, soft) \
                 if valid.any() else 0.0
             loss = loss + ce + reg_weight * F.smooth_l1_loss(f, true_f)
         else:
