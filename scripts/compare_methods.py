@@ -10,16 +10,13 @@ import collections
 import json
 import sys
 
+from specdraft.bench.prompts import PACKAGED_PROMPTS, load_prompts, select_prompts
 from specdraft.config import GenerationConfig, SpecConfig
 from specdraft.pipeline import Speculator
 
 n, methods = int(sys.argv[1]), sys.argv[2].split(",")
 options = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
-rows = [json.loads(line) for line in open("../shared/bench/spec_bench_dev.jsonl")]
-first = {}
-for r in rows:
-    first.setdefault(r["category"], r)
-prompts = [r["turns"][0] for r in first.values()][:n]
+prompts = [p.text for p in select_prompts(load_prompts(PACKAGED_PROMPTS), per_category=1)][:n]
 sd = Speculator(progress=False)
 total = {m: collections.Counter() for m in methods}
 for prompt in prompts:

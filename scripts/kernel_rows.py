@@ -17,9 +17,12 @@ print("weight MB", w.w.numel() / 1e6)
 for T in (1, 2, 3, 4, 8, 32):
     x = torch.randn(T, I)
     xq = ops.quantize_q8k(x)
-    for _ in range(3): ops.q4k_matmul(*xq, w.w, O)
+    for _ in range(3):
+        ops.q4k_matmul(*xq, w.w, O)
     ts = []
     for _ in range(15):
-        t0 = time.perf_counter(); ops.q4k_matmul(*xq, w.w, O); ts.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        ops.q4k_matmul(*xq, w.w, O)
+        ts.append(time.perf_counter() - t0)
     t = sorted(ts)[len(ts)//2]
     print(f"T={T}: {t*1000:.2f} ms  {O*I*T/t/1e9:.1f} G/s  {w.w.numel()/t/1e9:.1f} GB/s  per-row {t*1000/T:.2f} ms")

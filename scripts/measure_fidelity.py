@@ -7,11 +7,12 @@ greedy tokens; both models then score that text teacher-forced. Prints top-1 agr
 next-token argmax and the mean KL(dense || format) per position.
 """
 import argparse
-import json
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from specdraft.bench.prompts import PACKAGED_PROMPTS, load_prompts, select_prompts
 from specdraft.pipeline import load_model
 
 
@@ -19,18 +20,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="qwen2.5-coder-1.5b")
     ap.add_argument("--format", default="w8a8")
-    ap.add_argument("--prompts", default="../shared/bench/spec_bench_dev.jsonl")
+    ap.add_argument("--prompts", default=str(PACKAGED_PROMPTS))
     ap.add_argument("--tokens", type=int, default=48)
     args = ap.parse_args()
     ref = load_model(args.model, dtype="fp32", weight_format="dense", max_length=2048, progress=False)
     q = load_model(args.model, dtype="fp32", weight_format=args.format, max_length=2048, progress=False)
     tok = ref.tokenizer
-    seen, prompts = set(), []
-    for line in open(args.prompts):
-        row = json.loads(line)
-        if row["category"] not in seen:
-            seen.add(row["category"])
-            prompts.append(row["turns"][0])
+    prompts = [p.text for p in select_prompts(load_prompts(Path(args.prompts)), per_category=1)]
     agree = total = 0
     kl = 0.0
     for prompt in prompts[:8]:

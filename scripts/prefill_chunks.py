@@ -6,12 +6,15 @@
 import time
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from specdraft.pipeline import load_model
 
 m = load_model("qwen2.5-coder-1.5b", dtype="fp32", weight_format="gguf", max_length=1024, progress=False).model
 torch.manual_seed(0)
 ids = torch.randint(0, 20000, (320,))
+
+
 def pre(chunk):
     m.reset()
     t0 = time.perf_counter()
@@ -21,10 +24,11 @@ def pre(chunk):
     else:
         m.forward(ids, last_only=True)
     return time.perf_counter() - t0
-for rep in range(2):
+
+
+for _rep in range(2):
     for chunk in (0, 64, 32):
         print(f"chunk={chunk}: {pre(chunk):.2f} s", flush=True)
-from torch.profiler import ProfilerActivity, profile
 
 with profile(activities=[ProfilerActivity.CPU]) as prof:
     pre(0)

@@ -7,13 +7,14 @@ all in one process so the ratios are comparable.
     python scripts/tune_head.py [--configs "head:5:0.5,hybrid-head:5:0.5"]
 """
 import argparse
-import json
+from pathlib import Path
 
+from specdraft.bench.prompts import PACKAGED_PROMPTS, load_prompts
 from specdraft.config import GenerationConfig, SpecConfig
 from specdraft.pipeline import Speculator
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--prompts", default="../shared/bench/spec_bench_dev.jsonl")
+ap.add_argument("--prompts", default=str(PACKAGED_PROMPTS))
 ap.add_argument("--categories", default="writing,reasoning,math,coding,summarization,qa")
 ap.add_argument("--index", type=int, default=2, help="which prompt of each category (0-based)")
 ap.add_argument("--configs", default="none:1:0,head:5:0.5,head:5:0.2,head:8:0.2,hybrid-head:5:0.5,hybrid-head:5:0.2")
@@ -22,11 +23,11 @@ ap.add_argument("--max-new-tokens", type=int, default=96)
 ap.add_argument("--target-format", default="auto")
 args = ap.parse_args()
 
-rows = [json.loads(line) for line in open(args.prompts)]
+rows = load_prompts(Path(args.prompts))
 cats = args.categories.split(",")
-sel = [[r for r in rows if r["category"] == c][args.index] for c in cats]
+sel = [[r for r in rows if r.category == c][args.index] for c in cats]
 sd = Speculator(load_draft=False, progress=False, target_format=args.target_format)
-ids = [sd.encode_prompt(r["turns"][0]) for r in sel]
+ids = [sd.encode_prompt(r.text) for r in sel]
 gen = GenerationConfig(max_new_tokens=args.max_new_tokens)
 sd.engine(SpecConfig(method="none")).generate(ids[0][:16], gen=GenerationConfig(max_new_tokens=4))  # warm up
 base = None
