@@ -45,7 +45,8 @@ class TrainConfig:
     # records (the shipped recipe: ~90% agreement on its training answers, ~56% on new ones).
     # Measured at 0.1 (and weight_decay 0.1), fine-tuning on one 28k-position set: no change held
     # out; soft_labels 0.5 kept ~1 point at depths 1-2 (BENCHMARKS.md, 2026-11-25). Both off by default;
-    # the shipped head's last fine-tune (141k new positions, 3 epochs) used soft_labels 0.5.
+    # the shipped head's last two fine-tunes (141k new positions, 3 epochs; those and 127k new, 2
+    # epochs) used soft_labels 0.5.
     feature_noise: float = 0.0
     soft_labels: float = 0.0  # share of the label that is the target's distribution, not its argmax (sampled_softmax)
 
