@@ -1,10 +1,11 @@
 """Tokens per target forward of trained drafters drafting fixed chains, the cost rule off:
-python scripts/fixed_chain_tokens.py K DIR|shipped... [--method head|eagle|hydra|mtp|medusa]
+python scripts/fixed_chain_tokens.py K DIR|shipped... [--method head|eagle|hydra|mtp|medusa] [--per-category N]
 
 The bench's tokens per forward move with the cost rule, which reads forward times, and these
 machines run in phases: the same head gave 1.74 and 1.47 in two bench runs. Chains of K guesses
-with the rule off make the count depend on the head alone (greedy, the 13 dev prompts, 128 new
-tokens each), so two drafters compare in one number that repeats exactly.
+with the rule off make the count depend on the head alone (greedy, 128 new tokens each, the first
+--per-category N dev prompts of each category: 13 by default; 26 with 2 decide differences of ~1%
+better), so two drafters compare in one number that repeats exactly.
 """
 from __future__ import annotations
 
