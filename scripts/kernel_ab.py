@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from specdraft.bench.kernel_cost import product, random_records
-from specdraft.kernels import HERE, SOURCES, build_dir, build_kernels, gguf_ops
+from specdraft.kernels import HERE, build_dir, build_kernels, gguf_ops
 from specdraft.kernels.plan import DEFAULT_TARGET_SHAPES
 
 
@@ -43,7 +43,8 @@ def build_base(rev: str):
                                       check=True).stdout
                 (src / n).write_bytes(data)
                 code += data
-        return build_kernels([src / p.name for p in SOURCES], build_dir("gguf_base", code), "specdraft_gguf_base")
+        return build_kernels([src / n for n in names if n.endswith(".cpp")], build_dir("gguf_base", code),
+                             "specdraft_gguf_base")  # REV's own sources: the set may differ from this checkout's
 
 
 def main() -> None:

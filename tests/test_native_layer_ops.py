@@ -74,6 +74,28 @@ def test_tree_rows_equal_decoding_their_path(ops):
         assert torch.equal(one[0], got[i])
 
 
+@pytest.mark.parametrize("nh,nkv,hd", [(12, 2, 128), (7, 1, 64), (4, 4, 32), (8, 2, 16), (28, 2, 48)])
+def test_attention_avx512_loops_give_the_avx2_bits(ops, nh, nkv, hd):
+    """On the AVX-512 kernel paths attention's inner loops run in zmm (attention_avx512.cpp): two
+    heads a vector for the scores, odd head counts' last head by the AVX2 loop, 16 to 64 dims a
+    pass for the values; every row must be bit for bit what the AVX2 loops give."""
+    if "avx512-vnni" not in ops.kernel_paths():
+        pytest.skip(f"no AVX-512 VNNI on this CPU (paths: {', '.join(ops.kernel_paths())})")
+    g = torch.Generator().manual_seed(nh * hd)
+    k, v = torch.randn(nkv, 64, hd, generator=g), torch.randn(nkv, 64, hd, generator=g)
+    before = ops.kernel_path()
+    try:
+        for T, L, masked in [(1, 1, False), (1, 37, False), (16, 50, False), (5, 13, True)]:
+            q = torch.randn(nh, T, hd, generator=g)
+            mask = (torch.rand(T, L, generator=g) < 0.7) if masked else None
+            ops.set_kernel_path("avx2")
+            want = ops.block_attention(q, k, v, L, mask)
+            ops.set_kernel_path("avx512-vnni")
+            assert torch.equal(ops.block_attention(q, k, v, L, mask), want)
+    finally:
+        ops.set_kernel_path(before)
+
+
 def dequantized(xq):
     qx, xs = xq[0], xq[1]
     return (qx.float().view(qx.shape[0], -1, 256) * xs[..., None]).view(qx.shape)

@@ -7,7 +7,8 @@
   (AVX-512 VNNI), gguf_avxvnni.cpp (AVX-VNNI) and gguf_amx.cpp (AMX-INT8) picked by CPUID:
   kernel_path(), kernel_paths(), set_kernel_path(name), or
   SPECDRAFT_KERNEL_PATH=avx2|avx-vnni|avx512-vnni|amx-int8|auto;
-- block_attention: attention.cpp; rms_quantize, swiglu_quantize, rope_cache: layer_ops.cpp;
+- block_attention: attention.cpp (its inner loops in AVX-512 in attention_avx512.cpp, on the AVX-512 paths);
+  rms_quantize, swiglu_quantize, rope_cache: layer_ops.cpp;
 - Decoder, every layer in one call: decoder.cpp.
 
 The build takes ~1 minute once per source/torch version; the result lives under ``<cache>/ext/``.
@@ -27,8 +28,9 @@ from ..cache import cache_root, console
 
 HERE = Path(__file__).parent
 SOURCES = [HERE / n for n in ("gguf_matmul.cpp", "gguf_vnni.cpp", "gguf_avxvnni.cpp", "gguf_amx.cpp", "attention.cpp",
-                              "layer_ops.cpp", "decoder.cpp", "bindings.cpp")]
-HEADERS = [HERE / "ops.h", HERE / "simd.h", HERE / "gguf_common.h", HERE / "gguf_vnni_kernels.h", HERE / "gguf_zmm.h"]
+                              "attention_avx512.cpp", "layer_ops.cpp", "decoder.cpp", "bindings.cpp")]
+HEADERS = [HERE / "ops.h", HERE / "simd.h", HERE / "gguf_common.h", HERE / "gguf_vnni_kernels.h", HERE / "gguf_zmm.h",
+           HERE / "attention_avx512.h"]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 
 

@@ -1,4 +1,5 @@
-// Attention of a block of new rows over an fp32 KV cache, one (head, row) at a time, for AVX2 CPUs.
+// Attention of a block of new rows over an fp32 KV cache, one (head, row) at a time (inner loops in
+// AVX-512 where the kernel path is an AVX-512 one: attention_avx512.cpp, the same bits).
 //
 // Why a kernel: the Python path computes each row with its own matmul calls (so that a row's
 // result does not depend on the block it sits in: MKL picks kernels by shape) and paid ~0.2 ms a
@@ -19,9 +20,12 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <cmath>
+#include <cstring>
+#include <string>
 #include <optional>
 #include <vector>
 
+#include "attention_avx512.h"
 #include "ops.h"
 #include "simd.h"
 
@@ -111,13 +115,19 @@ torch::Tensor block_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
     float* po = out.data_ptr<float>();
     const int64_t g = nh / nkv, ks = k.stride(0), vs = v.stride(0);
     const float scale = 1.0f / std::sqrt((float)hd);
+    // the AVX-512 loops (same bits) where the kernels' path is an AVX-512 one: forcing the avx2
+    // path (SPECDRAFT_KERNEL_PATH, set_kernel_path) runs these loops in AVX2 too
+    const std::string path = kernel_path();
+    const bool wide = (path == "avx512-vnni" || path == "amx-int8") && attn512::cpu_has_avx512f();
+    const int64_t pairs = wide ? g / 2 : 0;  // heads 0 .. 2 pairs - 1 scored two a zmm, the rest by dot8
     // a task: one row t and the g query heads of one KV head, which see the same keys: each key
     // row is read once for all g heads while it sits in L1 (scores and weighted sums alike)
     at::parallel_for(0, nkv * T, 1, [&](int64_t begin, int64_t end) {
         std::vector<int32_t> idx(L);
         std::vector<float> sbuf(g * (L + 8));
         std::vector<const float*> e(g);
-        std::vector<float*> o(g), od(g);
+        std::vector<float*> o(g), od(g), sp(g);
+        std::vector<float> qi(pairs * hd * 2);
         for (int64_t task = begin; task < end; ++task) {
             const int64_t kvh = task / T, t = task % T;
             const float *kh = pk + kvh * ks, *vh = pv + kvh * vs;
@@ -136,10 +146,19 @@ torch::Tensor block_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
             }
             const int64_t n8 = (n + 7) / 8 * 8;
             const __m256 sc = _mm256_set1_ps(scale);
-            for (int64_t i = 0; i < n8; i += 8) {
+            if (pairs) {  // [head 2p: q[8c .. 8c + 8) | head 2p + 1: the same] per pair p, per 8 dims c
+                for (int64_t p = 0; p < pairs; ++p)
+                    for (int64_t c = 0; c < hd / 8; ++c)
+                        for (int64_t h = 0; h < 2; ++h)
+                            std::memcpy(&qi[((p * (hd / 8) + c) * 2 + h) * 8], pq + ((kvh * g + 2 * p + h) * T + t) * hd + 8 * c,
+                                        8 * sizeof(float));
+                for (int64_t a = 0; a < g; ++a) sp[a] = &sbuf[a * (L + 8)];
+                attn512::scores(qi.data(), pairs, kh, idx.data(), n, hd, scale, sp.data());
+            }
+            for (int64_t i = 0; i < n8 && 2 * pairs < g; i += 8) {
                 const float* kr[8];
                 for (int j = 0; j < 8; ++j) kr[j] = kh + idx[i + j < n ? i + j : 0] * hd;  // padding: any key, masked below
-                for (int64_t a = 0; a < g; ++a)
+                for (int64_t a = 2 * pairs; a < g; ++a)
                     _mm256_storeu_ps(&sbuf[a * (L + 8) + i], _mm256_mul_ps(dot8(pq + ((kvh * g + a) * T + t) * hd, kr, hd), sc));
             }
             std::vector<float> inv(g);
@@ -162,9 +181,13 @@ torch::Tensor block_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
                 inv[a] = 1.0f / hsum(sum);
                 e[a] = s;
             }
-            for (int64_t d0 = 0; d0 < hd; d0 += 16) {
-                for (int64_t a = 0; a < g; ++a) od[a] = o[a] + d0;
-                weighted_sums(e.data(), g, n, [&](int64_t i) { return vh + idx[i] * hd + d0; }, od.data());
+            if (wide) {
+                attn512::weighted_sums(e.data(), g, n, vh, idx.data(), hd, o.data());
+            } else {
+                for (int64_t d0 = 0; d0 < hd; d0 += 16) {
+                    for (int64_t a = 0; a < g; ++a) od[a] = o[a] + d0;
+                    weighted_sums(e.data(), g, n, [&](int64_t i) { return vh + idx[i] * hd + d0; }, od.data());
+                }
             }
             for (int64_t a = 0; a < g; ++a)
                 for (int64_t d = 0; d < hd; d += 8)

@@ -22,7 +22,7 @@ std::vector<torch::Tensor> rms_quantize(torch::Tensor x, torch::Tensor w, double
     auto h = torch::empty({T, H}, torch::kFloat32);
     const float *px = x.data_ptr<float>(), *pw = w.data_ptr<float>();
     float* ph = h.data_ptr<float>();
-    at::parallel_for(0, T, 16, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, T, 4, [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
             const float* xr = px + t * H;
             __m256 ss = _mm256_setzero_ps();
