@@ -80,15 +80,14 @@ AVX512_TARGET inline void weighted(const float* const* e, int64_t n, const float
 template <int DV>
 AVX512_TARGET void weighted_heads(const float* const* e, int64_t G, int64_t n, const float* vh, const int32_t* idx,
                                   int64_t hd, float* const* out) {
-    constexpr int MAXH = 24 / DV;  // accumulators in registers: H x DV <= 24 of the 32
+    constexpr int MAXH = 24 / DV < 8 ? 24 / DV : 8;  // accumulators in registers: H x DV <= 24 of the 32
     const int64_t passes = (G + MAXH - 1) / MAXH;
     for (int64_t d0 = 0; d0 < hd; d0 += 16 * DV)
         for (int64_t p = 0, h0 = 0; p < passes; ++p) {
             const int64_t H = G / passes + (p < G % passes);
             switch (H) {
 #define CASE(N) case N: if constexpr (N <= MAXH) weighted<N, DV>(e + h0, n, vh, idx, hd, d0, out + h0); break;
-                CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12)
-                CASE(13) CASE(14) CASE(15) CASE(16) CASE(17) CASE(18) CASE(19) CASE(20) CASE(21) CASE(22) CASE(23) CASE(24)
+                CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
                 default: break;
             }
