@@ -32,7 +32,8 @@ bool cpu_has_avx512_vnni() {
 }
 
 // Which form a block of rows takes, per weight type, per rows per pass over the weights (1..8: a
-// block of T rows makes ceil(T / 8) passes of ~T / passes rows) and per row length (short: < 16
+// block of T rows is judged as ceil(T / 8) passes of ~T / passes rows; the zmm form then runs
+// 9-16 rows in one pass, see vnni_matmul) and per row length (short: < 16
 // super-blocks, the 1536-wide inputs of the default target; long: the MLP's down projection): bit n of
 // zmm_rows[type][length] set = two 8-row groups a zmm (16 rows a vector, half the instructions of a ymm
 // a row), clear = one group a ymm (EVEX vpdpbusd, 32 registers: tiles of 8 rows too). The two
