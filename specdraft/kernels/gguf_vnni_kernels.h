@@ -21,6 +21,8 @@
     KERNEL_TARGET static I srli16(I a, int n) { return P##_srli_epi16(a, n); }                      \
     KERNEL_TARGET static I slli16(I a, int n) { return P##_slli_epi16(a, n); }                      \
     KERNEL_TARGET static I add(I a, I b) { return P##_add_epi32(a, b); }                            \
+    KERNEL_TARGET static I sub(I a, I b) { return P##_sub_epi32(a, b); }                            \
+    KERNEL_TARGET static I slli32(I a, int n) { return P##_slli_epi32(a, n); }                      \
     KERNEL_TARGET static I mullo(I a, I b) { return P##_mullo_epi32(a, b); }                        \
     KERNEL_TARGET static F fzero() { return P##_setzero_ps(); }                                     \
     KERNEL_TARGET static F fset1(float v) { return P##_set1_ps(v); }                                \
@@ -116,14 +118,19 @@ KERNEL_TARGET void q4k_rows(const uint8_t* w0, const uint8_t* w1, const int8_t* 
 }
 
 // NT rows of x against V::GROUPS groups of a Q6_K matrix, as q4k_rows. Per sub-block of 16
-// inputs: a lane starts at -32 * (the sub-block's sum of x, corr) and 4 vpdpbusd add its sum q x
-// (q in 0..63): sum (q - 32) x, what the AVX2 kernel's 16-bit lanes add up to.
+// inputs 4 vpdpbusd give each lane its sum q x (q in 0..63, |.| <= 16 * 63 * 127) and one
+// vpmulld its scale; the -32 of every quant is taken once a super-block, as Q4_K's mins are:
+// -32 * sum_s sc[s] * (sub-block s's sum of x), by 8 vpdpwssd of scale pairs against sum pairs
+// (csum: [t, b, 8] two i16 a dword). The same int32 total as sum_s sc[s] * sum (q - 32) x, what
+// the AVX2 kernel's 16-bit lanes add up to, with one broadcast of x's sums a sub-block pair
+// instead of one a sub-block (measured, Zen 5, one thread, weights in cache: the broadcasts, not
+// the products, set the pace of this kernel).
 template <class V, int NT>
 KERNEL_TARGET void q6k_rows(const uint8_t* w0, const uint8_t* w1, const int8_t* qx, const float* xs,
-                            const int32_t* corr, int64_t nb, int64_t in, int64_t t0, float* out, int64_t ldy, int valid) {
+                            const int32_t* csum, int64_t nb, int64_t in, int64_t t0, float* out, int64_t ldy, int valid) {
     using I = typename V::I;
     using F = typename V::F;
-    const I low4 = V::bytes(0x0F), top2 = V::bytes(0x30);
+    const I low4 = V::bytes(0x0F), top2 = V::bytes(0x30), low16 = V::set1(0xFFFF);
     F acc[NT];
     for (int r = 0; r < NT; ++r) acc[r] = V::fzero();
     for (int64_t b = 0; b < nb; ++b) {
@@ -145,14 +152,23 @@ KERNEL_TARGET void q6k_rows(const uint8_t* w0, const uint8_t* w1, const int8_t* 
                             V::or_(V::and_(V::srli16(v1, 4), low4), V::and_(V::srli16(h, 2), top2))};
             for (int r = 0; r < NT; ++r) {
                 const int8_t* x = xb + r * in + 16 * s;
-                I p = V::set1(corr[((t0 + r) * nb + b) * 16 + s]);
-                for (int k = 0; k < 4; ++k) p = V::dpbusd(p, q[k], V::bcast4(x + 4 * k));
+                I p = V::dpbusd(V::zero(), q[0], V::bcast4(x));
+                for (int k = 1; k < 4; ++k) p = V::dpbusd(p, q[k], V::bcast4(x + 4 * k));
                 sum[r] = V::add(sum[r], V::mullo(p, sc));
             }
         }
+        I scp[8];  // scales of sub-blocks 2k, 2k + 1 as two i16 a lane
+        for (int k = 0; k < 8; ++k)
+            scp[k] = V::or_(V::and_(V::i8to32(r0 + 1536 + 16 * k, r1 + 1536 + 16 * k), low16),
+                            V::slli32(V::i8to32(r0 + 1544 + 16 * k, r1 + 1544 + 16 * k), 16));
         const F d = V::load8f(r0 + 1664, r1 + 1664);
-        for (int r = 0; r < NT; ++r)
+        for (int r = 0; r < NT; ++r) {
+            const int32_t* c = csum + ((t0 + r) * nb + b) * 8;
+            I m = V::zero();
+            for (int k = 0; k < 8; ++k) m = V::dpwssd(m, scp[k], V::set1(c[k]));
+            sum[r] = V::sub(sum[r], V::slli32(m, 5));  // - 32 * sum_s sc[s] * (sum of x)
             acc[r] = V::fmadd(V::cvt(sum[r]), V::mul(d, V::fset1(xs[(t0 + r) * nb + b])), acc[r]);
+        }
     }
     for (int r = 0; r < NT; ++r) V::store(out + (t0 + r) * ldy, valid, acc[r]);
 }
@@ -181,15 +197,16 @@ void matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, c
             int64_t T, int64_t in, int64_t O, float* y, int64_t ldy) {
     const int64_t nb = in / 256, n16 = T * in / 16, rec = kind == 4 ? Q4K_REC : Q6K_REC;
     // Q4_K: sub-block pairs' sums of x (two i16 in an int32, as the AVX2 kernel forms them);
-    // Q6_K: -32 * each sub-block's sum of x
-    std::vector<int32_t> aux(kind == 4 ? n16 / 4 : n16);
+    // Q6_K: pairs of sub-blocks' sums of x (two i16 in an int32, |sum of 16| <= 2032)
+    std::vector<int32_t> aux(kind == 4 ? n16 / 4 : n16 / 2);
     if (kind == 4)
         for (int64_t u = 0; u < n16 / 4; ++u) {
             const int16_t* bs = bsums + 4 * u;
             aux[u] = (int32_t)((uint32_t)(uint16_t)(bs[0] + bs[1]) | (uint32_t)(uint16_t)(bs[2] + bs[3]) << 16);
         }
     else
-        for (int64_t u = 0; u < n16; ++u) aux[u] = -32 * (int32_t)bsums[u];
+        for (int64_t u = 0; u < n16 / 2; ++u)
+            aux[u] = (int32_t)((uint32_t)(uint16_t)bsums[2 * u] | (uint32_t)(uint16_t)bsums[2 * u + 1] << 16);
     const int32_t* pa = aux.data();
     at::parallel_for(0, (groups + V::GROUPS - 1) / V::GROUPS, 1, [&](int64_t begin, int64_t end) {
         for (int64_t p = begin; p < end; ++p) {
