@@ -21,7 +21,6 @@
 #include <immintrin.h>
 #include <cmath>
 #include <cstring>
-#include <string>
 #include <optional>
 #include <vector>
 
@@ -117,8 +116,7 @@ torch::Tensor block_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
     const float scale = 1.0f / std::sqrt((float)hd);
     // the AVX-512 loops (same bits) where the kernels' path is an AVX-512 one: forcing the avx2
     // path (SPECDRAFT_KERNEL_PATH, set_kernel_path) runs these loops in AVX2 too
-    const std::string path = kernel_path();
-    const bool wide = (path == "avx512-vnni" || path == "amx-int8") && attn512::cpu_has_avx512f();
+    const bool wide = kernel_path_avx512() && attn512::cpu_has_avx512f();
     const int64_t pairs = wide ? g / 2 : 0;  // heads 0 .. 2 pairs - 1 scored two a zmm, the rest by dot8
     // a task: one row t and the g query heads of one KV head, which see the same keys: each key
     // row is read once for all g heads while it sits in L1 (scores and weighted sums alike)

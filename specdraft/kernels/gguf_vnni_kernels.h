@@ -152,8 +152,8 @@ KERNEL_TARGET void q6k_rows(const uint8_t* w0, const uint8_t* w1, const int8_t* 
                             V::or_(V::and_(V::srli16(v1, 4), low4), V::and_(V::srli16(h, 2), top2))};
             for (int r = 0; r < NT; ++r) {
                 const int8_t* x = xb + r * in + 16 * s;
-                I p = V::dpbusd(V::zero(), q[0], V::bcast4(x));
-                for (int k = 1; k < 4; ++k) p = V::dpbusd(p, q[k], V::bcast4(x + 4 * k));
+                I p = V::zero();
+                for (int k = 0; k < 4; ++k) p = V::dpbusd(p, q[k], V::bcast4(x + 4 * k));
                 sum[r] = V::add(sum[r], V::mullo(p, sc));
             }
         }
