@@ -497,7 +497,8 @@ class LlamaModel:
         attention -> o -> rms_quantize -> gate_up -> swiglu_quantize -> down. Blocks of up to
         ROW_EXACT_MAX tokens (decode steps, drafts, trees) run the whole loop below in one call
         (kernels.Decoder: the same steps, bitwise; ``fused = False`` on an instance runs this loop
-        instead); a longer prefill runs the loop. Every block attends with the native kernel,
+        instead); a longer prefill runs the loop, PREFILL_BLOCK rows at a time (_in_blocks). Every
+        block attends with the native kernel,
         whose rows are block-independent and which reads only the keys a row sees (causal without
         a mask): so a prompt's logits are bitwise the same prefilled in one block, in chunks or
         token by token, and a long prefill does not pay the batched path's whole-cache scores
@@ -505,6 +506,8 @@ class LlamaModel:
         """
         s, ops = self.spec, self._ops
         T = x.shape[0]
+        if T > PREFILL_BLOCK:
+            return self._in_blocks(x, L0, cos, sin, tree_mask, tapped)
         L = L0 + T
         cos, sin = cos.contiguous(), sin.contiguous()
         # the kernel attends causally without a mask; only trees (and packed sequences) need one
@@ -531,7 +534,7 @@ class LlamaModel:
 
     def _in_blocks(self, x: torch.Tensor, L0: int, cos: torch.Tensor, sin: torch.Tensor,
                    tree_mask: torch.Tensor | None, tapped: dict[int, torch.Tensor]) -> torch.Tensor:
-        """_native_layers over a long block x [T, H] in PREFILL_BLOCK-row pieces, each seeing the
+        """_native_layers over a block x [T, H] longer than PREFILL_BLOCK in pieces of that many rows, each seeing the
         cache up to itself (its rows of the mask over the whole cache, when there is one)."""
         T = x.shape[0]
         mask = None if tree_mask is None else self._mask(T, L0, tree_mask)  # [T, L0 + T]
@@ -564,10 +567,7 @@ class LlamaModel:
         layers = self._native_layers if self._ops is not None else self._torch_layers
         # layer -> its output [T, H], in layer order (filled in by the layers)
         tapped = dict.fromkeys(check_taps(taps, len(self.layers))) if need_hidden else {}
-        if self._ops is None or T <= PREFILL_BLOCK:
-            x = layers(x, L0, cos, sin, tree_mask, tapped)
-        else:
-            x = self._in_blocks(x, L0, cos, sin, tree_mask, tapped)
+        x = layers(x, L0, cos, sin, tree_mask, tapped)
         self.length = L
         if last_only and not need_hidden:
             x = x[-1:]
