@@ -498,9 +498,8 @@ class LlamaModel:
         ROW_EXACT_MAX tokens (decode steps, drafts, trees) run the whole loop below in one call
         (kernels.Decoder: the same steps, bitwise; ``fused = False`` on an instance runs this loop
         instead); a longer prefill runs the loop, PREFILL_BLOCK rows at a time (_in_blocks). Every
-        block attends with the native kernel,
-        whose rows are block-independent and which reads only the keys a row sees (causal without
-        a mask): so a prompt's logits are bitwise the same prefilled in one block, in chunks or
+        block attends with the native kernel, whose rows are block-independent and which reads
+        only the keys a row sees (causal without a mask): so a prompt's logits are bitwise the same prefilled in one block, in chunks or
         token by token, and a long prefill does not pay the batched path's whole-cache scores
         (700 tokens on a 2-core Zen 5: 2.97 -> 2.21 s).
         """
