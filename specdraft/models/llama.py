@@ -499,9 +499,9 @@ class LlamaModel:
         (kernels.Decoder: the same steps, bitwise; ``fused = False`` on an instance runs this loop
         instead); a longer prefill runs the loop, PREFILL_BLOCK rows at a time (_in_blocks). Every
         block attends with the native kernel, whose rows are block-independent and which reads
-        only the keys a row sees (causal without a mask): so a prompt's logits are bitwise the same prefilled in one block, in chunks or
-        token by token, and a long prefill does not pay the batched path's whole-cache scores
-        (700 tokens on a 2-core Zen 5: 2.97 -> 2.21 s).
+        only the keys a row sees (causal without a mask): so a prompt's logits are bitwise the
+        same prefilled in one block, in chunks or token by token, and a long prefill does not pay
+        the batched path's whole-cache scores (700 tokens on a 2-core Zen 5: 2.97 -> 2.21 s).
         """
         s, ops = self.spec, self._ops
         T = x.shape[0]
