@@ -50,7 +50,8 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="draft model: see at most this many (latest) prompt tokens, bounding its prefill; "
                         "0 = all (default: 256 for hybrid, all for draft-model)")
     p.add_argument("--trees", action=argparse.BooleanOptionalAction, default=_DEFAULTS_SPEC.trees,
-                   help="head / hybrid-head / eagle / medusa / hydra / mtp: draft token trees (EAGLE-2 style), sized by the "
+                   help="draft-model / hybrid / head / hybrid-head / eagle / medusa / hydra / mtp: greedy drafts as token trees "
+                        "(EAGLE-2 style), sized by the "
                         "measured cost curve (default); --no-trees: one chain")
     p.add_argument("--head", default=_DEFAULTS_SPEC.head,
                    help="head / hybrid-head: directory of a trained drafting head (default: the one shipped for the target)")

@@ -219,7 +219,7 @@ def test_greedy_speculative_equals_plain(target, drafts, plain, method, draft, k
 
 
 def test_draft_equal_to_target_accepts_everything(target, drafts, plain):
-    engine = make_engine(target, "draft-model", drafts["target"], k=4)
+    engine = make_engine(target, "draft-model", drafts["target"], k=4, trees=False)  # chains
     text, pieces, ids, stats = run(engine)
     assert ids == plain[1]
     assert_speculated(stats)
@@ -313,7 +313,7 @@ def test_cost_aware_draft_model_stays_exact(target, drafts, plain, per_token, dr
     skipped), one guess a step where only the first one is free."""
     from specdraft.costs import ForwardCosts, PassRates
 
-    e = make_engine(target, "draft-model", drafts["near"], k=4, cost_rule=True)
+    e = make_engine(target, "draft-model", drafts["near"], k=4, cost_rule=True, trees=False)  # chains
     costs = fixed_costs(per_token)
     e.costs = e.policy.costs = costs
     if draft_seconds:  # a slow draft model: its forwards are timed by the drafter itself
@@ -336,6 +336,45 @@ def test_cost_aware_draft_model_stays_exact(target, drafts, plain, per_token, dr
     elif draft_seconds:
         # one guess a step, but for the first step: no draft forward was timed before it
         assert stats.drafts > 10 and stats.draft_tokens <= stats.drafts + 3
+
+
+@pytest.mark.parametrize("draft, cost_rule", [("target", False), ("near", False), ("near", True)])
+def test_draft_model_trees_are_exact_and_keep_the_accepted_rows(target, drafts, plain, draft, cost_rule, monkeypatch):
+    """Greedy draft-model drafts as dynamic trees: exact; trees really branch; the likeliest first
+    guess is always checked (a draft equal to the target passes it every step); after each
+    verification the draft cache holds exactly the committed tokens it has fed (the accepted
+    path's rows compacted next to the context), as a fresh cache fed them in one block would."""
+    e = make_engine(target, "draft-model", drafts[draft], k=4, cost_rule=cost_rule)
+    if cost_rule:
+        e.costs = e.policy.costs = fixed_costs(0.0)  # checks free: every guess pays
+    drafter = e.drafter
+    proposals, caches = [], []
+    propose, observe = drafter.propose, drafter.observe
+
+    def spy_propose(*a, **kw):
+        proposals.append(d := propose(*a, **kw))
+        return d
+
+    def spy_observe(context, n):
+        observe(context, n)
+        caches.append((list(drafter.seq), drafter.model.length, [k[:, :drafter.model.length].clone()
+                                                                  for k in drafter.model.k_cache]))
+
+    monkeypatch.setattr(drafter, "propose", spy_propose)
+    monkeypatch.setattr(drafter, "observe", spy_observe)
+    text, _, ids, stats = run(e)
+    assert ids == plain[1] and text == plain[0]
+    assert_speculated(stats)
+    assert any(d.parents is not None and len(set(d.parents)) < len(d.parents) for d in proposals)  # siblings
+    if draft == "target":
+        assert stats.accepted_tokens >= stats.drafts
+    fresh = drafter.model.with_cache(drafter.model.max_length)
+    for seq, length, k_cache in caches:
+        assert len(seq) == length
+        fresh.reset()
+        fresh.forward(torch.tensor(seq))
+        for got, want in zip(k_cache, fresh.k_cache):
+            torch.testing.assert_close(got, want[:, :length], rtol=1e-4, atol=1e-5)
 
 
 def test_draft_model_with_a_smaller_context_than_the_target(models, target, plain):

@@ -22,7 +22,7 @@ from ..heads.eagle import attend
 from ..models.quant import W8A8Linear
 from .base import DrafterContext, register
 from .feature_head import FeatureHeadDrafter
-from .trees import node_depths
+from .trees import node_depths, node_mask
 
 
 class EagleDrafter(FeatureHeadDrafter):
@@ -89,16 +89,8 @@ class EagleDrafter(FeatureHeadDrafter):
         # its ancestors' steps and itself
         depth = node_depths(parents)
         stepped = list(self.node_kv)  # nodes stepped earlier in this draft (every ancestor is one)
-        slot = {j: i for i, j in enumerate(stepped)}  # node -> its key's index after the cache
-        rows = len(nodes)
-        mask = torch.zeros(rows, n + len(stepped) + rows, dtype=torch.bool)
-        mask[:, :n] = True
-        for b, j in enumerate(nodes):
-            a = parents[j]
-            while a >= 0:
-                mask[b, n + slot[a]] = True
-                a = parents[a]
-            mask[b, n + len(stepped) + b] = True
+        row_of = {j: n + i for i, j in enumerate(stepped)}  # node -> its key's row after the cache
+        mask = node_mask(nodes, parents, row_of, n, n + len(stepped))  # [R, n + stepped + R]
         keys = torch.cat([self.k_cache[:n], *[self.node_kv[s][0][None] for s in stepped]])
         values = torch.cat([self.v_cache[:n], *[self.node_kv[s][1][None] for s in stepped]])
         f = torch.stack([feats[j] for j in nodes])

@@ -27,6 +27,7 @@ from ..costs import BetterOfTwo, PassRates, running_mean
 from ..errors import ParameterError
 from ..models.quant import DenseLinear, W8A8Linear
 from .base import Draft, DrafterContext, RatedGuesses, choose, register
+from .trees import TOPK, GrownTree, grow_tree
 
 
 def output_weight(target, n: int | torch.Tensor) -> torch.Tensor:
@@ -60,9 +61,6 @@ def output_rows(target, n: int | torch.Tensor):
 
 
 GREEDY = SamplingConfig()  # how a guess is chosen unless drawn from q (sample_from_q)
-TOPK = 3  # children per expanded node of a head tree
-BEAM = 3  # nodes expanded per round (EAGLE-2: the likeliest of the newest layer)
-MIN_CHANCE = 0.02  # a round whose likeliest node is below this ends the tree
 
 
 class Int8Head:
@@ -194,43 +192,26 @@ class FeatureHeadDrafter(RatedGuesses):
         return Draft(tokens, torch.stack(qs) if qs else None, chances=cumulative)
 
     def _propose_tree(self, context: list[int], k: int, costed: bool, draft_cost: float) -> Draft:
-        """An EAGLE-2 dynamic tree: each round expands the BEAM likeliest nodes of the newest
-        layer (one batched head step) into their TOPK most confident children; after up to k
-        rounds every node is rated by its chance of being on the accepted path (the product of
-        calibrated confidences along its branch), by which the engine's policy keeps the best
-        ones. Children
-        are deterministic guesses (one-hot for the verifier)."""
+        """An EAGLE-2 dynamic tree of up to k rounds (trees.grow_tree), each round one batched head
+        step; every node rated by its chance of being on the accepted path (the product of
+        calibrated confidences along its branch), by which the engine's policy keeps the best ones.
+        Children are deterministic guesses (one-hot for the verifier)."""
         self.drawn = None
-        tokens: list[int] = []
-        parents: list[int] = []
-        conf: list[float] = []  # the head's confidence in each node's token
-        chance: list[float] = []  # P(node on the accepted path)
-        feats: list[torch.Tensor] = []  # [H] the feature each node's token was chosen from
-        layer, rounds = [-1], 0  # -1: the root, the newest committed token, chosen from self.feature
+        feats: list[torch.Tensor] = []  # [H] per node: the feature its token was chosen from
+
+        def expand(layer: list[int], tree: GrownTree):
+            ids = [context[-1] if j < 0 else tree.tokens[j] for j in layer]
+            f = self.advance(layer, ids, tree.parents, feats)  # [B, H] the next features
+            top = torch.softmax(self.out(f).float(), -1).topk(TOPK)  # values, indices [B, TOPK]
+            feats.extend(f[b] for b in range(len(layer)) for _ in range(TOPK))  # grow_tree's child order
+            return top.values.tolist(), [[self.to_target(t)[0] for t in row] for row in top.indices.tolist()]
+
         t0 = time.perf_counter()
-        while layer and rounds < k:
-            ids = [context[-1] if j < 0 else tokens[j] for j in layer]
-            f = self.advance(layer, ids, parents, feats)  # [B, H] the next features
-            top = torch.softmax(self.out(f).float(), -1).topk(TOPK, -1)  # values, indices [B, TOPK]
-            rounds += 1
-            new = []
-            for b, parent in enumerate(layer):
-                up = 1.0 if parent < 0 else chance[parent]
-                for p, tok in zip(top.values[b].tolist(), top.indices[b].tolist()):
-                    tokens.append(self.to_target(tok)[0])
-                    parents.append(parent)
-                    conf.append(p)
-                    chance.append(up * (self.rates.rate(p) if costed else p))
-                    feats.append(f[b])
-                    new.append(len(tokens) - 1)
-            layer = sorted(new, key=lambda j: -chance[j])[:BEAM]
-            if chance[layer[0]] < MIN_CHANCE:  # nothing below here would be worth its verification
-                break
-            if costed:  # expand only nodes the check would take: a child is never likelier than its parent
-                layer = self._worth_expanding(layer, chance, draft_cost)
-        self.step_seconds = running_mean(self.step_seconds, (time.perf_counter() - t0) / rounds)
-        self.proposed = conf
-        return Draft(tokens, parents=parents, chances=chance)
+        prune = (lambda layer, chance: self.policy.worth_expanding(layer, chance, draft_cost)) if costed else None
+        tree = grow_tree(expand, k, self.rates.rate if costed else float, prune)
+        self.step_seconds = running_mean(self.step_seconds, (time.perf_counter() - t0) / tree.rounds)
+        self.proposed = tree.conf
+        return Draft(tree.tokens, parents=tree.parents, chances=tree.chance)
 
     def judged_rates(self) -> PassRates:
         """Guesses drawn from q (all rated 1.0) are counted apart from the most confident ones."""
@@ -243,23 +224,6 @@ class FeatureHeadDrafter(RatedGuesses):
                 if j == 0:
                     self.ways.record(self.drawn, passed)
         super().learn(judged)
-
-    def _worth_expanding(self, layer: list[int], chance: list[float], draft_cost: float) -> list[int]:
-        """The nodes of ``layer`` (likeliest first) whose children could still be sent: those at
-        least as likely as the least likely node the policy would send now (drafting sunk), while
-        one more round, at ``draft_cost`` one-token forwards, is worth what its best child could add.
-        On a CPU where each checked node costs much (AVX2: 2 tokens 1.1x one, 4 tokens 1.6x) this
-        is mostly one node a round, as in a chain, with the siblings of each round for free."""
-        ranked = sorted(chance, reverse=True)
-        n = self.policy.best_length(ranked)
-        if n == 0:
-            return []
-        floor = ranked[n - 1]
-        keep = [j for j in layer if chance[j] >= floor]
-        # the round's best child adds at most chance[keep[0]] tokens for one more step
-        if keep and self.policy.best_length([*ranked[:n], chance[keep[0]]], draft_cost) <= n:
-            return []
-        return keep
 
 
 @register("head", needs_head=True)

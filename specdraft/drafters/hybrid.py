@@ -19,7 +19,7 @@ import torch
 
 from ..config import DEFAULT_K, SamplingConfig
 from .base import Draft, Drafter, DrafterContext, register
-from .draft_model import DraftModel
+from .draft_model import DraftModel, trees_for
 from .feature_head import FeatureHeadDrafter
 from .prompt_lookup import PromptLookup
 
@@ -78,7 +78,7 @@ class Hybrid(Drafter):
 @register("hybrid", needs_draft_model=True)
 def _build(ctx: DrafterContext) -> Hybrid:
     spec = ctx.spec
-    model = DraftModel(ctx.draft_model, min_confidence=spec.min_confidence, window=spec.window)
+    model = DraftModel(ctx.draft_model, min_confidence=spec.min_confidence, window=spec.window, trees=trees_for(ctx))
     # An explicit --k caps both; by default each part keeps its own measured length.
     model_k = spec.k if spec.k is not None else DEFAULT_K["draft-model"]
     return Hybrid(model, model_k=model_k, ngram_max=spec.ngram_max, ngram_min=spec.ngram_min)

@@ -1,6 +1,15 @@
 """Helpers for token trees: depths, the best nodes or branch of a tree, a subtree, the trie of
-several continuations."""
+several continuations, the attention mask of drafted nodes, and EAGLE-2's dynamic tree."""
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+TOPK = 3  # children per expanded node of a dynamic tree
+BEAM = 3  # nodes expanded per round (EAGLE-2: the likeliest of the newest layer)
+MIN_CHANCE = 0.02  # a round whose likeliest node is below this ends the tree
 
 
 def keep_nodes(tokens: list[int], parents: list[int], keep: list[int]) -> tuple[list[int], list[int]]:
@@ -84,3 +93,79 @@ def trie_of(continuations: list[list[int]]) -> tuple[list[int], list[int], list[
             counts[nxt] += 1
             node = nxt
     return tokens, parents, [counts[j] / counts[parents[j]] for j in range(len(tokens))]
+
+
+def node_mask(nodes: list[int], parents: list[int], row_of: dict[int, int], prefix: int, before: int) -> torch.Tensor:
+    """[B, before + B] bool, True = may attend: the mask of draft ``nodes`` [B] fed as one block
+    after ``before`` cache rows, of which the first ``prefix`` are the committed context (seen
+    whole) and the rest earlier draft nodes at rows ``row_of`` (node -> row); each node sees the
+    context, its ancestors' rows (every ancestor must have a row) and itself.
+
+    >>> node_mask([1], [-1, 0], {0: 2}, 2, 3).int().tolist()
+    [[1, 1, 1, 1]]
+    >>> node_mask([2, 3], [-1, -1, 0, 1], {0: 2, 1: 3}, 2, 4).int().tolist()
+    [[1, 1, 1, 0, 1, 0], [1, 1, 0, 1, 0, 1]]
+    """
+    B = len(nodes)
+    mask = torch.zeros(B, before + B, dtype=torch.bool)
+    mask[:, :prefix] = True
+    for b, j in enumerate(nodes):
+        a = parents[j]
+        while a >= 0:
+            mask[b, row_of[a]] = True
+            a = parents[a]
+        mask[b, before + b] = True
+    return mask
+
+
+@dataclass
+class GrownTree:
+    """A dynamic tree: per node its token, parent (-1: the root), the drafter's confidence in the
+    token and its chance of being on the accepted path; ``rounds``: expansions run."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    conf: list[float] = field(default_factory=list)
+    chance: list[float] = field(default_factory=list)
+    rounds: int = 0
+
+
+# expand(layer, tree) -> (confidences [B][TOPK], token ids [B][TOPK]): the most confident children
+# of the nodes ``layer`` (-1: the root) of ``tree``, likeliest first
+Expand = Callable[[list[int], GrownTree], tuple[Sequence[Sequence[float]], Sequence[Sequence[int]]]]
+
+
+def grow_tree(expand: Expand, rounds: int, rate: Callable[[float], float] = float,
+              prune: Callable[[list[int], list[float]], list[int]] | None = None) -> GrownTree:
+    """EAGLE-2's dynamic tree: each round expands the BEAM likeliest nodes of the newest layer (one
+    ``expand``: a batched drafter step) into their TOPK most confident children, a child's chance
+    being its parent's times ``rate``(its confidence) (the calibrated pass rate); at most
+    ``rounds`` rounds, none after a round whose likeliest node is below MIN_CHANCE. ``prune``
+    (layer likeliest first, chances) keeps the nodes worth expanding further (the engine's
+    policy.worth_expanding). Children are appended parent by parent, TOPK at a time, in the order
+    ``expand`` gives them.
+
+    >>> t = grow_tree(lambda layer, tree: ([[0.9, 0.1, 0.0]] * len(layer), [[5, 6, 7]] * len(layer)), 2)
+    >>> t.tokens[:4], t.parents[:4], t.rounds
+    ([5, 6, 7, 5], [-1, -1, -1, 0], 2)
+    """
+    tree = GrownTree()
+    layer = [-1]
+    while layer and tree.rounds < rounds:
+        probs, ids = expand(layer, tree)
+        tree.rounds += 1
+        new = []
+        for b, parent in enumerate(layer):
+            up = 1.0 if parent < 0 else tree.chance[parent]
+            for p, tok in zip(probs[b], ids[b]):
+                tree.tokens.append(int(tok))
+                tree.parents.append(parent)
+                tree.conf.append(float(p))
+                tree.chance.append(up * rate(float(p)))
+                new.append(len(tree.tokens) - 1)
+        layer = sorted(new, key=lambda j: -tree.chance[j])[:BEAM]
+        if tree.chance[layer[0]] < MIN_CHANCE:  # nothing below here would be worth its verification
+            break
+        if prune is not None:
+            layer = prune(layer, tree.chance)
+    return tree
