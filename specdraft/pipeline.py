@@ -33,6 +33,12 @@ DEFAULT_DTYPE = "auto"  # resolved by resolve_dtype() on the machine at hand
 # draft token several times cheaper on a memory-bound CPU.
 DEFAULT_DRAFT_FORMAT = "auto"  # resolved by models.quant.resolve_format (w8a8-fast or int4)
 DEFAULT_TARGET_FORMAT = "auto"  # gguf where the GGUF kernels run, else w8a8 (models.quant.resolve_format)
+# A draft model's logits over the first 32,768 ids only (BPE's earliest merges; 91.5% of the
+# default target's choices): its output head is the largest matrix of a small model. Zen 5, 0.5B
+# Q4_K draft: a one-token forward 8.6 -> 5.9 ms; the draft-model method 1.07x -> 1.13x plain
+# decoding (13 dev prompts interleaved, trees, 1.97 -> 2.23 tokens a forward). A guess outside
+# them is lost, never the exactness (sampled q is zero there). None: every id.
+DEFAULT_DRAFT_VOCAB: int | None = 32768
 KEPT_DRAFTERS = 8  # drafters a Speculator keeps across requests, one per speculation config
 
 
@@ -170,7 +176,7 @@ class Speculator:
 
     def __init__(self, target: str | None = None, draft: str | None = None, *, dtype: str = DEFAULT_DTYPE,
                  draft_dtype: str | None = None, draft_format: str = DEFAULT_DRAFT_FORMAT,
-                 target_format: str = DEFAULT_TARGET_FORMAT, draft_vocab: int | None = None, runtime: str = "auto",
+                 target_format: str = DEFAULT_TARGET_FORMAT, draft_vocab: int | None = DEFAULT_DRAFT_VOCAB, runtime: str = "auto",
                  max_length: int = 4096, load_draft: bool = True, progress: bool = True):
 
         self.target = load_model(target or DEFAULT_TARGET, dtype=dtype, runtime=runtime, max_length=max_length,
