@@ -349,7 +349,8 @@ def test_invalid_spec_config(kwargs):
 
 def test_draft_window_defaults_per_drafter():
     assert SpecConfig(method="hybrid").window == 256
-    assert SpecConfig(method="draft-model").window == 0
+    assert SpecConfig(method="draft-model").window == 256
+    assert SpecConfig(method="prompt-lookup").window == 0  # no draft model: nothing to bound
     assert SpecConfig(method="hybrid", draft_window=0).window == 0  # explicit: the whole prompt
     assert SpecConfig(method="draft-model", draft_window=64).window == 64
 
