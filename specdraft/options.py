@@ -48,7 +48,7 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ngram-min", type=int, default=_DEFAULTS_SPEC.ngram_min, help="prompt-lookup: shortest n-gram matched")
     p.add_argument("--draft-window", type=int, default=_DEFAULTS_SPEC.draft_window,
                    help="draft model: see at most this many (latest) prompt tokens, bounding its prefill; "
-                        "0 = all (default: 256 for hybrid, all for draft-model)")
+                        "0 = all (default: 256, see config.DEFAULT_DRAFT_WINDOW)")
     p.add_argument("--trees", action=argparse.BooleanOptionalAction, default=_DEFAULTS_SPEC.trees,
                    help="draft-model / hybrid / head / hybrid-head / eagle / medusa / hydra / mtp: greedy drafts as token trees "
                         "(EAGLE-2 style), sized by the "
