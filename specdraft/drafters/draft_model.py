@@ -44,6 +44,7 @@ from .trees import BEAM, TOPK, GrownTree, grow_tree, node_depths, node_mask
 
 class DraftModel(RatedGuesses):
     name = "draft-model"
+    topk, beam = TOPK, BEAM  # a tree's children per expanded node, nodes expanded per round
 
     def __init__(self, model, *, min_confidence: float = 0.0, window: int = 0, trees: bool = False):
         super().__init__()  # rates: greedy confidences -> how often such guesses passed
@@ -129,7 +130,7 @@ class DraftModel(RatedGuesses):
         ``logits`` [V'] give the root's children. Round r feeds the nodes to expand as one block
         and leaves their rows in the cache (``fed``) for their descendants to attend to."""
         base = self.model.length  # the context's rows; the root (newest token) is row base - 1
-        k = min(k, 1 + (self.model.max_length - base) // BEAM)  # every round but the first feeds <= BEAM rows
+        k = min(k, 1 + (self.model.max_length - base) // self.beam)  # every round but the first feeds <= beam rows
 
         def expand(layer: list[int], tree: GrownTree):
             if layer == [-1]:
@@ -145,12 +146,12 @@ class DraftModel(RatedGuesses):
                 self.fed.update((j, before + b) for b, j in enumerate(layer))
                 rows = out.logits  # [B, V']
                 self.forward_seconds = running_mean(self.forward_seconds, time.perf_counter() - t0)
-            top = torch.softmax(rows.float(), -1).topk(min(TOPK, rows.shape[-1]))
+            top = torch.softmax(rows.float(), -1).topk(min(self.topk, rows.shape[-1]))
             return top.values.tolist(), top.indices.tolist()
 
         prune = (lambda layer, chance: self.policy.worth_expanding(layer, chance, draft_cost)) if costed else None
         self.tree_base = base
-        self.tree = grow_tree(expand, k, self.rates.rate if costed else float, prune)
+        self.tree = grow_tree(expand, k, self.rates.rate if costed else float, prune, self.beam)
         self.proposed = self.tree.conf if costed else []
         return Draft(self.tree.tokens, parents=self.tree.parents, chances=self.tree.chance)
 

@@ -136,9 +136,9 @@ Expand = Callable[[list[int], GrownTree], tuple[Sequence[Sequence[float]], Seque
 
 
 def grow_tree(expand: Expand, rounds: int, rate: Callable[[float], float] = float,
-              prune: Callable[[list[int], list[float]], list[int]] | None = None) -> GrownTree:
-    """EAGLE-2's dynamic tree: each round expands the BEAM likeliest nodes of the newest layer (one
-    ``expand``: a batched drafter step) into their TOPK most confident children, a child's chance
+              prune: Callable[[list[int], list[float]], list[int]] | None = None, beam: int = BEAM) -> GrownTree:
+    """EAGLE-2's dynamic tree: each round expands the ``beam`` likeliest nodes of the newest layer
+    (one ``expand``: a batched drafter step) into their most confident children, a child's chance
     being its parent's times ``rate``(its confidence) (the calibrated pass rate); at most
     ``rounds`` rounds, none after a round whose likeliest node is below MIN_CHANCE. ``prune``
     (layer likeliest first, chances) keeps the nodes worth expanding further (the engine's
@@ -163,7 +163,7 @@ def grow_tree(expand: Expand, rounds: int, rate: Callable[[float], float] = floa
                 tree.conf.append(float(p))
                 tree.chance.append(up * rate(float(p)))
                 new.append(len(tree.tokens) - 1)
-        layer = sorted(new, key=lambda j: -tree.chance[j])[:BEAM]
+        layer = sorted(new, key=lambda j: -tree.chance[j])[:beam]
         if tree.chance[layer[0]] < MIN_CHANCE:  # nothing below here would be worth its verification
             break
         if prune is not None:
