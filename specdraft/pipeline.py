@@ -34,11 +34,12 @@ DEFAULT_DTYPE = "auto"  # resolved by resolve_dtype() on the machine at hand
 DEFAULT_DRAFT_FORMAT = "auto"  # resolved by models.quant.resolve_format (w8a8-fast or int4)
 DEFAULT_TARGET_FORMAT = "auto"  # gguf where the GGUF kernels run, else w8a8 (models.quant.resolve_format)
 # A draft model's logits over the first 32,768 ids only (BPE's earliest merges; 91.5% of the
-# default target's choices): its output head is the largest matrix of a small model. Zen 5, 0.5B
-# Q4_K draft: a one-token forward 8.6 -> 5.9 ms; the draft-model method 1.07x -> 1.13x plain
-# decoding (13 dev prompts interleaved, trees, 1.97 -> 2.23 tokens a forward). A guess outside
-# them is lost, never the exactness (sampled q is zero there). None: every id.
-DEFAULT_DRAFT_VOCAB: int | None = 32768
+# default target's choices) where its vocabulary holds at least twice as many: its output head is
+# then the largest matrix of a small model. Zen 5, 0.5B Q4_K draft (151,936 ids): a one-token
+# forward 8.6 -> 5.9 ms; the draft-model method 1.07x -> 1.13x plain decoding (13 dev prompts
+# interleaved, trees, 1.97 -> 2.23 tokens a forward). A guess outside them is lost, never the
+# exactness (sampled q is zero there). Speculator(draft_vocab=None): every id.
+DEFAULT_DRAFT_VOCAB = 32768
 KEPT_DRAFTERS = 8  # drafters a Speculator keeps across requests, one per speculation config
 
 
@@ -67,14 +68,15 @@ def resolve_dtype(dtype: str) -> str:
 
 
 def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", max_length: int = 4096,
-               weight_format: str = "dense", draft: bool = False, head_vocab: int | None = None,
+               weight_format: str = "dense", draft: bool = False, head_vocab: int | str | None = None,
                progress: bool = True) -> LoadedModel:
     """Resolve ``spec`` (packaged name, HF model dir, or .gguf file) and load model + tokenizer.
 
     weight_format: "dense" (dtype weights), "int8" / "int4" weight-only quantization, "w8a8" /
     "w8a8-fast" int8 weights and activations (native runtime only), or "auto": the fastest
     measured format for this CPU, for a target or (``draft``) a draft model.
-    head_vocab: draft models only: compute logits for the first ``head_vocab`` token ids only.
+    head_vocab: draft models only: compute logits for the first ``head_vocab`` token ids only;
+    "auto": DEFAULT_DRAFT_VOCAB of them where the vocabulary holds at least twice as many.
     """
     from transformers import AutoConfig
 
@@ -96,6 +98,9 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
         raise ModelFileError(f"cannot load config/tokenizer from {path} ({type(e).__name__}); "
                              "is it a complete Hugging Face model directory?") from None
     native = runtime == "native" or (runtime == "auto" and config.model_type in SUPPORTED_TYPES)
+    if head_vocab == "auto":
+        vocab = getattr(config, "vocab_size", 0) or 0
+        head_vocab = DEFAULT_DRAFT_VOCAB if vocab >= 2 * DEFAULT_DRAFT_VOCAB else None
     gguf = None
     if native and (weight_format == "gguf" or (weight_format == "auto" and not draft and DTYPES[dtype] == torch.float32)):
 
@@ -176,7 +181,7 @@ class Speculator:
 
     def __init__(self, target: str | None = None, draft: str | None = None, *, dtype: str = DEFAULT_DTYPE,
                  draft_dtype: str | None = None, draft_format: str = DEFAULT_DRAFT_FORMAT,
-                 target_format: str = DEFAULT_TARGET_FORMAT, draft_vocab: int | None = DEFAULT_DRAFT_VOCAB, runtime: str = "auto",
+                 target_format: str = DEFAULT_TARGET_FORMAT, draft_vocab: int | str | None = "auto", runtime: str = "auto",
                  max_length: int = 4096, load_draft: bool = True, progress: bool = True):
 
         self.target = load_model(target or DEFAULT_TARGET, dtype=dtype, runtime=runtime, max_length=max_length,

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from _tiny import make_cli_model
 from specdraft import pipeline
@@ -122,3 +123,17 @@ def test_sampling_config_passes_through(sd):
                     gen=GenerationConfig(max_new_tokens=20), chat=False)
     assert a.token_ids == b.token_ids
     assert a.stats.acceptance_rate == 1.0
+
+
+@pytest.mark.parametrize("vocab, rows", [(96, 96), (2 * pipeline.DEFAULT_DRAFT_VOCAB, pipeline.DEFAULT_DRAFT_VOCAB)])
+def test_a_draft_model_reads_the_first_ids_only_where_its_vocabulary_is_large(tmp_path, vocab, rows):
+    """head_vocab "auto" (the Speculator's default for its draft): logits over DEFAULT_DRAFT_VOCAB
+    ids where the vocabulary holds at least twice as many, else over every id; a target always
+    over every id."""
+    from _tiny import build_hf, save
+
+    directory = save(build_hf(vocab=vocab), tmp_path / "m")
+    draft = pipeline.load_model(str(directory), dtype="fp32", draft=True, head_vocab="auto", progress=False).model
+    assert draft.forward(torch.tensor([1, 2, 3]), last_only=True).logits.shape == (1, rows)
+    target = pipeline.load_model(str(directory), dtype="fp32", progress=False).model
+    assert target.forward(torch.tensor([1, 2, 3]), last_only=True).logits.shape == (1, vocab)
