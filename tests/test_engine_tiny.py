@@ -338,13 +338,16 @@ def test_cost_aware_draft_model_stays_exact(target, drafts, plain, per_token, dr
         assert stats.drafts > 10 and stats.draft_tokens <= stats.drafts + 3
 
 
-@pytest.mark.parametrize("draft, cost_rule", [("target", False), ("near", False), ("near", True)])
-def test_draft_model_trees_are_exact_and_keep_the_accepted_rows(target, drafts, plain, draft, cost_rule, monkeypatch):
-    """Greedy draft-model drafts as dynamic trees: exact; trees really branch; the likeliest first
-    guess is always checked (a draft equal to the target passes it every step); after each
-    verification the draft cache holds exactly the committed tokens it has fed (the accepted
-    path's rows compacted next to the context), as a fresh cache fed them in one block would."""
-    e = make_engine(target, "draft-model", drafts[draft], k=4, cost_rule=cost_rule)
+@pytest.mark.parametrize("draft, cost_rule, trees", [("target", False, True), ("near", False, True), ("near", True, True),
+                                                    ("near", False, False), ("other", False, False)])
+def test_draft_model_trees_are_exact_and_keep_the_accepted_rows(target, drafts, plain, draft, cost_rule, trees,
+                                                                monkeypatch):
+    """Greedy draft-model drafts as dynamic trees (and as chains): exact; trees really branch; the
+    likeliest first guess is always checked (a draft equal to the target passes it every step);
+    after each verification the draft cache holds exactly the committed tokens it has fed, a
+    prefix of the context (a chain's accepted guesses kept by count, a tree's accepted path's rows
+    compacted next to the context), as a fresh cache fed them in one block would."""
+    e = make_engine(target, "draft-model", drafts[draft], k=4, cost_rule=cost_rule, trees=trees)
     if cost_rule:
         e.costs = e.policy.costs = fixed_costs(0.0)  # checks free: every guess pays
     drafter = e.drafter
@@ -365,12 +368,14 @@ def test_draft_model_trees_are_exact_and_keep_the_accepted_rows(target, drafts, 
     text, _, ids, stats = run(e)
     assert ids == plain[1] and text == plain[0]
     assert_speculated(stats)
-    assert any(d.parents is not None and len(set(d.parents)) < len(d.parents) for d in proposals)  # siblings
+    branching = any(d.parents is not None and len(set(d.parents)) < len(d.parents) for d in proposals)  # siblings
+    assert branching == trees
     if draft == "target":
         assert stats.accepted_tokens >= stats.drafts
+    prompt = list(PROMPT)
     fresh = drafter.model.with_cache(drafter.model.max_length)
     for seq, length, k_cache in caches:
-        assert len(seq) == length
+        assert len(seq) == length and seq == (prompt + ids)[:length]
         fresh.reset()
         fresh.forward(torch.tensor(seq))
         for got, want in zip(k_cache, fresh.k_cache):

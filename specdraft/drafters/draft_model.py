@@ -1,13 +1,15 @@
 """A smaller language model as the prophet.
 
 The draft model keeps its own KV cache. ``seq`` lists the tokens whose KV it holds. On each
-``propose`` it rolls back to the longest common prefix of ``seq`` and the committed context,
-feeds what it has not seen yet in one forward (the accepted tail plus the target's token), then
-drafts k tokens one by one, sampling from its own distribution q when the target samples.
+``propose`` it feeds what it has not seen yet of the committed context in one forward (the
+accepted guesses it never fed plus the target's token), then drafts k tokens one by one, sampling
+from its own distribution q when the target samples.
 
 Cache invariant: after ``propose(context, k)``, the draft cache holds ``context + draft[:-1]``
 (the last draft token is never fed: its KV is only needed if all k are accepted, and then the
-next ``propose`` feeds it together with the bonus token).
+next ``propose`` feeds it together with the bonus token). ``observe(context, n)`` rewinds it by
+count to the context and the first n guesses it fed (gpt-fast's rule: n is known, no token
+lists are compared), so between steps ``seq`` is always a prefix of the committed context.
 
 ``window``: when > 0 and the prompt is longer, the draft model sees only the prompt's last
 ``window`` tokens (and everything generated after them). Its prefill of a long prompt (a RAG
@@ -55,6 +57,7 @@ class DraftModel(RatedGuesses):
         self.tree: GrownTree | None = None
         self.fed: dict[int, int] = {}
         self.tree_base = 0
+        self.chain_base: int | None = None  # the cache's length before the chain drafted last fed its guesses
         self.window = window
         self.offset = 0  # context[offset:] is what the draft model sees
         # Greedy only: run another draft forward only while the product of the probabilities of
@@ -66,13 +69,14 @@ class DraftModel(RatedGuesses):
     def begin(self, prompt: list[int]) -> None:
         self.model.reset()
         self.seq = []
+        self.tree, self.fed, self.chain_base = None, {}, None
         self.offset = max(0, len(prompt) - self.window) if self.window > 0 else 0
 
     def _sync(self, context: list[int]) -> torch.Tensor:
-        """Bring the cache to ``context`` and return the logits [V] for the next token."""
+        """Bring the cache to ``context`` (``seq`` is a prefix of it: the cache invariant) and
+        return the logits [V] for the next token."""
         context = context[self.offset:]
-        n = _common_prefix(self.seq, context)
-        n = min(n, len(context) - 1)  # always feed at least one token to get fresh logits
+        n = min(len(self.seq), len(context) - 1)  # always feed at least one token to get fresh logits
         self.model.rollback(n)
         logits = self._forward(context[n:])
         self.seq = list(context)
@@ -100,6 +104,7 @@ class DraftModel(RatedGuesses):
         logits = self._sync(context)  # the first guess comes from the forward that catches up
         if self.trees and sampling.greedy:
             return self._propose_tree(logits, k, costed, draft_cost)
+        self.chain_base = len(self.seq)  # the guesses fed below follow
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
         confidences, cumulative = [], []
@@ -156,12 +161,18 @@ class DraftModel(RatedGuesses):
         return Draft(self.tree.tokens, parents=self.tree.parents, chances=self.tree.chance)
 
     def observe(self, context: list[int], num_accepted: int) -> None:
-        """After a tree: keep the rows of the accepted nodes that were fed, next to the context's.
-        (After a chain there is nothing to do: the next propose rolls the cache back to the common
-        prefix, which covers a rejection (dropping the rejected tail) and full acceptance (feeding
-        the last draft token and the bonus token).)"""
+        """Keep in the cache the context and the accepted guesses it fed: after a chain, the
+        first ``num_accepted`` of them (a rollback by length; the last guess and the target's
+        token are fed by the next propose); after a tree, the accepted path's fed rows, moved
+        next to the context's. After a step this drafter did not draft, nothing."""
+        chain_base, self.chain_base = self.chain_base, None
+        if chain_base is not None:
+            keep = chain_base + min(num_accepted, len(self.seq) - chain_base)
+            self.model.rollback(keep)
+            del self.seq[keep:]
+            return
         tree, self.tree = self.tree, None
-        if tree is None or self.model.length < self.tree_base:
+        if tree is None:
             return
         node, rows = -1, []
         for tok in context[len(context) - 1 - num_accepted:len(context) - 1]:  # the accepted guesses
@@ -172,18 +183,6 @@ class DraftModel(RatedGuesses):
         self.model.compact(self.tree_base, torch.tensor(rows, dtype=torch.int64))
         self.seq = self.seq[:self.tree_base] + context[len(context) - 1 - num_accepted:][:len(rows)]
         self.fed = {}
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    # Most steps share everything but a short tail: compare big chunks first.
-    step = 256
-    while i + step <= n and a[i:i + step] == b[i:i + step]:
-        i += step
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def trees_for(ctx: DrafterContext) -> bool:
