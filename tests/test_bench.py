@@ -535,8 +535,9 @@ def test_sampled_bench_runs_every_method_and_marks_exactness_not_applicable(tiny
     assert all(p["exact"] is None and p["mismatch_at"] is None for p in report["prompts"])
     assert report["mismatches"] is None and report["config"]["complete"] is True  # no analysis, not an empty one
     rows = {r["method"]: r for r in report["results"] if r["category"] == "overall"}
-    # the speculative path ran under sampling: a draft equal to the target passes every guess
-    assert rows["draft-model"]["acceptance_rate"] == 1.0 and rows["draft-model"]["mean_accepted_tokens"] > 1.5
+    # the speculative path ran under sampling: a draft equal to the target passes every guess (as
+    # many as its costs allow: a tiny draft's forward costs about what the target's does)
+    assert rows["draft-model"]["acceptance_rate"] == 1.0 and rows["draft-model"]["mean_accepted_tokens"] > 1.0
     assert rows["none"]["mean_accepted_tokens"] == 1.0
     lines = md.read_text().splitlines()
     assert lines[2].startswith("Sampled at temperature 0.8, top-k off, top-p 0.9, seed 5")
@@ -547,7 +548,8 @@ def test_sampled_bench_runs_every_method_and_marks_exactness_not_applicable(tiny
 
 
 def test_sampled_bench_repeats_with_its_seed_and_draws_with_another(tiny_dir, tmp_path, capsys, no_kernel_build):
-    methods = ["--methods", "none,draft-model,prompt-lookup", "--temperature", "1.0"]
+    # --no-cost-rule: drafts that never follow measured timings, so the draws repeat with the seed
+    methods = ["--methods", "none,draft-model,prompt-lookup", "--temperature", "1.0", "--no-cost-rule"]
     first, _ = bench_tiny(tiny_dir, tmp_path, capsys, "a", *methods, "--seed", "7")
     again, _ = bench_tiny(tiny_dir, tmp_path, capsys, "b", *methods, "--seed", "7", "--order", "by-method")
     other, _ = bench_tiny(tiny_dir, tmp_path, capsys, "c", *methods, "--seed", "8")

@@ -338,6 +338,33 @@ def test_cost_aware_draft_model_stays_exact(target, drafts, plain, per_token, dr
         assert stats.drafts > 10 and stats.draft_tokens <= stats.drafts + 3
 
 
+@pytest.mark.parametrize("draft_seconds", [0.0, 0.01])
+def test_sampled_draft_model_drafts_are_cut_by_cost(target, drafts, draft_seconds, monkeypatch):
+    """Sampled draft-model chains follow the cost rule too: each guess rated by its probability
+    under q, calibrated in a table of its own (q_rates: how often the verifier kept such guesses);
+    with free checks and drafting whole drafts go, with a draft forward costing 2 target forwards
+    one guess a step (the first is free). The greedy table learns nothing from them."""
+    from specdraft.costs import PassRates
+
+    e = make_engine(target, "draft-model", drafts["near"], k=4, cost_rule=True, trees=False)
+    e.costs = e.policy.costs = fixed_costs(0.0)
+    if draft_seconds:
+        import time
+
+        forward = e.drafter.model.forward
+        monkeypatch.setattr(e.drafter.model, "forward",
+                            lambda *a, **kw: (time.sleep(draft_seconds), forward(*a, **kw))[1])
+    _, _, tokens, stats = run(e, sampling=SamplingConfig(temperature=0.8, seed=3))
+    assert_speculated(stats)
+    prior = PassRates()
+    assert e.drafter.rates.passed == prior.passed and e.drafter.rates.tried == prior.tried
+    assert sum(e.drafter.q_rates.passed) - sum(prior.passed) == pytest.approx(stats.accepted_tokens)
+    if draft_seconds:
+        assert stats.draft_tokens <= stats.drafts + 3
+    else:
+        assert stats.draft_tokens > 2 * stats.drafts
+
+
 @pytest.mark.parametrize("draft, cost_rule, trees", [("target", False, True), ("near", False, True), ("near", True, True),
                                                     ("near", False, False), ("other", False, False)])
 def test_draft_model_trees_are_exact_and_keep_the_accepted_rows(target, drafts, plain, draft, cost_rule, trees,

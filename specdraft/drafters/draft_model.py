@@ -16,11 +16,12 @@ lists are compared), so between steps ``seq`` is always a prefix of the committe
 document, an article to summarise) then costs a bounded time; lossless, since only the guesses
 change. ``seq`` and the cache then hold ``context[offset:]``.
 
-Greedy drafts, once the engine has timed its target forwards (``use_policy``), are rated as the
-head's are (drafters.feature_head): the draft's confidences calibrated by how often such guesses
-passed (costs.PassRates), another draft forward only while the longer draft is expected to commit
-more per unit of cost (a draft forward counted in one-token target forwards); the engine's policy
-sends the guesses that pay. While the draft model's steps commit less per unit of cost than
+Drafts, once the engine has timed its target forwards (``use_policy``), are rated as the head's
+are (drafters.feature_head): the draft's confidences calibrated by how often such guesses passed
+(costs.PassRates; a sampled guess by its own probability under q, in a table of its own: how
+often the verifier's min(1, p/q) kept guesses like it), another draft forward only while the
+longer draft is expected to commit more per unit of cost (a draft forward counted in one-token
+target forwards); the engine's policy sends the guesses that pay. While the draft model's steps commit less per unit of cost than
 plain steps the engine does not ask it to draft; its cache then catches up in one block when it
 next drafts.
 
@@ -39,7 +40,7 @@ import time
 import torch
 
 from ..config import SamplingConfig
-from ..costs import running_mean
+from ..costs import PassRates, running_mean
 from .base import Draft, DrafterContext, RatedGuesses, choose, register
 from .trees import BEAM, TOPK, GrownTree, grow_tree, node_depths, node_mask
 
@@ -58,6 +59,8 @@ class DraftModel(RatedGuesses):
         self.fed: dict[int, int] = {}
         self.tree_base = 0
         self.chain_base: int | None = None  # the cache's length before the chain drafted last fed its guesses
+        self.q_rates = PassRates()  # sampled guesses: their probability under q -> how often they passed
+        self.drawn = False  # the latest draft was sampled from q (its guesses count in q_rates)
         self.window = window
         self.offset = 0  # context[offset:] is what the draft model sees
         # Greedy only: run another draft forward only while the product of the probabilities of
@@ -96,23 +99,27 @@ class DraftModel(RatedGuesses):
         k = min(k, self.model.max_length - (len(context) - self.offset))
         if k <= 0:
             return Draft()
-        # greedy with timed target forwards: rated and stopped by cost (sampling keeps the
-        # confidence rule and sends its draft whole)
-        costed = self.costed and sampling.greedy
+        # with timed target forwards: rated and stopped by cost (else by the confidence rule)
+        costed = self.costed
         draft_cost = self.policy.in_forwards(self.forward_seconds) if costed else 0.0  # in one-token forwards
         self.tree, self.fed = None, {}
         logits = self._sync(context)  # the first guess comes from the forward that catches up
         if self.trees and sampling.greedy:
+            self.drawn = False
             return self._propose_tree(logits, k, costed, draft_cost)
         self.chain_base = len(self.seq)  # the guesses fed below follow
+        self.drawn = not sampling.greedy
+        rates = self.judged_rates()
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
         confidences, cumulative = [], []
-        p_all_pass = 1.0  # greedy: the chance that every guess so far is right
+        p_all_pass = 1.0  # the chance that every guess so far passes
         for i in range(k):
             tok, q, p = choose(logits, sampling, generator, costed or self.min_confidence > 0.0)
+            if q is not None and costed:
+                p = float(q[tok])  # a sampled guess is rated by its probability under q
             confidences.append(p)
-            p_all_pass *= self.rates.rate(p) if costed else p
+            p_all_pass *= rates.rate(p) if costed else p
             cumulative.append(p_all_pass)
             if q is not None:
                 qs.append(q)
@@ -120,7 +127,7 @@ class DraftModel(RatedGuesses):
             # Another guess costs a draft forward and pays only if every guess before it passes.
             # With costs: go on while the longer draft is worth its forward and its verification;
             # without: while the draft itself is p_all_pass enough (the guess in hand is still proposed).
-            more = (self.policy.best_length(cumulative + [p_all_pass * self.rates.rate(p)], draft_cost, free=1) > i + 1
+            more = (self.policy.best_length(cumulative + [p_all_pass * rates.rate(p)], draft_cost, free=1) > i + 1
                     if costed else p_all_pass >= self.min_confidence)
             if i + 1 < k and more:
                 logits = self._forward([tok])
@@ -159,6 +166,10 @@ class DraftModel(RatedGuesses):
         self.tree = grow_tree(expand, k, self.rates.rate if costed else float, prune, self.beam)
         self.proposed = self.tree.conf if costed else []
         return Draft(self.tree.tokens, parents=self.tree.parents, chances=self.tree.chance)
+
+    def judged_rates(self) -> PassRates:
+        """Sampled guesses are counted apart from greedy ones (their pass rate is min(1, p/q))."""
+        return self.q_rates if self.drawn else self.rates
 
     def observe(self, context: list[int], num_accepted: int) -> None:
         """Keep in the cache the context and the accepted guesses it fed: after a chain, the
