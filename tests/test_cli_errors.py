@@ -385,3 +385,15 @@ def test_export_of_a_head_of_another_kind_gives_one_line(capsys, tmp_path):
     rc, out, err = call(["export", str(tmp_path), "--out", str(tmp_path / "out")], capsys)
     assert_one_line_error(rc, out, err, contains="holds a 'mlp' drafter")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["generate", "serve", "bench"])
+def test_cost_rule_and_trees_flags_reach_the_spec(command):
+    from specdraft.cli import build_parser
+    from specdraft.options import spec_from_args
+
+    given = [command] + (["hi"] if command == "generate" else [])
+    default = spec_from_args("draft-model", build_parser().parse_args(given))
+    off = spec_from_args("draft-model", build_parser().parse_args([*given, "--no-cost-rule", "--no-trees"]))
+    assert (default.cost_rule, default.trees) == (True, True)
+    assert (off.cost_rule, off.trees) == (False, False)
