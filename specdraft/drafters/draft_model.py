@@ -63,11 +63,11 @@ class DraftModel(RatedGuesses):
         self.drawn = False  # the latest draft was sampled from q (its guesses count in q_rates)
         self.window = window
         self.offset = 0  # context[offset:] is what the draft model sees
-        # Greedy only: run another draft forward only while the product of the probabilities of
+        # Greedy without the cost rule: another draft forward only while the product of the probabilities of
         # the guesses so far is at least this (see propose).
         self.min_confidence = min_confidence
         self.seq: list[int] = []
-        self.forward_seconds = 0.0  # running mean seconds of one draft forward of 1-2 tokens
+        self.forward_seconds = 0.0  # running mean seconds of one draft forward of a step (1-3 tokens; not a catch-up)
 
     def begin(self, prompt: list[int]) -> None:
         self.model.reset()
