@@ -43,6 +43,7 @@ from ..config import SamplingConfig, SpecConfig
 from ..costs import PassRates
 from ..errors import ParameterError
 from ..sampling import probs_from_logits, sample
+from .trees import BEAM, TOPK, Expand, GrownTree, grow_tree
 
 
 @dataclass
@@ -109,9 +110,18 @@ class RatedGuesses(Drafter):
     passed (costs.PassRates): ``rates``, and ``proposed``, the confidence of each node proposed
     last, which ``learn`` turns into pass counts."""
 
+    topk, beam = TOPK, BEAM  # a dynamic tree's children per expanded node, nodes expanded per round
+
     def __init__(self):
         self.rates = PassRates()
         self.proposed: list[float] = []  # per proposed node, until judged
+
+    def grow(self, expand: Expand, k: int, costed: bool, draft_cost: float) -> GrownTree:
+        """An EAGLE-2 dynamic tree of up to k rounds of ``expand`` (trees.grow_tree): with the cost
+        rule, chances are the calibrated rates and only the nodes the engine's policy could still
+        send are expanded (a round costing ``draft_cost`` one-token forwards); else raw confidences."""
+        prune = (lambda layer, chance: self.policy.worth_expanding(layer, chance, draft_cost)) if costed else None
+        return grow_tree(expand, k, self.rates.rate if costed else float, prune, self.beam)
 
     def judged_rates(self) -> PassRates:
         """The pass rates the latest proposal's guesses count toward (one table unless a drafter

@@ -21,9 +21,9 @@ are (drafters.feature_head): the draft's confidences calibrated by how often suc
 (costs.PassRates; a sampled guess by its own probability under q, in a table of its own: how
 often the verifier's min(1, p/q) kept guesses like it), another draft forward only while the
 longer draft is expected to commit more per unit of cost (a draft forward counted in one-token
-target forwards); the engine's policy sends the guesses that pay. While the draft model's steps commit less per unit of cost than
-plain steps the engine does not ask it to draft; its cache then catches up in one block when it
-next drafts.
+target forwards); the engine's policy sends the guesses that pay. While the draft model's steps
+commit less per unit of cost than plain steps the engine does not ask it to draft; its cache
+then catches up in one block when it next drafts.
 
 Greedy drafts are EAGLE-2 dynamic trees where the target verifies trees (``trees``): each round
 feeds the likeliest nodes of the newest layer as one block (each at the position of its depth,
@@ -31,7 +31,7 @@ seeing the context and its ancestors' rows: a tree mask), whose logits give thei
 block of 3 rows costs the draft little more than one row on a memory-bound CPU (0.5B draft,
 Q4_K: 5.9 ms one row, 6.8 ms three, Zen 5). The root's children come from the forward that
 catches up. After verification the accepted path's rows are kept (``compact``), the rest of the
-tree forgotten, so the cache invariant below holds for trees as for chains.
+tree forgotten, so the cache invariant above holds for trees as for chains.
 """
 from __future__ import annotations
 
@@ -42,12 +42,11 @@ import torch
 from ..config import SamplingConfig
 from ..costs import PassRates, running_mean
 from .base import Draft, DrafterContext, RatedGuesses, choose, register
-from .trees import BEAM, TOPK, GrownTree, grow_tree, node_depths, node_mask
+from .trees import GrownTree, node_depths, node_mask
 
 
 class DraftModel(RatedGuesses):
     name = "draft-model"
-    topk, beam = TOPK, BEAM  # a tree's children per expanded node, nodes expanded per round
 
     def __init__(self, model, *, min_confidence: float = 0.0, window: int = 0, trees: bool = False):
         super().__init__()  # rates: greedy confidences -> how often such guesses passed
@@ -104,11 +103,10 @@ class DraftModel(RatedGuesses):
         draft_cost = self.policy.in_forwards(self.forward_seconds) if costed else 0.0  # in one-token forwards
         self.tree, self.fed = None, {}
         logits = self._sync(context)  # the first guess comes from the forward that catches up
+        self.drawn = not sampling.greedy
         if self.trees and sampling.greedy:
-            self.drawn = False
             return self._propose_tree(logits, k, costed, draft_cost)
         self.chain_base = len(self.seq)  # the guesses fed below follow
-        self.drawn = not sampling.greedy
         rates = self.judged_rates()
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
@@ -161,9 +159,8 @@ class DraftModel(RatedGuesses):
             top = torch.softmax(rows.float(), -1).topk(min(self.topk, rows.shape[-1]))
             return top.values.tolist(), top.indices.tolist()
 
-        prune = (lambda layer, chance: self.policy.worth_expanding(layer, chance, draft_cost)) if costed else None
         self.tree_base = base
-        self.tree = grow_tree(expand, k, self.rates.rate if costed else float, prune, self.beam)
+        self.tree = self.grow(expand, k, costed, draft_cost)
         self.proposed = self.tree.conf if costed else []
         return Draft(self.tree.tokens, parents=self.tree.parents, chances=self.tree.chance)
 

@@ -27,7 +27,7 @@ from ..costs import BetterOfTwo, PassRates, running_mean
 from ..errors import ParameterError
 from ..models.quant import DenseLinear, W8A8Linear
 from .base import Draft, DrafterContext, RatedGuesses, choose, register
-from .trees import BEAM, TOPK, GrownTree, grow_tree
+from .trees import GrownTree
 
 
 def output_weight(target, n: int | torch.Tensor) -> torch.Tensor:
@@ -81,7 +81,6 @@ class Int8Head:
 class FeatureHeadDrafter(RatedGuesses):
     name = "head"
     uses_features = True
-    topk, beam = TOPK, BEAM  # a tree's children per expanded node, nodes expanded per round
 
     def __init__(self, target, head, *, min_confidence: float = 0.0, trees: bool = False):
         super().__init__()  # rates: the head's confidences -> how often such guesses passed
@@ -208,8 +207,7 @@ class FeatureHeadDrafter(RatedGuesses):
             return top.values.tolist(), [[self.to_target(t)[0] for t in row] for row in top.indices.tolist()]
 
         t0 = time.perf_counter()
-        prune = (lambda layer, chance: self.policy.worth_expanding(layer, chance, draft_cost)) if costed else None
-        tree = grow_tree(expand, k, self.rates.rate if costed else float, prune, self.beam)
+        tree = self.grow(expand, k, costed, draft_cost)
         self.step_seconds = running_mean(self.step_seconds, (time.perf_counter() - t0) / tree.rounds)
         self.proposed = tree.conf
         return Draft(tree.tokens, parents=tree.parents, chances=tree.chance)
