@@ -331,10 +331,16 @@ void gguf_matmul_into(int64_t kind, const int8_t* qx, const float* xs, const int
     TORCH_CHECK(kind == 4 || kind == 6, "weight kind must be 4 (Q4_K) or 6 (Q6_K)");
     const int64_t rec = kind == 4 ? Q4K_REC : Q6K_REC, nb = in / 256;
     TORCH_CHECK(in % 256 == 0, "input width must be a multiple of 256");
+    // The messages take numbers as strings (std::to_string): on a Sapphire Rapids host (Ubuntu
+    // 24.04, g++ 13.3, glibc 2.39, Python 3.12, torch 2.11) inserting an int64 into TORCH_CHECK's
+    // message stream segfaulted inside the extension (basic_ostream::_M_insert<long>), so bad
+    // weights crashed the process instead of raising; string arguments format fine there
     TORCH_CHECK(w.dtype() == torch::kUInt8 && w.dim() == 2 && w.is_contiguous() && w.size(1) == nb * rec,
-                "weights: uint8 [O / ", GROUP, ", in/256 * ", rec, "] records for this input width");
-    TORCH_CHECK(O > (w.size(0) - 1) * GROUP && O <= w.size(0) * GROUP, "weights: ", w.size(0), " records of ", GROUP,
-                " rows cannot hold ", O, " outputs");
+                "weights: uint8 [O / " + std::to_string(GROUP) + ", in/256 * " + std::to_string(rec) +
+                    "] records for this input width");
+    TORCH_CHECK(O > (w.size(0) - 1) * GROUP && O <= w.size(0) * GROUP,
+                "weights: " + std::to_string(w.size(0)) + " records of " + std::to_string(GROUP) + " rows cannot hold " +
+                    std::to_string(O) + " outputs");
     const uint8_t* pw = w.data_ptr<uint8_t>();
     for (int64_t c0 = 0; c0 < T; c0 += ROWS) {
         const int64_t n = std::min(ROWS, T - c0);
