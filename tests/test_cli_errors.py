@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from _tiny import make_cli_model
 from specdraft.cli import main
@@ -397,3 +398,14 @@ def test_cost_rule_and_trees_flags_reach_the_spec(command):
     off = spec_from_args("draft-model", build_parser().parse_args([*given, "--no-cost-rule", "--no-trees"]))
     assert (default.cost_rule, default.trees) == (True, True)
     assert (off.cost_rule, off.trees) == (False, False)
+
+
+@pytest.mark.parametrize("device, contains", [
+    ("tpu", "--device tpu"),
+    *([] if torch.cuda.is_available() else [("cuda", "no CUDA GPU")]),
+])
+def test_train_drafter_bad_device_gives_one_line_before_loading_the_target(capsys, tmp_path, device, contains):
+    # --target points nowhere: the device must be refused before any model is looked up.
+    rc, out, err = call(["train-drafter", "--target", "/nonexistent/model", "--out", str(tmp_path / "d"),
+                         "--device", device], capsys)
+    assert_one_line_error(rc, out, err, contains=contains)

@@ -21,6 +21,7 @@ from ..models.registry import DEFAULT_TARGET
 from ..pipeline import Speculator
 from .corpus import chat_requests, default_corpus
 from .data import FeatureSet, concat, encode_corpus, record, record_again, record_answers
+from .device import training_device
 from .eagle_train import EagleTrainConfig, TargetShape, train_eagle
 from .medusa import KINDS as MEDUSA_KINDS
 from .medusa import MedusaTrainConfig, train_medusa
@@ -83,6 +84,9 @@ def add_train_args(p, *, kind: str | None = None) -> None:
     p.add_argument("--answer-weight", type=int, default=3, help="how many times the answers count against the corpus")
     p.add_argument("--train-minutes", type=float, default=None,
                    help="stop training after this long (eagle: a checkpoint in --out resumes it on the next run)")
+    p.add_argument("--device", default="auto",
+                   help="where the drafter trains: auto (a CUDA GPU when torch sees one, else the CPU), cpu, cuda or "
+                        "cuda:N; recording the target's features runs on the CPU either way (default auto)")
     p.add_argument("--epochs", type=int, default=None,
                    help="passes over the data (default: mlp and mtp 4, eagle 2, medusa and hydra 3)")
     p.add_argument("--inner", type=int, default=None, help=f"MLP width (default: 2048; mtp {MTP_INNER} a module)")
@@ -227,6 +231,7 @@ def train_from_args(args) -> int:
     if args.answer_weight < 0 or args.record_minutes < 0 or args.answer_minutes < 0 or \
             (args.train_minutes is not None and args.train_minutes <= 0):
         raise ParameterError("minutes and answer-weight >= 0 (train-minutes > 0)")
+    device = training_device(args.device)  # before loading the target and recording: a wrong one fails at once
     given = {k: v for k, v in (("epochs", args.epochs), ("inner", args.inner), ("vocab", args.vocab), ("lr", args.lr),
                                ("holdout", args.holdout), ("weight_decay", args.weight_decay),
                                ("feature_noise", args.feature_noise), ("soft_labels", args.soft_labels))
@@ -316,18 +321,18 @@ def train_from_args(args) -> int:
         try:
             head, report = train_eagle(data, target.embed, w_out, TargetShape.of(target.spec), cfg, target_name=name,
                                        doc_weight=weight, seconds=seconds, checkpoint=checkpoint, init=target.norm,
-                                       vocab_ids=vocab_ids, start_head=init)
+                                       vocab_ids=vocab_ids, start_head=init, device=device)
         except ValueError as e:  # features recorded with other taps
             raise ParameterError(str(e)) from None
         if report["finished"]:
             checkpoint.unlink(missing_ok=True)
     elif heads_kind:
         head, report = train_medusa(data, w_out, cfg, target_name=name, doc_weight=weight, seconds=seconds,
-                                    kind=args.kind, emb=target.embed, vocab_ids=vocab_ids)
+                                    kind=args.kind, emb=target.embed, vocab_ids=vocab_ids, device=device)
     else:
         try:
             head, report = train_head(data, target.embed, w_out, cfg, target_name=name, doc_weight=weight,
-                                      seconds=seconds, kind=args.kind, init=init, vocab_ids=vocab_ids)
+                                      seconds=seconds, kind=args.kind, init=init, vocab_ids=vocab_ids, device=device)
         except ValueError as e:  # features recorded with other taps, or a head of other sizes to start from
             raise ParameterError(str(e)) from None
     head.save(out)

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from ..errors import ParameterError
 from .data import FeatureSet
+from .device import to_device
 from .eagle import Eagle3Head, EagleConfig, EagleHead, EagleMLPHead, eagle_module
 from .train import sampled_softmax, split_documents, warmup_cosine
 from .vocab import as_draft_indices
@@ -98,16 +99,19 @@ def batches(items: list[tuple], rows: int, generator: torch.Generator) -> list[l
     return [out[i] for i in torch.randperm(len(out), generator=generator).tolist()]
 
 
-def _gather(data: FeatureSet, batch: list[tuple], top: torch.Tensor, taps: bool = False):
-    """Padded tensors of a batch: features [B, T, H] fp32, tokens [B, T], top [B, T, K] (rows of
-    ``top``: data.top as draft indices), positions [B, T], lengths [B], and with ``taps`` the
-    tapped layers' outputs [B, T, k, H] fp32 (else None)."""
+def _gather(data: FeatureSet, batch: list[tuple], top: torch.Tensor, taps: bool = False,
+            device: torch.device = torch.device("cpu")):
+    """Padded tensors of a batch on ``device`` (gathered on the CPU, copied over): features
+    [B, T, H] fp32, tokens [B, T], top [B, T, K] (rows of ``top``: data.top as draft indices),
+    positions [B, T], lengths [B], and with ``taps`` the tapped layers' outputs [B, T, k, H] fp32
+    (else None)."""
     T = max(n for _, n, _ in batch)
     idx = torch.stack([torch.arange(a, a + T).clamp_max(a + n - 1) for a, n, _ in batch])  # [B, T]
     pos = torch.stack([torch.arange(p0, p0 + T) for _, _, p0 in batch])
     lengths = torch.tensor([n for _, n, _ in batch])
-    aux = data.aux[idx].float() if taps else None
-    return data.features[idx].float(), data.tokens[idx], top[idx], pos, lengths, aux
+    feats, tokens, cand, pos, lengths, aux = to_device(device, data.features[idx], data.tokens[idx], top[idx], pos,
+                                                       lengths, data.aux[idx] if taps else None)
+    return feats.float(), tokens, cand, pos, lengths, None if aux is None else aux.float()
 
 
 def unrolled(head: EagleHead | EagleMLPHead | Eagle3Head, feats, tokens, pos, lengths, emb: torch.Tensor, steps: int,
@@ -119,7 +123,7 @@ def unrolled(head: EagleHead | EagleMLPHead | Eagle3Head, feats, tokens, pos, le
     P = T - 1
     c = head.cfg
     g = c.num_heads // c.num_kv_heads
-    p_idx = torch.arange(P)
+    p_idx = torch.arange(P, device=feats.device)
     causal = p_idx[None, :] <= p_idx[:, None]  # [P(query), P(key)]
 
     def shifted_tokens(j):  # x_{p+j+1} for every p (padding past the end: repeats the last)
@@ -164,7 +168,7 @@ def _loss(head, batch_tensors, emb, w_out, cfg: EagleTrainConfig, negatives: tor
     P = feats.shape[1] - 1
     loss = 0.0
     for j, (h, valid) in enumerate(unrolled(head, feats, tokens, pos, lengths, emb, cfg.steps, aux)):
-        nxt = (torch.arange(P) + j + 1).clamp_max(P)  # row p+j+1: the target there
+        nxt = (torch.arange(P, device=feats.device) + j + 1).clamp_max(P)  # row p+j+1: the target there
         cand = top[:, nxt]  # [B, P, K] draft indices, the target's choice first
         label_ok = valid & (cand[..., 0] >= 0)
         if not label_ok.any():
@@ -181,17 +185,18 @@ def agreement(head: EagleHead | EagleMLPHead | Eagle3Head, data: FeatureSet, ite
               top: torch.Tensor | None = None) -> list[float] | None:
     """Share of (start, step j) where the layer's greedy guess over its vocabulary (the rows
     w_out [V', H]) is the target's choice, given the true tokens before it, per step (None
-    without rows); top: data.top as draft indices (default: the first V' ids)."""
+    without rows); top: data.top as draft indices (default: the first V' ids). The head, emb and
+    w_out on one device (the batches go there)."""
     top = as_draft_indices(data.top.long(), len(w_out)) if top is None else top
     hits, counts = torch.zeros(steps), torch.zeros(steps)
     for batch in batches(items, 2048, torch.Generator().manual_seed(0)):
-        feats, tokens, cand, pos, lengths, aux = _gather(data, batch, top, bool(head.cfg.taps))
+        feats, tokens, cand, pos, lengths, aux = _gather(data, batch, top, bool(head.cfg.taps), w_out.device)
         P = feats.shape[1] - 1
         for j, (h, valid) in enumerate(unrolled(head, feats, tokens, pos, lengths, emb, steps, aux)):
-            label = cand[:, (torch.arange(P) + j + 1).clamp_max(P), 0]
+            label = cand[:, (torch.arange(P, device=feats.device) + j + 1).clamp_max(P), 0]
             guess = (h @ w_out.T).argmax(-1)
-            hits[j] += ((guess == label) & valid).sum()
-            counts[j] += valid.sum()
+            hits[j] += float(((guess == label) & valid).sum())
+            counts[j] += float(valid.sum())
     if counts[0] == 0:
         return None
     return [round(float(a / max(b, 1)), 4) for a, b in zip(hits, counts)]
@@ -215,14 +220,16 @@ def train_eagle(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, shape:
                 cfg: EagleTrainConfig = EagleTrainConfig(), *, target_name: str = "", log=print,
                 seconds: float | None = None, doc_weight: torch.Tensor | None = None,
                 checkpoint: str | Path | None = None, init: torch.Tensor | None = None,
-                vocab_ids: torch.Tensor | None = None, start_head=None) -> tuple[EagleHead | EagleMLPHead | Eagle3Head, dict]:
+                vocab_ids: torch.Tensor | None = None, start_head=None,
+                device: torch.device | str = "cpu") -> tuple[EagleHead | EagleMLPHead | Eagle3Head, dict]:
     """Train an EAGLE layer. emb [V, H]: the target's embedding; w_out [V', H] its output head's
     rows for the drafter's vocabulary, the first ``cfg.vocab`` ids or ``vocab_ids`` [V'] (fp32);
     doc_weight [D]: how often each document counts per epoch; ``checkpoint``: a file the run is
     saved to every few minutes and resumed from when it exists; ``init`` [H]: the target's
     final-norm weight, the output gain's start when ``cfg.start`` is "random" (layer form) and
     in the "eagle3" form;
-    ``start_head``: the MLP head (heads.model.FeatureHead) a "head" form layer starts as. Returns
+    ``start_head``: the MLP head (heads.model.FeatureHead) a "head" form layer starts as;
+    ``device``: where it trains (heads.device; the layer comes back on the CPU). Returns
     the layer and its report (held-out agreement per step: every document, and those of the
     largest weight). ValueError when the features lack the taps asked for or ``start_head`` does
     not fit."""
@@ -249,7 +256,9 @@ def train_eagle(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, shape:
         start_as_identity(head, data.features)
     elif init is not None:
         head.g_out.data.copy_(init.float())
-    w_out = w_out[:vocab].float().contiguous()
+    device = torch.device(device)
+    head.to(device)
+    emb, w_out = to_device(device, emb, w_out[:vocab].float().contiguous())
     top = as_draft_indices(data.top.long(), vocab, vocab_ids)  # [N, TOP] draft indices, -1 outside
     n_docs = len(data.starts) - 1
     val_docs, train_docs = split_documents(n_docs, cfg.holdout, cfg.seed)
@@ -259,7 +268,7 @@ def train_eagle(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, shape:
     head.eval()
     total = cfg.epochs * len(batches(train_items, cfg.rows, torch.Generator()))
     report = {"train_pairs": sum(n - 1 for _, n, _ in train_items), "steps": steps, "finished": steps >= total,
-              "seconds": round(time.perf_counter() - t0, 1)}
+              "seconds": round(time.perf_counter() - t0, 1), "device": str(device)}
     groups = {"val_agreement": val_docs}
     if doc_weight is not None:
         groups["val_agreement_weighted_docs"] = val_docs[doc_weight[val_docs] == doc_weight.max()]
@@ -267,7 +276,7 @@ def train_eagle(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, shape:
         got = agreement(head, data, stretches(data, docs, cfg.chunk), emb, w_out, cfg.steps, top)
         if got is not None:
             report[key] = got
-    return head, report
+    return head.cpu(), report
 
 
 def _fit(head, data, emb, w_out, top, items, cfg: EagleTrainConfig, log, seconds, checkpoint) -> int:
@@ -283,7 +292,7 @@ def _fit(head, data, emb, w_out, top, items, cfg: EagleTrainConfig, log, seconds
     step = 0
     path = Path(checkpoint) if checkpoint else None
     if path is not None and path.is_file():
-        state = torch.load(path, weights_only=False)
+        state = torch.load(path, weights_only=False, map_location=w_out.device)
         if state["config"] != asdict(cfg):
             raise ParameterError(f"{path} was saved by a run with other settings; remove it or use the same ones")
         head.load_state_dict(state["head"])
@@ -296,17 +305,17 @@ def _fit(head, data, emb, w_out, top, items, cfg: EagleTrainConfig, log, seconds
     for epoch in range(step // per_epoch, cfg.epochs):
         order = batches(items, cfg.rows, torch.Generator().manual_seed(cfg.seed * 1000 + epoch))
         for batch in order[step - epoch * per_epoch:]:
-            negatives = torch.randint(0, len(w_out), (cfg.negatives,))
-            loss = _loss(head, _gather(data, batch, top, bool(cfg.taps)), emb, w_out, cfg, negatives)
+            negatives, = to_device(w_out.device, torch.randint(0, len(w_out), (cfg.negatives,)))  # drawn on the CPU
+            loss = _loss(head, _gather(data, batch, top, bool(cfg.taps), w_out.device), emb, w_out, cfg, negatives)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
             opt.step()
             sched.step()
             step += 1
-            running += float(loss.detach())
+            running += loss.detach()  # read back when logged: a GPU runs on meanwhile
             if step % 20 == 0:
-                log(f"epoch {epoch} step {step}/{total} loss {running / 20:.3f} {time.perf_counter() - t0:.0f}s")
+                log(f"epoch {epoch} step {step}/{total} loss {float(running) / 20:.3f} {time.perf_counter() - t0:.0f}s")
                 running = 0.0
             stop = seconds is not None and time.perf_counter() - t0 > seconds
             if path is not None and (stop or step == total or time.perf_counter() - last_save > 300):

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from .data import FeatureSet
+from .device import to_device
 from .model import read_drafter, rms, save_drafter
 from .train import fit_rows, sampled_softmax, split_documents, start_rows
 from .vocab import ListedVocab, as_draft_indices
@@ -132,11 +133,13 @@ def _labels(data: FeatureSet, rows: torch.Tensor, K: int) -> tuple[torch.Tensor,
 
 def _heads_on(heads: MedusaHeads, data: FeatureSet, rows: torch.Tensor, emb: torch.Tensor | None):
     """[B, K, H] every head on rows' features, (candidates as draft indices, -1 outside the heads'
-    vocabulary; valid) as _labels gives them."""
-    cand, valid, tokens = _labels(data, rows, heads.cfg.num_heads)
+    vocabulary; valid) as _labels gives them, on the heads' device (rows gathered on the CPU;
+    emb, if any, on the heads' device)."""
+    dev = next(heads.parameters()).device
+    cand, valid, tokens, f = to_device(dev, *_labels(data, rows, heads.cfg.num_heads), data.features[rows])
     e = emb[tokens].float() if heads.cfg.reads_token else None  # [B, K, H]
     ids = heads.token_ids() if heads.cfg.listed_vocab else None
-    return heads(data.features[rows].float(), e), as_draft_indices(cand, heads.cfg.vocab, ids), valid
+    return heads(f.float(), e), as_draft_indices(cand, heads.cfg.vocab, ids), valid
 
 
 def _loss(heads: MedusaHeads, data: FeatureSet, w_out: torch.Tensor, rows: torch.Tensor, cfg: MedusaTrainConfig,
@@ -161,8 +164,8 @@ def agreement(heads: MedusaHeads, data: FeatureSet, rows: torch.Tensor, w_out: t
     for i in range(0, len(rows), 2048):
         r, cand, valid = _heads_on(heads, data, rows[i:i + 2048], emb)
         guess = (r @ w_out.T).argmax(-1)  # [B, K] draft indices
-        hits += ((guess == cand[..., 0]) & valid).sum(0)
-        counts += valid.sum(0)
+        hits += ((guess == cand[..., 0]) & valid).sum(0).cpu()
+        counts += valid.sum(0).cpu()
     if counts[0] == 0:
         return None
     return [round(float(a / max(b, 1)), 4) for a, b in zip(hits, counts)]
@@ -171,12 +174,13 @@ def agreement(heads: MedusaHeads, data: FeatureSet, rows: torch.Tensor, w_out: t
 def train_medusa(data: FeatureSet, w_out: torch.Tensor, cfg: MedusaTrainConfig = MedusaTrainConfig(), *,
                  target_name: str = "", log=print, seconds: float | None = None,
                  doc_weight: torch.Tensor | None = None, kind: str = KIND,
-                 emb: torch.Tensor | None = None, vocab_ids: torch.Tensor | None = None) -> tuple[MedusaHeads, dict]:
+                 emb: torch.Tensor | None = None, vocab_ids: torch.Tensor | None = None,
+                 device: torch.device | str = "cpu") -> tuple[MedusaHeads, dict]:
     """Train K Medusa (or Hydra) heads. w_out [V', H]: the target's output head's rows for the heads'
     vocabulary (its first rows, or those of ``vocab_ids`` [V'], heads.vocab); emb [V, H]: its
-    embedding (Hydra); doc_weight [D]: how often each document counts per epoch.
-    Returns the heads and their report (held-out agreement per head: every document, and those
-    of the largest weight)."""
+    embedding (Hydra); doc_weight [D]: how often each document counts per epoch; ``device``: where
+    they train (heads.device; they come back on the CPU). Returns the heads and their report
+    (held-out agreement per head: every document, and those of the largest weight)."""
     torch.manual_seed(cfg.seed)
     H, K = data.features.shape[1], cfg.num_heads
     vocab = min(cfg.vocab, w_out.shape[0]) if vocab_ids is None else len(vocab_ids)
@@ -188,18 +192,21 @@ def train_medusa(data: FeatureSet, w_out: torch.Tensor, cfg: MedusaTrainConfig =
         heads.vocab_ids.copy_(vocab_ids)
     if heads.cfg.reads_token and emb is None:
         raise ValueError("Hydra heads learn from the target's embedding: pass emb")
-    w_out = w_out[:vocab].float().contiguous()
+    device = torch.device(device)
+    heads.to(device)
+    w_out, emb = to_device(device, w_out[:vocab].float().contiguous(), emb)
     n_docs = len(data.starts) - 1
     val_docs, train_docs = split_documents(n_docs, cfg.holdout, cfg.seed)
     train_rows = start_rows(data, train_docs, 1, doc_weight)  # rows with at least head 1's label
     t0 = time.perf_counter()
     step, total = fit_rows(
         heads, train_rows,
-        lambda rows: _loss(heads, data, w_out, rows, cfg, torch.randint(0, vocab, (cfg.negatives,)), emb),
+        lambda rows: _loss(heads, data, w_out, rows, cfg, *to_device(device, torch.randint(0, vocab, (cfg.negatives,))),
+                           emb),
         epochs=cfg.epochs, batch=cfg.batch, lr=cfg.lr, weight_decay=cfg.weight_decay, log=log, seconds=seconds)
     heads.eval()
     report = {"train_positions": len(train_rows), "steps": step, "finished": step >= total,
-              "seconds": round(time.perf_counter() - t0, 1)}
+              "seconds": round(time.perf_counter() - t0, 1), "device": str(device)}
     groups = {"val_agreement": val_docs}
     if doc_weight is not None:
         groups["val_agreement_weighted_docs"] = val_docs[doc_weight[val_docs] == doc_weight.max()]
@@ -207,4 +214,4 @@ def train_medusa(data: FeatureSet, w_out: torch.Tensor, cfg: MedusaTrainConfig =
         got = agreement(heads, data, start_rows(data, docs, 1), w_out, emb)
         if got is not None:
             report[key] = got
-    return heads, report
+    return heads.cpu(), report

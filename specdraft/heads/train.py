@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .data import FeatureSet
+from .device import to_device
 from .model import FeatureHead, HeadConfig
 from .mtp import MTPConfig, MTPModules
 from .vocab import as_draft_indices
@@ -88,7 +89,7 @@ def sampled_softmax(f: torch.Tensor, cand: torch.Tensor, w_out: torch.Tensor, ne
 
     masked = torch.cat([cand < 0, (negatives[None, :] == cand[:, :1])], -1)  # [N, TOP + M]
     z = logits(f)
-    hard = F.cross_entropy(z, torch.zeros(len(f), dtype=torch.long))
+    hard = F.cross_entropy(z, torch.zeros(len(f), dtype=torch.long, device=f.device))
     if not soft:
         return hard
     with torch.no_grad():
@@ -109,20 +110,26 @@ def _unroll(head: FeatureHead | MTPModules, data: FeatureSet, emb: torch.Tensor,
             soft: float = 0.0):
     """Loss and per-step greedy agreement (argmax over the vocabulary's rows w_out [V', H]) for
     start rows; top [N, TOP]: data.top as draft indices (-1 outside the vocabulary); ``noise``:
-    TrainConfig.feature_noise on the start's real features; ``soft``: TrainConfig.soft_labels."""
-    f = noisy(data.features[rows].float(), noise)  # [B, H]
-    if getattr(head.cfg, "taps", ()):  # EAGLE-3 fused features for the first step
-        f = head.entry(f, noisy(data.aux[rows].float(), noise))
+    TrainConfig.feature_noise on the start's real features; ``soft``: TrainConfig.soft_labels.
+    The head, emb and w_out sit on the training device; data, top, rows and negatives on the
+    CPU (each step's rows are gathered there and copied over)."""
+    dev = w_out.device
+    f, aux, negatives = to_device(dev, data.features[rows], data.aux[rows] if getattr(head.cfg, "taps", ()) else None,
+                                  negatives)
+    f = noisy(f.float(), noise)  # [B, H]
+    if aux is not None:  # EAGLE-3 fused features for the first step
+        f = head.entry(f, noisy(aux.float(), noise))
     loss = 0.0
     agree = []
     for s in range(S):
         nxt = rows + s + 1
-        f = head.at_depth(s)(f, emb[data.tokens[nxt]].float())  # [B, H] predicted f_{t+s+1}
-        true_f = data.features[nxt].float()
-        label = top[nxt, 0]  # [B] the target's choice after position t+s+1 (its draft index)
+        tokens, true_f, cand = to_device(dev, data.tokens[nxt], data.features[nxt], top[nxt])
+        f = head.at_depth(s)(f, emb[tokens].float())  # [B, H] predicted f_{t+s+1}
+        true_f = true_f.float()
+        label = cand[:, 0]  # [B] the target's choice after position t+s+1 (its draft index)
         if negatives is not None:
             valid = label >= 0
-            ce = sampled_softmax(f[valid], top[nxt][valid], w_out, negatives, true_f[valid] if soft else None, soft) \
+            ce = sampled_softmax(f[valid], cand[valid], w_out, negatives, true_f[valid] if soft else None, soft) \
                 if valid.any() else 0.0
             loss = loss + ce + reg_weight * F.smooth_l1_loss(f, true_f)
         else:
@@ -135,7 +142,8 @@ def _unroll(head: FeatureHead | MTPModules, data: FeatureSet, emb: torch.Tensor,
 def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: TrainConfig = TrainConfig(),
                target_name: str = "", log=print, seconds: float | None = None,
                doc_weight: torch.Tensor | None = None, kind: str = "mlp",
-               init: FeatureHead | None = None, vocab_ids: torch.Tensor | None = None) -> tuple[FeatureHead | MTPModules, dict]:
+               init: FeatureHead | None = None, vocab_ids: torch.Tensor | None = None,
+               device: torch.device | str = "cpu") -> tuple[FeatureHead | MTPModules, dict]:
     """Train a head (kind "mlp"), or MTP modules (kind "mtp": one per unrolled step). emb [V, H]:
     the target's embedding; w_out [V', H]: its output head's rows for the drafter's vocabulary
     (fp32 or bf16; ``drafters.feature_head.output_weight`` reads them from a loaded target):
@@ -143,8 +151,10 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
     (int): how often each document counts per epoch. Returns the head and validation figures
     (greedy agreement per unrolled step, on held-out documents: overall and for the documents of
     the largest weight). ``init``: an MLP head of the same sizes to start from (``start_from``: its
-    step, and its fusion when the taps are the same)."""
+    step, and its fusion when the taps are the same). ``device``: where it trains (heads.device);
+    the head comes back on the CPU."""
     torch.manual_seed(cfg.seed)
+    device = torch.device(device)
     H = data.features.shape[1]
     vocab = min(cfg.vocab, w_out.shape[0]) if vocab_ids is None else len(vocab_ids)
     if vocab_ids is not None and w_out.shape[0] != vocab:
@@ -166,13 +176,14 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
     val_docs, train_docs = split_documents(n_docs, cfg.holdout, cfg.seed)
     val_rows = start_rows(data, val_docs, S)
     train_rows = start_rows(data, train_docs, S, doc_weight)
-    w_head = w_out[:vocab].float()  # [V', H]
     top = as_draft_indices(data.top.long(), vocab, vocab_ids)  # [N, TOP]
+    head.to(device)
+    emb, w_head = to_device(device, emb, w_out[:vocab].float())  # w_head [V', H]
     t0 = time.perf_counter()
     steps = _fit(head, data, emb, w_head, train_rows, cfg, top, log, seconds)
     head.eval()
     report = {"train_positions": len(train_rows), "val_positions": len(val_rows), "steps": steps,
-              "seconds": round(time.perf_counter() - t0, 1)}
+              "seconds": round(time.perf_counter() - t0, 1), "device": str(device)}
     groups = {"val_agreement": val_docs}
     if doc_weight is not None:
         groups["val_agreement_weighted_docs"] = val_docs[doc_weight[val_docs] == doc_weight.max()]
@@ -180,7 +191,7 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
         agreement = _agreement(head, data, emb, w_head, start_rows(data, docs, S), S, top)
         if agreement is not None:
             report[key] = agreement
-    return head, report
+    return head.cpu(), report
 
 
 def start_from(head: FeatureHead, init: FeatureHead) -> None:
@@ -239,9 +250,9 @@ def fit_rows(module: torch.nn.Module, train_rows: torch.Tensor, loss_of, *, epoc
             opt.step()
             sched.step()
             step += 1
-            running += float(loss.detach())
+            running += loss.detach()  # read back when logged: a GPU runs on meanwhile
             if step % 50 == 0:
-                log(f"epoch {epoch} step {step}/{total} loss {running / 50:.3f} {time.perf_counter() - t0:.0f}s")
+                log(f"epoch {epoch} step {step}/{total} loss {float(running) / 50:.3f} {time.perf_counter() - t0:.0f}s")
                 running = 0.0
             if seconds is not None and time.perf_counter() - t0 > seconds:
                 return step, total
@@ -258,6 +269,6 @@ def _agreement(head: FeatureHead | MTPModules, data: FeatureSet, emb: torch.Tens
         sums = torch.zeros(S)
         for i in range(0, len(rows), 1024):
             _, agree = _unroll(head, data, emb, w_head, rows[i:i + 1024], S, top, None, 0.0)
-            sums += torch.stack([a.sum() for a in agree])
+            sums += torch.stack([a.sum() for a in agree]).cpu()
     return [round(float(x) / len(rows), 4) for x in sums]
 

@@ -36,8 +36,8 @@ def first_ids(size: int) -> torch.Tensor:
 def draft_index(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[vocab_size] int64: each target id's place in ``ids`` (the draft index), -1 where absent
     (EAGLE-3's t2d, with places instead of booleans)."""
-    t2d = torch.full((vocab_size,), -1, dtype=torch.int64)
-    t2d[ids] = torch.arange(len(ids))
+    t2d = torch.full((vocab_size,), -1, dtype=torch.int64, device=ids.device)
+    t2d[ids] = torch.arange(len(ids), device=ids.device)
     return t2d
 
 
