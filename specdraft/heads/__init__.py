@@ -8,6 +8,7 @@
 - ``eagle``: EAGLE's drafter, one decoder layer attending over the context's features (the EAGLE-1
   layer, or attention in front of the MLP head's step);
 - ``eagle_train``: fitting it with training-time test (it learns from its own predictions);
+- ``device``: where training runs (the CPU, or a CUDA GPU when there is one);
 - ``medusa``: Medusa and Hydra heads (K heads on the newest feature) and their training;
 - ``export``: a layer-form EAGLE drafter in vLLM's speculators layout, Medusa heads in its Medusa layout;
 - ``command``: ``specdraft train-drafter`` / ``train-head`` / ``export``, the command-line
