@@ -409,3 +409,9 @@ def test_train_drafter_bad_device_gives_one_line_before_loading_the_target(capsy
     rc, out, err = call(["train-drafter", "--target", "/nonexistent/model", "--out", str(tmp_path / "d"),
                          "--device", device], capsys)
     assert_one_line_error(rc, out, err, contains=contains)
+
+
+def test_train_drafter_freeze_step_without_init_gives_one_line(capsys, tmp_path):
+    rc, out, err = call(["train-drafter", "--target", "/nonexistent/model", "--out", str(tmp_path / "d"),
+                         "--kind", "eagle", "--freeze-step"], capsys)
+    assert_one_line_error(rc, out, err, contains="--freeze-step")

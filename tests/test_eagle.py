@@ -250,3 +250,26 @@ def test_a_layer_form_refuses_taps_and_unknown_forms():
         EagleConfig(hidden_size=8, num_heads=2, num_kv_heads=1, head_dim=4, inner=8, vocab=8, taps=(0,))
     with pytest.raises(ValueError, match="unknown EAGLE form"):
         EagleConfig(hidden_size=8, num_heads=2, num_kv_heads=1, head_dim=4, inner=8, vocab=8, form="tower")
+
+
+def test_the_head_form_can_keep_the_heads_step_and_train_its_attention_alone():
+    g = torch.Generator().manual_seed(0)
+    N, H = 600, 32
+    tokens = torch.randint(0, VOCAB, (N,), generator=g)
+    top = torch.stack([(tokens * 7 + 3) % VOCAB, *torch.randint(0, VOCAB, (15, N), generator=g)], 1)
+    data = FeatureSet(torch.randn(N, H, generator=g).half(), tokens, top, torch.tensor([0, 200, 400, 600]))
+    emb, w = torch.randn(VOCAB, H, generator=g), torch.randn(VOCAB, H, generator=g)
+    start = FeatureHead(HeadConfig(hidden_size=H, inner=32, vocab=VOCAB))
+    cfg = EagleTrainConfig(inner=32, vocab=VOCAB, epochs=2, rows=128, chunk=64, negatives=16, holdout=0.3,
+                           form="head", freeze_step=True)
+    shape = TargetShape(4, 2, 8)
+    layer, report = train_eagle(data, emb, w, shape, cfg, start_head=start, log=lambda *a: None)
+    got = layer.state_dict()
+    kept = start.state_dict()
+    assert kept and all(torch.equal(got[k], v) for k, v in kept.items()), "the head's step moved"
+    assert report["steps"] > 1 and layer.o.weight.abs().sum() > 0, "the attention did not train"
+    moved, _ = train_eagle(data, emb, w, shape, EagleTrainConfig(**{**cfg.__dict__, "freeze_step": False}),
+                           start_head=start, log=lambda *a: None)
+    assert not torch.equal(moved.state_dict()["w1.weight"], kept["w1.weight"])  # the check above can fail
+    with pytest.raises(ValueError, match="head form"):
+        train_eagle(data, emb, w, shape, EagleTrainConfig(**{**cfg.__dict__, "form": "layer"}), log=lambda *a: None)

@@ -101,6 +101,8 @@ def add_train_args(p, *, kind: str | None = None) -> None:
                         "in whole document stretches)")
     p.add_argument("--start", choices=("identity", "random"), default=None,
                    help="eagle: the layer starts as 'the next feature is this one' (identity, the default) or at random")
+    p.add_argument("--freeze-step", action="store_true",
+                   help="eagle --init: train the attention alone, the MLP head's step kept as it is")
     p.add_argument("--unroll", type=int, default=None,
                    help="drafting steps trained in sequence, each fed the drafter's own prediction (default: 3); "
                         "mtp: the number of modules (default: 3); medusa, hydra: the number of heads (default: 4)")
@@ -246,6 +248,10 @@ def train_from_args(args) -> int:
         if args.kind != "eagle" or on_head or eagle3:
             raise ParameterError("--start applies to --kind eagle without --init or --taps only")
         given["start"] = args.start
+    if args.freeze_step:
+        if not on_head:
+            raise ParameterError("--freeze-step applies to --kind eagle --init only (the head form keeps the step)")
+        given["freeze_step"] = True
     if on_head and ({"inner", "vocab"} & set(given) or args.taps or args.draft_vocab):
         raise ParameterError("--kind eagle --init takes its width, taps and vocabulary from the MLP head it starts as")
     if heads_kind and given.pop("inner", None) is not None:

@@ -30,6 +30,9 @@ from .eagle import Eagle3Head, EagleConfig, EagleHead, EagleMLPHead, eagle_modul
 from .train import sampled_softmax, split_documents, warmup_cosine
 from .vocab import as_draft_indices
 
+# the head form's parameters that are the MLP head's (its step, and its fusion of the taps)
+STEP_PARAMETERS = ("g_f", "g_e", "w1.", "w2.", "g_t", "fuse.")
+
 
 @dataclass(frozen=True)
 class EagleTrainConfig:
@@ -52,6 +55,8 @@ class EagleTrainConfig:
     # step) or "eagle3" (EAGLE-3's layer over the fused raw outputs of the taps)
     heads: int = 0  # the layer's query heads (0: the target's; a multiple of its key/value heads)
     taps: tuple[int, ...] = ()  # forms "head", "eagle3": target layers fused into real rows' features
+    # form "head": train the attention alone, the MLP head's step (and fusion) kept as it starts
+    freeze_step: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "taps", tuple(self.taps))
@@ -250,6 +255,12 @@ def train_eagle(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, shape:
     if cfg.form == "head":
         if start_head is not None:
             head.start_from(start_head)
+        if cfg.freeze_step:
+            for name, p in head.named_parameters():
+                if name.startswith(STEP_PARAMETERS):
+                    p.requires_grad_(False)
+    elif cfg.freeze_step:
+        raise ValueError("only the head form has an MLP step to keep (freeze_step)")
     elif cfg.form == "eagle3":
         head.start_as_last_tap(init)
     elif cfg.start == "identity":
@@ -281,8 +292,9 @@ def train_eagle(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, shape:
 
 def _fit(head, data, emb, w_out, top, items, cfg: EagleTrainConfig, log, seconds, checkpoint) -> int:
     """AdamW, warm-up then cosine decay over ``cfg.epochs`` passes; saves and resumes ``checkpoint``."""
-    matrices = [p for p in head.parameters() if p.dim() == 2]
-    others = [p for p in head.parameters() if p.dim() != 2]
+    trained = [p for p in head.parameters() if p.requires_grad]
+    matrices = [p for p in trained if p.dim() == 2]
+    others = [p for p in trained if p.dim() != 2]
     opt = torch.optim.AdamW([{"params": matrices, "weight_decay": cfg.weight_decay},
                              {"params": others, "weight_decay": 0.0}], lr=cfg.lr)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -309,7 +321,7 @@ def _fit(head, data, emb, w_out, top, items, cfg: EagleTrainConfig, log, seconds
             loss = _loss(head, _gather(data, batch, top, bool(cfg.taps), w_out.device), emb, w_out, cfg, negatives)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(trained, 1.0)
             opt.step()
             sched.step()
             step += 1
