@@ -154,13 +154,18 @@ def test_files_round_trip_and_kinds_are_checked(trained, tmp_path):
         load_head(tmp_path / "eagle", "eagle")
 
 
-def test_training_stops_on_time_with_a_checkpoint_and_resumes_from_it(tmp_path):
+def random_features(n: int = 600, hidden: int = 32):
+    """(data, emb, w): three documents of random features whose target choice is a function of the
+    row's token, a random embedding and output rows (no model needed)."""
     g = torch.Generator().manual_seed(0)
-    N, H = 600, 32
-    tokens = torch.randint(0, VOCAB, (N,), generator=g)
-    top = torch.stack([(tokens * 7 + 3) % VOCAB, *torch.randint(0, VOCAB, (15, N), generator=g)], 1)
-    data = FeatureSet(torch.randn(N, H, generator=g).half(), tokens, top, torch.tensor([0, 200, 400, 600]))
-    emb, w = torch.randn(VOCAB, H, generator=g), torch.randn(VOCAB, H, generator=g)
+    tokens = torch.randint(0, VOCAB, (n,), generator=g)
+    top = torch.stack([(tokens * 7 + 3) % VOCAB, *torch.randint(0, VOCAB, (15, n), generator=g)], 1)
+    data = FeatureSet(torch.randn(n, hidden, generator=g).half(), tokens, top, torch.tensor([0, n // 3, 2 * n // 3, n]))
+    return data, torch.randn(VOCAB, hidden, generator=g), torch.randn(VOCAB, hidden, generator=g)
+
+
+def test_training_stops_on_time_with_a_checkpoint_and_resumes_from_it(tmp_path):
+    data, emb, w = random_features()
     cfg = EagleTrainConfig(inner=32, vocab=VOCAB, epochs=3, rows=128, chunk=64, negatives=16, holdout=0.3)
     shape, ck, logs = TargetShape(4, 2, 8), tmp_path / "checkpoint.pt", []
     _, first = train_eagle(data, emb, w, shape, cfg, seconds=0.0, checkpoint=ck, log=logs.append)
@@ -253,12 +258,8 @@ def test_a_layer_form_refuses_taps_and_unknown_forms():
 
 
 def test_the_head_form_can_keep_the_heads_step_and_train_its_attention_alone():
-    g = torch.Generator().manual_seed(0)
-    N, H = 600, 32
-    tokens = torch.randint(0, VOCAB, (N,), generator=g)
-    top = torch.stack([(tokens * 7 + 3) % VOCAB, *torch.randint(0, VOCAB, (15, N), generator=g)], 1)
-    data = FeatureSet(torch.randn(N, H, generator=g).half(), tokens, top, torch.tensor([0, 200, 400, 600]))
-    emb, w = torch.randn(VOCAB, H, generator=g), torch.randn(VOCAB, H, generator=g)
+    data, emb, w = random_features()
+    H = data.features.shape[1]
     start = FeatureHead(HeadConfig(hidden_size=H, inner=32, vocab=VOCAB))
     cfg = EagleTrainConfig(inner=32, vocab=VOCAB, epochs=2, rows=128, chunk=64, negatives=16, holdout=0.3,
                            form="head", freeze_step=True)
