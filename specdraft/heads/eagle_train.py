@@ -30,9 +30,6 @@ from .eagle import Eagle3Head, EagleConfig, EagleHead, EagleMLPHead, eagle_modul
 from .train import sampled_softmax, split_documents, warmup_cosine
 from .vocab import as_draft_indices
 
-# the head form's parameters that are the MLP head's (its step, and its fusion of the taps)
-STEP_PARAMETERS = ("g_f", "g_e", "w1.", "w2.", "g_t", "fuse.")
-
 
 @dataclass(frozen=True)
 class EagleTrainConfig:
@@ -236,13 +233,15 @@ def train_eagle(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, shape:
     ``start_head``: the MLP head (heads.model.FeatureHead) a "head" form layer starts as;
     ``device``: where it trains (heads.device; the layer comes back on the CPU). Returns
     the layer and its report (held-out agreement per step: every document, and those of the
-    largest weight). ValueError when the features lack the taps asked for or ``start_head`` does
-    not fit."""
+    largest weight). ValueError when the features lack the taps asked for, ``start_head`` does
+    not fit, or ``cfg.freeze_step`` has no head-form start to keep."""
     torch.manual_seed(cfg.seed)
     H = data.features.shape[1]
     vocab = min(cfg.vocab, w_out.shape[0]) if vocab_ids is None else len(vocab_ids)
     if cfg.taps and (data.aux is None or data.taps != cfg.taps):
         raise ValueError(f"features recorded with taps {list(data.taps)}, but the layer wants {list(cfg.taps)}")
+    if cfg.freeze_step and (cfg.form != "head" or start_head is None):
+        raise ValueError("freeze_step keeps the step of the MLP head a head form layer starts from: give start_head")
     num_heads = cfg.heads or shape.num_heads
     if num_heads % shape.num_kv_heads:
         raise ValueError(f"{num_heads} query heads do not group over the target's {shape.num_kv_heads} key/value heads")
@@ -255,12 +254,10 @@ def train_eagle(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, shape:
     if cfg.form == "head":
         if start_head is not None:
             head.start_from(start_head)
-        if cfg.freeze_step:
+        if cfg.freeze_step:  # what the layer took from the head (its step, its fusion) stays
+            kept = set(start_head.state_dict())
             for name, p in head.named_parameters():
-                if name.startswith(STEP_PARAMETERS):
-                    p.requires_grad_(False)
-    elif cfg.freeze_step:
-        raise ValueError("only the head form has an MLP step to keep (freeze_step)")
+                p.requires_grad_(name not in kept)
     elif cfg.form == "eagle3":
         head.start_as_last_tap(init)
     elif cfg.start == "identity":
