@@ -30,7 +30,7 @@ from specdraft.bench.records import (
     first_mismatch,
     mark_exactness,
 )
-from specdraft.bench.report import check_output_path, markdown_report
+from specdraft.bench.report import OVERALL_COLUMNS, check_output_path, markdown_report, overall_cells
 from specdraft.cli import build_parser, main
 from specdraft.drafters import drafter_names
 from specdraft.errors import SpecdraftError
@@ -295,6 +295,29 @@ def test_decode_speed_leaves_out_the_target_prefill():
     assert rows[("x", "overall")]["speedup"] == pytest.approx(2.0)
 
 
+def test_draft_and_check_time_per_forward():
+    # x: 4 forwards, 0.2 s drafting and 1.0 s checking -> 50 ms and 250 ms a forward; a peer
+    # that cannot tell its drafting time shows none, and one record without it hides the sum
+    records = [rec("none", 1, "qa", 11, 3.0, 10, 10, 0, 0), rec("x", 1, "qa", 11, 1.5, 4, 10, 8, 6),
+               rec("x", 2, "qa", 11, 1.5, 4, 10, 8, 6), rec("peer", 1, "qa", 11, 1.5, 4, 10)]
+    records[0].draft_seconds, records[0].check_seconds = 0.0, 2.0
+    records[1].draft_seconds, records[1].check_seconds = 0.2, 1.0
+    records[2].draft_seconds, records[2].check_seconds = 0.2, 1.0
+    mark_exactness(records)
+    rows = {(r["method"], r["category"]): r for r in aggregate(records, ["none", "x", "peer"], ["qa"])}
+    assert rows[("none", "overall")]["draft_ms_per_forward"] == pytest.approx(0.0)
+    assert rows[("none", "overall")]["check_ms_per_forward"] == pytest.approx(200.0)
+    assert rows[("x", "overall")]["draft_ms_per_forward"] == pytest.approx(50.0)
+    assert rows[("x", "overall")]["check_ms_per_forward"] == pytest.approx(250.0)
+    assert rows[("peer", "overall")]["draft_ms_per_forward"] is None
+    records[2].draft_seconds = None
+    row = next(r for r in aggregate(records, ["x"], ["qa"]) if r["category"] == "overall")
+    assert row["draft_ms_per_forward"] is None and row["check_ms_per_forward"] == pytest.approx(250.0)
+    cells = dict(zip(OVERALL_COLUMNS, overall_cells(rows[("x", "overall")])))
+    assert (cells["draft ms/forward"], cells["check ms/forward"]) == ("50.0", "250.0")
+    assert dict(zip(OVERALL_COLUMNS, overall_cells(rows[("peer", "overall")])))["draft ms/forward"] == "–"
+
+
 def test_markdown_has_overall_and_category_tables():
     records = crafted_records()
     mark_exactness(records)
@@ -303,8 +326,8 @@ def test_markdown_has_overall_and_category_tables():
     lines = md.splitlines()
     assert lines[0] == "## Overall"
     assert "| method | tokens/s | speedup |" in lines[2]
-    assert "| draft-model | 10.00 | 1.33x | – | – | 1.80 | 50% | 67% | 3 | 30 | 3.0 |" in lines
-    assert "| hf-assisted | 6.67 | 0.89x | – | – | 2.75 | – | 100% | 3 | 30 | 4.5 |" in lines
+    assert "| draft-model | 10.00 | 1.33x | – | – | 1.80 | 50% | 67% | – | – | 3 | 30 | 3.0 |" in lines
+    assert "| hf-assisted | 6.67 | 0.89x | – | – | 2.75 | – | 100% | – | – | 3 | 30 | 4.5 |" in lines
     i = lines.index("## Speedup by category")
     assert lines[i + 2] == "| method | coding | math | overall |"
     assert lines[i + 3] == "|---|---:|---:|---:|"
@@ -584,7 +607,7 @@ def fake_engine_runner(on_stream, sampling):
 
     class Engine:
         drafter = None
-        stats = SimpleNamespace(target_forwards=1, step_tokens=1, time_prefill=0.0)
+        stats = SimpleNamespace(target_forwards=1, step_tokens=1, time_prefill=0.0, time_draft=0.0, time_verify=0.0)
         token_ids = (5,)
 
         def stream(self, ids, sampling, gen):

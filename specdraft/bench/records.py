@@ -26,6 +26,8 @@ class Outcome:
     drafted: int | None
     accepted: int | None
     prefill_seconds: float | None = None  # only our engine times its prefill separately
+    draft_seconds: float | None = None  # our engine: time its drafter spent proposing
+    check_seconds: float | None = None  # our engine: time in the target's forwards after the prefill and their verdicts
 
 
 Runner = Callable[[list[int], int], Outcome]  # (prompt ids, max new tokens) -> outcome
@@ -46,6 +48,8 @@ class PromptRecord:
     drafted: int | None
     accepted: int | None
     prefill_seconds: float | None = None  # part of seconds (our engine only)
+    draft_seconds: float | None = None  # part of seconds: the drafter proposing (our engine only)
+    check_seconds: float | None = None  # part of seconds: target forwards after the prefill, verdicts (our engine only)
     token_ids: list[int] = field(default_factory=list)
     exact: bool | None = None  # token ids equal the baseline's
     mismatch_at: int | None = None  # first differing index
@@ -72,7 +76,8 @@ class PromptRecord:
 def make_record(method: str, prompt: BenchPrompt, ids: list[int], outcome: Outcome, seconds: float) -> PromptRecord:
     return PromptRecord(method, prompt.question_id, prompt.category, len(ids), len(outcome.token_ids), seconds,
                         outcome.target_forwards, outcome.step_tokens, outcome.drafted, outcome.accepted,
-                        outcome.prefill_seconds, list(outcome.token_ids))
+                        outcome.prefill_seconds, outcome.draft_seconds, outcome.check_seconds,
+                        list(outcome.token_ids))
 
 
 def ratio(num: float | None, den: float | None) -> float | None:
@@ -110,19 +115,27 @@ def summarise(method: str, category: str, recs: list[PromptRecord]) -> dict:
     new_tokens = sum(r.new_tokens for r in recs)
     seconds = sum(r.seconds for r in recs)
     prefill = sum_known(recs, "prefill_seconds")
+    forwards = sum_known(recs, "target_forwards")
     return dict(
         method=method, category=category,
         tokens_per_s=ratio(new_tokens, seconds),
         speedup=None,  # filled once the baseline's row is known
         decode_tokens_per_s=None if prefill is None else ratio(new_tokens - len(recs), seconds - prefill),
         decode_speedup=None,
-        mean_accepted_tokens=ratio(sum_known(recs, "step_tokens"), sum_known(recs, "target_forwards")),
+        mean_accepted_tokens=ratio(sum_known(recs, "step_tokens"), forwards),
+        # where a step's time goes: what drafting costs a forward against what the check costs
+        draft_ms_per_forward=ratio(_ms(sum_known(recs, "draft_seconds")), forwards),
+        check_ms_per_forward=ratio(_ms(sum_known(recs, "check_seconds")), forwards),
         acceptance_rate=ratio(sum_known(recs, "accepted"), sum_known(recs, "drafted")),
         exact_match_rate=(None if any(r.exact is None for r in recs)
                           else sum(r.exact for r in recs) / len(recs)),
         prompts=len(recs), new_tokens=new_tokens, seconds=seconds,
-        target_forwards=sum_known(recs, "target_forwards"),
+        target_forwards=forwards,
     )
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1000 * seconds
 
 
 def aggregate(records: list[PromptRecord], methods: list[str], categories: list[str]) -> list[dict]:

@@ -14,7 +14,8 @@ from .sampled import NOT_APPLICABLE, sampling_note
 GREEDY = SamplingConfig()  # the tables' default: a greedy run, exactness against none
 
 OVERALL_COLUMNS = ("method", "tokens/s", "speedup", "decode tok/s", "decode speedup", "tokens/forward",
-                   "acceptance", "exact match", "prompts", "new tokens", "seconds")
+                   "acceptance", "exact match", "draft ms/forward", "check ms/forward", "prompts", "new tokens",
+                   "seconds")
 
 
 def fmt(value, spec: str = ".2f", suffix: str = "") -> str:
@@ -26,6 +27,7 @@ def overall_cells(row: dict, sampling: SamplingConfig = GREEDY) -> list[str]:
     return [row["method"], fmt(row["tokens_per_s"]), fmt(row["speedup"], ".2f", "x"),
             fmt(row.get("decode_tokens_per_s")), fmt(row.get("decode_speedup"), ".2f", "x"),
             fmt(row["mean_accepted_tokens"]), fmt(row["acceptance_rate"], ".0%"), exact,
+            fmt(row.get("draft_ms_per_forward"), ".1f"), fmt(row.get("check_ms_per_forward"), ".1f"),
             str(row["prompts"]), str(row["new_tokens"]), fmt(row["seconds"], ".1f")]
 
 

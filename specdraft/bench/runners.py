@@ -46,7 +46,8 @@ def engine_runner(speculator, spec: SpecConfig, sampling: SamplingConfig) -> Run
             pass
         s = engine.stats
         drafted, accepted = (s.draft_tokens, s.accepted_tokens) if has_drafter else (None, None)
-        return Outcome(list(engine.token_ids), s.target_forwards, s.step_tokens, drafted, accepted, s.time_prefill)
+        return Outcome(list(engine.token_ids), s.target_forwards, s.step_tokens, drafted, accepted, s.time_prefill,
+                       s.time_draft, s.time_verify)
 
     return run
 
