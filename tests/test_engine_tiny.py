@@ -293,6 +293,25 @@ def test_draft_forward_cost_ignores_the_prompt_catch_up():
     assert drafter.forward_seconds > 0.0 and lm.forwards == 3
 
 
+def draft_forwards_take(engine, seconds: float, monkeypatch) -> None:
+    """The draft model's forwards, as its drafter times them, take exactly ``seconds`` each: its
+    clock (the drafter module's ``time``) moves only when the model runs, so what the cost rule
+    decides does not hang on how fast or loaded the machine is."""
+    from types import SimpleNamespace
+
+    from specdraft.drafters import draft_model
+
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(draft_model, "time", SimpleNamespace(perf_counter=lambda: clock.now))
+    forward = engine.drafter.model.forward  # (the fixture's model: patched for this test only)
+
+    def timed(*args, **kwargs):
+        clock.now += seconds
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine.drafter.model, "forward", timed)
+
+
 def fixed_costs(per_token: float):
     """Forward costs where each extra token of a block costs ``per_token`` one-token forwards,
     kept fixed while generating."""
@@ -316,12 +335,7 @@ def test_cost_aware_draft_model_stays_exact(target, drafts, plain, per_token, dr
     e = make_engine(target, "draft-model", drafts["near"], k=4, cost_rule=True, trees=False)  # chains
     costs = fixed_costs(per_token)
     e.costs = e.policy.costs = costs
-    if draft_seconds:  # a slow draft model: its forwards are timed by the drafter itself
-        import time
-
-        forward = e.drafter.model.forward  # (the fixture's model: patched for this test only)
-        monkeypatch.setattr(e.drafter.model, "forward",
-                            lambda *a, **kw: (time.sleep(draft_seconds), forward(*a, **kw))[1])
+    draft_forwards_take(e, draft_seconds, monkeypatch)
     text, _, tokens, stats = run(e)
     assert tokens == plain[1] and text == plain[0]
     if expect_drafts:
@@ -348,12 +362,7 @@ def test_sampled_draft_model_drafts_are_cut_by_cost(target, drafts, draft_second
 
     e = make_engine(target, "draft-model", drafts["near"], k=4, cost_rule=True, trees=False)
     e.costs = e.policy.costs = fixed_costs(0.0)
-    if draft_seconds:
-        import time
-
-        forward = e.drafter.model.forward
-        monkeypatch.setattr(e.drafter.model, "forward",
-                            lambda *a, **kw: (time.sleep(draft_seconds), forward(*a, **kw))[1])
+    draft_forwards_take(e, draft_seconds, monkeypatch)
     _, _, tokens, stats = run(e, sampling=SamplingConfig(temperature=0.8, seed=3))
     assert_speculated(stats)
     prior = PassRates()
@@ -377,6 +386,7 @@ def test_draft_model_trees_are_exact_and_keep_the_accepted_rows(target, drafts, 
     e = make_engine(target, "draft-model", drafts[draft], k=4, cost_rule=cost_rule, trees=trees)
     if cost_rule:
         e.costs = e.policy.costs = fixed_costs(0.0)  # checks free: every guess pays
+        draft_forwards_take(e, 0.0, monkeypatch)  # and drafting too, however loaded the machine
     drafter = e.drafter
     proposals, caches = [], []
     propose, observe = drafter.propose, drafter.observe
