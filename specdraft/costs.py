@@ -136,6 +136,17 @@ class ForwardCosts:
                 best_n, best = n, value
         return best_n
 
+    def best_value(self, ranked: list[float], round_cost: float = 0.0) -> float:
+        """A tree's side of best_length: the most expected committed tokens per unit of cost that
+        sending its n likeliest nodes gives (n = 0..; ``ranked``: the nodes' chances, likeliest
+        first), where drafting costs ``round_cost`` one-token forwards once, whatever n (one more
+        round of a batched drafter), and the check its block's ratio."""
+        best, expected = 1.0 / (1.0 + round_cost), 1.0
+        for n, p in enumerate(ranked, start=1):
+            expected += p
+            best = max(best, expected / (self.ratio(n + 1) + round_cost))
+        return best
+
     def choose_length(self, sure: list[float], draft_cost: float = 0.0, free: int = 0) -> int:
         """best_length for the draft actually sent, exploring: of the steps it would cut to
         nothing, every EXPLORE-th sends the best non-empty draft instead. Without that a cut is

@@ -68,18 +68,22 @@ class DraftPolicy:
     def worth_expanding(self, layer: list[int], chance: list[float], draft_cost: float) -> list[int]:
         """For a dynamic tree (drafters.trees.grow_tree): the nodes of ``layer`` (likeliest first)
         whose children could still be sent: those at least as likely as the least likely node
-        this rule would send now (drafting sunk), while one more round, at ``draft_cost``
-        one-token forwards, is worth what its best child could add. On a CPU where each checked
+        this rule would send now (drafting so far sunk), while one more round, costing
+        ``draft_cost`` one-token forwards once, could raise the step's tokens per cost: its best
+        child, at most as likely as its parent, joining the nodes sent. On a CPU where each checked
         node costs much (AVX2: 2 tokens 1.1x one, 4 tokens 1.6x) this is mostly one node a round,
-        as in a chain, with the siblings of each round for free."""
+        as in a chain, with the siblings of each round for free; where checks are cheap the tree
+        goes deeper as long as its likeliest branch is worth a round."""
         ranked = sorted(chance, reverse=True)
         n = self.best_length(ranked)
         if n == 0:
             return []
         floor = ranked[n - 1]
         keep = [j for j in layer if chance[j] >= floor]
-        # the round's best child adds at most chance[keep[0]] tokens for one more step
-        if keep and self.best_length([*ranked[:n], chance[keep[0]]], draft_cost) <= n:
+        # (the round's cost is charged once, not per node: a per-node charge stopped trees at
+        # depth 2 wherever many cheap nodes paid, under cheap checks most of all)
+        with_child = sorted([*ranked, chance[keep[0]]], reverse=True) if keep else []
+        if keep and self.costs.best_value(with_child, draft_cost) <= self.costs.best_value(ranked):
             return []
         return keep
 

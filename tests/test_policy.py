@@ -55,6 +55,25 @@ def test_a_tree_keeps_its_likeliest_nodes_parents_first():
     assert steep.nodes == [0] and steep.draft.tokens == [5]
 
 
+def test_a_tree_grows_while_one_more_round_pays_once():
+    """worth_expanding charges a drafting round once, not once per node: where checks are free a
+    tree of many weak nodes still grows along its likely branch (a per-node charge stopped such
+    trees at depth 2), and a round stops paying when its best child is too unlikely for what the
+    round costs; where checks are dear only the likeliest nodes are worth expanding."""
+    free = DraftPolicy(ForwardCosts.fixed({t: 1.0 for t in range(2, 33)}, 0.02))
+    steep = DraftPolicy(costs(**STEEP))
+    # 12 nodes: a likely branch (0.9, then 0.8) and ten weak ones; the newest layer is [1, 2, 3]
+    chance = [0.9, 0.8] + [0.05] * 10
+    layer = [1, 2, 3]
+    assert free.worth_expanding(layer, chance, draft_cost=0.07) == layer  # every node pays; 0.8 is worth a round
+    assert free.worth_expanding([2, 3], chance, draft_cost=0.07) == []  # a 5% child is not
+    assert free.worth_expanding(layer, chance, draft_cost=2.0) == []  # nor a round costing 2 forwards
+    assert steep.worth_expanding(layer, chance, draft_cost=0.07) == [1]  # half a forward a node: the likely one
+    # the per-node charge stops the first tree: one more guess at 0.07 each looks worse than 2
+    ranked = sorted(chance, reverse=True)
+    assert free.best_length([*ranked, chance[1]], 0.07) <= len(ranked)
+
+
 def test_the_judged_nodes_are_the_children_of_the_root_and_of_the_accepted_path():
     tree = Sent(Draft([5, 6, 7, 8, 9], parents=[-1, 0, 0, 1, -1]), [10, 11, 12, 13, 14], 15)
     # accepted 5 then 6: judged are the root's children (5, 9), 5's (6, 7) and 6's (8)
