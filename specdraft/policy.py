@@ -80,8 +80,8 @@ class DraftPolicy:
             return []
         floor = ranked[n - 1]
         keep = [j for j in layer if chance[j] >= floor]
-        # (the round's cost is charged once, not per node: a per-node charge stopped trees at
-        # depth 2 wherever many cheap nodes paid, under cheap checks most of all)
+        # the round's cost is charged once, whatever the number of nodes sent (charged per node,
+        # it would stop trees at depth 2 wherever many cheap nodes pay their checks)
         with_child = sorted([*ranked, chance[keep[0]]], reverse=True) if keep else []
         if keep and self.costs.best_value(with_child, draft_cost) <= self.costs.best_value(ranked):
             return []
