@@ -17,10 +17,8 @@ free: every check costs one token (the drafter's own ceiling).
 from __future__ import annotations
 
 import argparse
-import time
 
-import torch
-
+from specdraft.bench.forward_cost import forward_cost
 from specdraft.bench.prompts import PACKAGED_PROMPTS, load_prompts, select_prompts
 from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdraft.costs import ForwardCosts
@@ -47,20 +45,6 @@ def ratios(points: dict[int, float]) -> dict[int, float]:
     return out
 
 
-def one_token_seconds(sd: Speculator, ids: list[int]) -> float:
-    """This machine's one-token forward at the prompt's context, median of 9."""
-    model = sd.target.model
-    model.reset()
-    model.forward(torch.tensor(ids), last_only=True)
-    times = []
-    for _ in range(9):
-        t0 = time.perf_counter()
-        model.forward(torch.tensor(ids[-1:]))
-        times.append(time.perf_counter() - t0)
-        model.rollback(model.length - 1)
-    return sorted(times)[len(times) // 2]
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--method", default="hybrid-head")
@@ -75,7 +59,8 @@ def main() -> None:
     sd = Speculator(progress=False)
     prompts = select_prompts(load_prompts(PACKAGED_PROMPTS), per_category=args.per_category)
     encoded = [sd.encode_prompt(q.text) for q in prompts]
-    one = one_token_seconds(sd, encoded[0])
+    # this machine's one-token forward at the first prompt's context (median of 9)
+    one = forward_cost(sd.target.model, blocks=(1,), context=len(encoded[0]), repeats=9)["seconds"][0]
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens)
     want = []  # plain decoding's tokens, prompt by prompt
     for ids in encoded:
