@@ -13,9 +13,9 @@ import sys
 import torch
 
 from .bench.arguments import add_bench_args
-from .bench.forward_cost import forward_costs
+from .bench.forward_cost import OnKernelPath, forward_costs, same_logits
 from .bench.harness import run_bench
-from .bench.kernel_cost import kernel_costs
+from .bench.kernel_cost import kernel_costs, kernel_paths
 from .bench.machine import gguf_kernel_forms, gguf_kernel_path
 from .config import GenerationConfig, SpecConfig
 from .drafters import drafter_names, needs_draft_model
@@ -136,6 +136,9 @@ def _add_calibrate(sub) -> None:
     c.add_argument("--kernels", default=None, metavar="PATHS",
                    help="time the GGUF kernels alone instead of a model: every matrix product of the default target's "
                         "shapes over random weights, per ISA path (comma-separated, or 'all' this CPU has); no model needed")
+    c.add_argument("--paths", default=None, metavar="PATHS",
+                   help="time the model's whole forward on each of these GGUF kernel ISA paths, interleaved "
+                        "(comma-separated, or 'all' this CPU has), and check that their logits agree bit for bit")
     c.add_argument("--json", dest="json_out", default=None, help="also write {tokens, seconds, ...} here")
 
 
@@ -239,9 +242,13 @@ def _cmd_calibrate(args) -> int:
     if args.kernels:
         return _calibrate_kernels(args, blocks)
     candidates = _calibrate_candidates(args.format, args.dtype)
+    if args.paths and len(candidates) > 1:
+        raise ParameterError("--paths times one weight format on several kernel paths: give one --format")
     name = args.model or DEFAULT_TARGET
     models = {label: load_model(name, dtype=dt, weight_format=fmt, max_length=args.context + max(blocks) + 1).model
               for label, fmt, dt in candidates}
+    if args.paths:
+        return _calibrate_paths(args, blocks, name, next(iter(models.values())))
     costs = forward_costs(models, blocks=blocks, context=args.context, repeats=args.repeats)
     reports = {label: {"model": name, "weight_format": getattr(m, "weight_format", "hf"),
                        "dtype": str(getattr(m, "dtype", "")), "context": args.context,
@@ -270,6 +277,41 @@ def _cmd_calibrate(args) -> int:
             json.dump(report, f, indent=1)
             f.write("\n")
     return 0
+
+
+def _calibrate_paths(args, blocks: tuple[int, ...], name: str, model) -> int:
+    """calibrate --paths: one GGUF-kernel model's whole forward on each ISA path, interleaved, and
+    whether the paths' logits agree bit for bit."""
+    if _kernel_path(model) is None:
+        raise ParameterError(f"--paths needs a model on the GGUF kernels (format gguf or q4k); this one runs "
+                             f"{getattr(model, 'weight_format', 'hf')}")
+    ops, paths = kernel_paths(args.paths, "--paths")
+    before = ops.kernel_path()
+    runs = {p: OnKernelPath(model, ops, p) for p in paths}
+    try:
+        costs = forward_costs(runs, blocks=blocks, context=args.context, repeats=args.repeats)
+        differ = same_logits(runs, args.context, max(blocks))
+    finally:
+        ops.set_kernel_path(before)
+    forms = gguf_kernel_forms()
+    print(f"{name}, weight format {model.weight_format}, {torch.get_num_threads()} threads, context {args.context} "
+          f"(ms; x one token on the same path)" + (f"\nVNNI kernels: {forms}" if forms else ""))
+    print("tokens " + "".join(f"{p:>22s}" for p in paths))
+    for i, k in enumerate(blocks):
+        cells = (f"{costs[p]['seconds'][i] * 1000:10.1f} ({costs[p]['seconds'][i] / costs[p]['seconds'][0]:5.2f}x)"
+                 for p in paths)
+        print(f"{k:6d} " + "".join(f"{c:>22s}" for c in cells))
+    agree = [p for p in paths if differ[p] == 0.0]
+    print(f"logits of a {max(blocks)}-token forward against {paths[0]}: "
+          + ", ".join(f"{p} {'bit for bit' if p in agree else f'max |diff| {differ[p]:.3g}'}" for p in paths[1:])
+          if len(paths) > 1 else f"one path ({paths[0]}): nothing to compare")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"model": name, "weight_format": model.weight_format, "context": args.context,
+                       "threads": torch.get_num_threads(), "vnni_forms": forms, "paths": costs,
+                       "max_abs_logit_diff": differ}, f, indent=1)
+            f.write("\n")
+    return 0 if len(agree) == len(paths) else 1
 
 
 def _calibrate_kernels(args, blocks: tuple[int, ...]) -> int:

@@ -3,6 +3,8 @@ row independent of its block, and every path bit for bit the AVX2 path (the same
 super-block, then the same float steps). A path this CPU lacks is skipped with the reason."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from test_gguf_kernels import BLOCK_BYTES, quant_tensor, random_blocks
@@ -113,6 +115,62 @@ def test_calibrate_kernels_refuses_a_path_the_cpu_lacks(ops, capsys):
     from test_cli_errors import assert_one_line_error, call
 
     assert_one_line_error(*call(["calibrate", "--kernels", "sse2"], capsys), contains="cannot run sse2")
+
+
+def test_calibrate_paths_times_the_whole_forward_on_every_path(ops, capsys, tmp_path):
+    """calibrate --paths: one model on the GGUF kernels timed on each path this CPU has, interleaved,
+    their logits compared bit for bit, and the path in use left as it was."""
+    from test_cli_errors import call
+
+    from _tiny import make_cli_model
+
+    model, out_json, before = make_cli_model(tmp_path / "tiny"), tmp_path / "paths.json", ops.kernel_path()
+    rc, out, err = call(["calibrate", "--model", str(model), "--format", "q4k", "--context", "8", "--blocks", "1,3",
+                         "--repeats", "1", "--paths", "all", "--json", str(out_json)], capsys)
+    assert rc == 0, err
+    report = json.loads(out_json.read_text())
+    assert list(report["paths"]) == ops.kernel_paths() and report["weight_format"] == "q4k"
+    assert all(r["tokens"] == [1, 3] and min(r["seconds"]) > 0 for r in report["paths"].values())
+    assert report["max_abs_logit_diff"] == {p: 0.0 for p in ops.kernel_paths()}
+    assert ops.kernel_path() == before
+    if len(ops.kernel_paths()) > 1:
+        assert out.count("bit for bit") == len(ops.kernel_paths()) - 1
+
+
+def test_same_logits_reports_a_path_that_differs():
+    from types import SimpleNamespace
+
+    from specdraft.bench.forward_cost import same_logits
+
+    class Fake:
+        vocab_size = 50
+
+        def __init__(self, shift):
+            self.shift = shift
+
+        def rollback(self, length):
+            pass
+
+        def forward(self, ids):
+            return SimpleNamespace(logits=ids.float()[:, None] + self.shift)
+
+    assert same_logits({"a": Fake(0.0), "b": Fake(0.0), "c": Fake(0.25)}, 4, 3) == {"a": 0.0, "b": 0.0, "c": 0.25}
+
+
+@pytest.mark.parametrize("args, contains", [
+    (["--format", "q4k", "--paths", "sse2"], "cannot run sse2"),
+    (["--format", "q4k", "--paths", "avx2,avx2"], "twice"),
+    (["--format", "dense", "--paths", "all"], "GGUF kernels"),
+    (["--format", "q4k,dense", "--paths", "all"], "one --format"),
+])
+def test_calibrate_paths_bad_arguments_give_one_line(ops, capsys, tmp_path, args, contains):
+    from test_cli_errors import assert_one_line_error, call
+
+    from _tiny import make_cli_model
+
+    model = make_cli_model(tmp_path / "tiny")
+    assert_one_line_error(*call(["calibrate", "--model", str(model), "--context", "8", "--blocks", "1",
+                                 "--repeats", "1", *args], capsys), contains=contains)
 
 
 @pytest.fixture

@@ -47,3 +47,42 @@ def forward_cost(model, blocks=DEFAULT_BLOCKS, context: int = 300, repeats: int 
                  warmup: int = 2) -> dict[str, list]:
     """{"tokens": [k...], "seconds": [median forward time...]} for one CausalLM ``model``."""
     return forward_costs({"model": model}, blocks, context, repeats, warmup)["model"]
+
+
+class OnKernelPath:
+    """A GGUF-kernel model that runs every forward on one ISA path of the kernels (``calibrate
+    --paths``): several of these share one model's weights and KV cache, so forward_costs times the
+    paths round robin on the same forward, and same_logits compares their outputs."""
+
+    def __init__(self, model, ops, path: str):
+        self.model, self.ops, self.path = model, ops, path
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.vocab_size
+
+    def reset(self) -> None:
+        self.model.reset()
+
+    def rollback(self, length: int) -> None:
+        self.model.rollback(length)
+
+    def forward(self, ids: torch.Tensor, **kw):
+        self.ops.set_kernel_path(self.path)
+        return self.model.forward(ids, **kw)
+
+
+def same_logits(models: dict[str, object], context: int, tokens: int) -> dict[str, float]:
+    """{label: max |logit - the first label's|} over one forward of ``tokens`` new random tokens on
+    a cache of ``context`` (0.0 = bit for bit, what the kernel paths promise); ``models`` share one
+    cache (OnKernelPath), prefilled to at least ``context``."""
+    gen = torch.Generator().manual_seed(1)
+    first = next(iter(models.values()))
+    ids = torch.randint(0, min(first.vocab_size, 32000), (tokens,), generator=gen)
+    logits = {}
+    for label, m in models.items():
+        m.rollback(context)
+        logits[label] = m.forward(ids).logits.float()
+    m.rollback(context)
+    ref = next(iter(logits.values()))
+    return {label: 0.0 if torch.equal(x, ref) else float((x - ref).abs().max()) for label, x in logits.items()}

@@ -36,11 +36,10 @@ def product(ops, w: QuantTensor, xq) -> torch.Tensor:
     return (ops.q4k_matmul if w.kind == "Q4_K" else ops.q6k_matmul)(*xq, w.w, w.out_features)
 
 
-def kernel_costs(spec: str, blocks=(1, 2, 4, 8, 16, 32), shapes=DEFAULT_TARGET_SHAPES, repeats: int = 5,
-                 warmup: int = 1) -> tuple[list[str], dict[str, dict[str, list]]]:
-    """spec: ISA paths, comma-separated, or "all" this CPU has -> (paths, {path: {"tokens": [k...],
-    "seconds": [median time of all products over k rows...]}}); a one-line SpecdraftError where the
-    kernels cannot run or the CPU lacks a path."""
+def kernel_paths(spec: str, flag: str) -> tuple[object, list[str]]:
+    """spec: ISA paths, comma-separated, or "all" this CPU has -> (the kernels' module, the paths);
+    a one-line SpecdraftError where the kernels cannot run or the CPU lacks a path (``flag`` names
+    the option in it)."""
     try:
         ops = gguf_ops()
     except KernelUnavailable as e:
@@ -49,7 +48,17 @@ def kernel_costs(spec: str, blocks=(1, 2, 4, 8, 16, 32), shapes=DEFAULT_TARGET_S
     paths = have if spec == "all" else [p.strip() for p in spec.split(",")]
     missing = [p for p in paths if p not in have]
     if missing:
-        raise ParameterError(f"--kernels: this CPU cannot run {', '.join(missing)} (it has {', '.join(have)})")
+        raise ParameterError(f"{flag}: this CPU cannot run {', '.join(missing)} (it has {', '.join(have)})")
+    if len(set(paths)) < len(paths):
+        raise ParameterError(f"{flag} names a path twice: {spec!r}")
+    return ops, paths
+
+
+def kernel_costs(spec: str, blocks=(1, 2, 4, 8, 16, 32), shapes=DEFAULT_TARGET_SHAPES, repeats: int = 5,
+                 warmup: int = 1) -> tuple[list[str], dict[str, dict[str, list]]]:
+    """spec: ISA paths (see kernel_paths) -> (paths, {path: {"tokens": [k...], "seconds": [median
+    time of all products over k rows...]}})."""
+    ops, paths = kernel_paths(spec, "--kernels")
     gen = torch.Generator().manual_seed(0)
     weights = [random_records(kind, o, i, gen) for kind, o, i in shapes]
     before = ops.kernel_path()
