@@ -24,7 +24,7 @@ import torch
 
 from specdraft.bench.kernel_cost import product, random_records
 from specdraft.kernels import HERE, build_dir, build_kernels, gguf_ops
-from specdraft.kernels.plan import DEFAULT_TARGET_SHAPES
+from specdraft.kernels.plan import DEFAULT_TARGET_SHAPES, use_measured_forms
 
 
 def build_base(rev: str):
@@ -59,6 +59,10 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     blocks = [int(b) for b in args.blocks.split(",")]
     builds = {"base": build_base(args.base), "this": gguf_ops()}
+    forms = use_measured_forms()  # the VNNI forms this CPU measured, for both builds: a form is a kernel of its own
+    if hasattr(builds["base"], "set_vnni_forms") and hasattr(builds["this"], "vnni_forms"):
+        builds["base"].set_vnni_forms(builds["this"].vnni_forms())
+    print(f"VNNI forms (both builds): {forms}")
     print(f"kernel path: {builds['this'].kernel_path()}; base {args.base}; {torch.get_num_threads()} threads")
     gen = torch.Generator().manual_seed(0)
     weights = [random_records(k, o, i, gen) for k, o, i in DEFAULT_TARGET_SHAPES]
