@@ -9,8 +9,10 @@ Each curve below is a ratio table; the one-token forward is taken as this machin
 (drafting is timed for real and weighed against it). For each curve: tokens per target forward,
 nodes a check, and the decode speedup that curve would give (tokens a step over the step's cost
 in one-token forwards: the curve's ratio for the rows checked, plus the drafting time), with the
-output checked against plain decoding token for token. The curves: avx2 the AVX2 EPYC's
-(BENCHMARKS, issue 20: 1 / 1.48 / 2.55 / 5.05 for 1 / 2 / 4 / 8 tokens), zen5 this Zen 5's with
+output checked against plain decoding token for token. The curves: avx2 the AVX2 EPYC's with
+its 8-row kernels (calibrate at fbdefaa: 1 / 1.11 / 1.25 / 1.61 / 2.76 / 5.25 / 10.45 for 1 / 2 / 3
+/ 4 / 8 / 16 / 32 tokens), avx2-old the same CPU's before them (issue 20: 1 / 1.48 / 2.55 / 5.05
+for 1 / 2 / 4 / 8), zen5 this Zen 5's with
 VNNI kernels (calibrate at ca1b711), amx issue 18's target for AMX (16 tokens 1.3x, linear),
 free: every check costs one token (the drafter's own ceiling).
 """
@@ -26,7 +28,8 @@ from specdraft.pipeline import Speculator
 
 # ratio of a forward over T new tokens to one token, at measured points (linear in between)
 CURVES = {
-    "avx2": {1: 1.0, 2: 1.48, 4: 2.55, 8: 5.05, 16: 10.0, 64: 40.0},
+    "avx2": {1: 1.0, 2: 1.11, 3: 1.25, 4: 1.61, 8: 2.76, 16: 5.25, 32: 10.45, 64: 20.9},
+    "avx2-old": {1: 1.0, 2: 1.48, 4: 2.55, 8: 5.05, 16: 10.0, 64: 40.0},
     "zen5": {1: 1.0, 2: 1.03, 4: 1.09, 8: 1.22, 12: 1.51, 16: 1.98, 32: 3.97, 64: 7.94},
     "amx": {1: 1.0, 16: 1.3, 64: 2.26},
     "free": {1: 1.0, 64: 1.0},
