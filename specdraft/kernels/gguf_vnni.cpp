@@ -31,9 +31,8 @@ bool cpu_has_avx512_vnni() {
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 }
 
-// Which form a block of rows takes, per weight type, per rows per pass over the weights (1..8: a
-// block of T rows is judged as ceil(T / 8) passes of ~T / passes rows; the zmm form then runs
-// 9-16 rows in one pass, see vnni_matmul) and per row length (short: < 16
+// Which form a block of 1..8 rows takes, per weight type, per rows (a block of more rows always
+// takes the zmm form, 9-16 rows in one pass, see vnni_matmul) and per row length (short: < 16
 // super-blocks, the 1536-wide inputs of the default target; long: the MLP's down projection): bit n of
 // zmm_rows[type][length] set = two 8-row groups a zmm (16 rows a vector, half the instructions of a ymm
 // a row), clear = one group a ymm (EVEX vpdpbusd, 32 registers: tiles of 8 rows too). The two
@@ -60,17 +59,15 @@ void set_vnni_zmm_rows(int64_t kind, uint32_t short_rows, uint32_t long_rows) {
 
 void vnni_matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, const float* xs,
                  const int16_t* bsums, int64_t T, int64_t in, int64_t O, float* y, int64_t ldy) {
-    const int64_t passes = (T + 7) / 8, per_pass = (T + passes - 1) / passes;
-    if (zmm_rows[kind == 6][in / 256 >= 16].load() >> per_pass & 1) {
-        // 9-16 rows in one pass, not two: the second pass of 8 re-reads records already in cache
-        // while the memory stream idles; in one pass the stream overlaps the products (measured,
-        // Zen 5, whole forwards of the default target, scripts/kernel_ab.py --model: 10 rows
-        // 43.6 -> 34.7 ms, 12 rows 50.8 -> 47.7, 16 rows 58.3 -> 56.0; 8 rows unchanged)
-        if (T > 8)
-            avx512::matmul<avx512::Zmm, 16>(kind, pw, groups, qx, xs, bsums, T, in, O, y, ldy);
-        else
-            avx512::matmul<avx512::Zmm, 8>(kind, pw, groups, qx, xs, bsums, T, in, O, y, ldy);
-    }
+    if (T > 8)
+        // 9-16 rows in one pass of the zmm form, not two of 8: the second pass re-reads records
+        // already in cache while the memory stream idles; in one pass the stream overlaps the
+        // products (measured, Zen 5, whole forwards of the default target: 10 rows 43.6 -> 34.7
+        // ms, 12 rows 50.8 -> 47.7, 16 rows 58.3 -> 56.0). Whatever the forms measured for 1-8 rows
+        // say: two ymm passes of 9-10 rows took 51-55 ms against 34-35 (Zen 5, 2026-11-26).
+        avx512::matmul<avx512::Zmm, 16>(kind, pw, groups, qx, xs, bsums, T, in, O, y, ldy);
+    else if (zmm_rows[kind == 6][in / 256 >= 16].load() >> T & 1)
+        avx512::matmul<avx512::Zmm, 8>(kind, pw, groups, qx, xs, bsums, T, in, O, y, ldy);
     else
         avx512::matmul<avx512::Ymm, 8>(kind, pw, groups, qx, xs, bsums, T, in, O, y, ldy);
 }
