@@ -98,10 +98,10 @@ struct AmxRows {
         configure(NT, 32);
         for (int64_t b = 0; b < nb; ++b) {
             const uint8_t *r0 = w0 + b * Q4K_REC, *r1 = w1 + b * Q4K_REC;
-            const int64_t skip = b + PREFETCH < nb ? 0 : nb * Q4K_REC;
+            const int64_t skip = b + VNNI_PREFETCH<NT> < nb ? 0 : nb * Q4K_REC;
             for (int s = 0; s < 8; ++s) {  // sub-block s: inputs 32s .. 32s + 31
-                prefetch_ahead<Q4K_REC, 8>(r0, s, skip);
-                prefetch_ahead<Q4K_REC, 8>(r1, s, skip);
+                prefetch_ahead<Q4K_REC, 8, VNNI_PREFETCH<NT>>(r0, s, skip);
+                prefetch_ahead<Q4K_REC, 8, VNNI_PREFETCH<NT>>(r1, s, skip);
                 for (int c = 0; c < 4; ++c) {
                     const I v = V::load32(r0 + 128 * s + 32 * c, r1 + 128 * s + 32 * c);
                     _mm512_store_si512(wt + 512 * s + 128 * c, V::and_(v, low4));

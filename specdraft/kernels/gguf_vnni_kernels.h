@@ -88,13 +88,13 @@ KERNEL_TARGET void q4k_rows(const uint8_t* w0, const uint8_t* w1, const int8_t* 
     for (int r = 0; r < NT; ++r) acc[r] = V::fzero();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *r0 = w0 + b * Q4K_REC, *r1 = w1 + b * Q4K_REC;
-        const int64_t skip = b + PREFETCH < nb ? 0 : (V::GROUPS - 1) * nb * Q4K_REC;  // past its end, a stream goes on in the next pair
+        const int64_t skip = b + VNNI_PREFETCH<NT> < nb ? 0 : (V::GROUPS - 1) * nb * Q4K_REC;  // past its end, a stream goes on in the next pair
         const int8_t* xb = qx + t0 * in + b * 256;
         I sum[NT];
         for (int r = 0; r < NT; ++r) sum[r] = V::zero();
         for (int s = 0; s < 8; ++s) {  // sub-block s: inputs 32s .. 32s + 31
-            prefetch_ahead<Q4K_REC, 8>(r0, s, skip);
-            if (V::GROUPS == 2) prefetch_ahead<Q4K_REC, 8>(r1, s, skip);
+            prefetch_ahead<Q4K_REC, 8, VNNI_PREFETCH<NT>>(r0, s, skip);
+            if (V::GROUPS == 2) prefetch_ahead<Q4K_REC, 8, VNNI_PREFETCH<NT>>(r1, s, skip);
             const I sc = V::u8to32(r0 + 1024 + 8 * s, r1 + 1024 + 8 * s);
             I dot[NT];
             for (int r = 0; r < NT; ++r) dot[r] = V::zero();
@@ -135,13 +135,13 @@ KERNEL_TARGET void q6k_rows(const uint8_t* w0, const uint8_t* w1, const int8_t* 
     for (int r = 0; r < NT; ++r) acc[r] = V::fzero();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *r0 = w0 + b * Q6K_REC, *r1 = w1 + b * Q6K_REC;
-        const int64_t skip = b + PREFETCH < nb ? 0 : (V::GROUPS - 1) * nb * Q6K_REC;
+        const int64_t skip = b + VNNI_PREFETCH<NT> < nb ? 0 : (V::GROUPS - 1) * nb * Q6K_REC;
         const int8_t* xb = qx + t0 * in + b * 256;
         I sum[NT];
         for (int r = 0; r < NT; ++r) sum[r] = V::zero();
         for (int s = 0; s < 16; ++s) {  // sub-block s: inputs 16s .. 16s + 15, quads k of 4 inputs
-            prefetch_ahead<Q6K_REC, 16>(r0, s, skip);
-            if (V::GROUPS == 2) prefetch_ahead<Q6K_REC, 16>(r1, s, skip);
+            prefetch_ahead<Q6K_REC, 16, VNNI_PREFETCH<NT>>(r0, s, skip);
+            if (V::GROUPS == 2) prefetch_ahead<Q6K_REC, 16, VNNI_PREFETCH<NT>>(r1, s, skip);
             const I sc = V::i8to32(r0 + 1536 + 8 * s, r1 + 1536 + 8 * s);
             const I v0 = V::load32(r0 + 64 * s, r1 + 64 * s), v1 = V::load32(r0 + 64 * s + 32, r1 + 64 * s + 32);
             const I h = V::load32(r0 + 1024 + 32 * s, r1 + 1024 + 32 * s);
