@@ -64,7 +64,7 @@ void vnni_matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* 
         // already in cache while the memory stream idles; in one pass the stream overlaps the
         // products (measured, Zen 5, whole forwards of the default target: 10 rows 43.6 -> 34.7
         // ms, 12 rows 50.8 -> 47.7, 16 rows 58.3 -> 56.0). Whatever the forms measured for 1-8 rows
-        // say: two ymm passes of 9-10 rows took 51-55 ms against 34-35 (Zen 5, 2026-11-26).
+        // say: two ymm passes of 9-10 rows took 51-55 ms against 34-35 (Zen 5).
         avx512::matmul<avx512::Zmm, 16>(kind, pw, groups, qx, xs, bsums, T, in, O, y, ldy);
     else if (zmm_rows[kind == 6][in / 256 >= 16].load() >> T & 1)
         avx512::matmul<avx512::Zmm, 8>(kind, pw, groups, qx, xs, bsums, T, in, O, y, ldy);
