@@ -11,14 +11,14 @@ constexpr int Q4K_REC = 1216, Q6K_REC = 1696;  // bytes per super-block record o
 constexpr int GROUP = 8;  // output rows per record
 constexpr int PREFETCH = 2;  // records ahead in the weight stream (AVX2 kernels)
 // records ahead in the VNNI and AMX kernels' weight streams: 4 for passes of up to 8 rows (whole
-// forwards, Zen 5: 2-12% faster at 1-10 rows than 2 ahead, the most where memory is fastest), 2
+// forwards, Zen 5: 1-11% faster at 2-8 rows than 2 ahead, the most where memory is fastest), 2
 // for passes of 9-16 (their products take long enough; 4 ahead measured 0.96-1.00 there)
 template <int NT>
 constexpr int VNNI_PREFETCH = NT <= 8 ? 4 : 2;
 constexpr int AMX_MIN_ROWS = 12;  // rows of x from which the AMX path takes tiles (fewer: AVX-512 VNNI)
 
 // Step s of a record's STEPS (its sub-blocks) prefetches the matching 1 / STEPS of the record
-// PREFETCH records ahead: spread over the record, not one burst at its start (measured, Q6_K
+// AHEAD records ahead: spread over the record, not one burst at its start (measured, Q6_K
 // 1536 x 8960, one row: 1.3 -> 0.7 ms; hardware prefetching alone: 1.8 ms). skip: bytes to jump
 // where the stream does not go on with the next group's records (two groups read side by side).
 template <int REC, int STEPS, int AHEAD = PREFETCH>
