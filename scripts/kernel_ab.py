@@ -1,8 +1,9 @@
 """The GGUF kernels of this checkout against those of another commit, in one process, round robin:
 
-    python scripts/kernel_ab.py [--base REV] [--blocks 1,2,4,8,16] [--rounds 7] [--threads N] [--model]
+    python scripts/kernel_ab.py [--base REV|DIR] [--blocks 1,2,4,8,16] [--rounds 7] [--threads N] [--model]
 
-Builds the kernel sources of REV (default HEAD, i.e. the last commit against the working tree)
+Builds the kernel sources of REV (default HEAD, i.e. the last commit against the working tree;
+or a directory holding another version's kernel sources)
 under another module name, checks that both give the same bits on every product of the default
 target's shapes, then times every product over those shapes (~1 GB of random records) for each
 block of rows, the two builds alternating, so a slow phase of the machine hits both alike.
@@ -28,7 +29,13 @@ from specdraft.kernels.plan import DEFAULT_TARGET_SHAPES, use_measured_forms
 
 
 def build_base(rev: str):
-    """The kernels of commit rev, compiled once into the cache under their own module name."""
+    """The kernels of commit rev (or of a directory of kernel sources, e.g. copied where there is
+    no git history), compiled once into the cache under their own module name."""
+    if Path(rev).is_dir():
+        names = sorted(p.name for p in Path(rev).iterdir() if p.suffix in (".cpp", ".h"))
+        code = b"".join((Path(rev) / n).read_bytes() for n in names)
+        return build_kernels([Path(rev) / n for n in names if n.endswith(".cpp")], build_dir("gguf_base", code),
+                             "specdraft_gguf_base")
     root = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=HERE, capture_output=True, text=True,
                           check=True).stdout.strip()
     rel = HERE.relative_to(root).as_posix()
