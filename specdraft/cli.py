@@ -296,11 +296,7 @@ def _calibrate_paths(args, blocks: tuple[int, ...], name: str, model) -> int:
     forms = gguf_kernel_forms()
     print(f"{name}, weight format {model.weight_format}, {torch.get_num_threads()} threads, context {args.context} "
           f"(ms; x one token on the same path)" + (f"\nVNNI kernels: {forms}" if forms else ""))
-    print("tokens " + "".join(f"{p:>22s}" for p in paths))
-    for i, k in enumerate(blocks):
-        cells = (f"{costs[p]['seconds'][i] * 1000:10.1f} ({costs[p]['seconds'][i] / costs[p]['seconds'][0]:5.2f}x)"
-                 for p in paths)
-        print(f"{k:6d} " + "".join(f"{c:>22s}" for c in cells))
+    _print_per_path(paths, blocks, costs)
     agree = [p for p in paths if differ[p] == 0.0]
     print(f"logits of a {max(blocks)}-token forward against {paths[0]}: "
           + ", ".join(f"{p} {'bit for bit' if p in agree else f'max |diff| {differ[p]:.3g}'}" for p in paths[1:])
@@ -320,16 +316,21 @@ def _calibrate_kernels(args, blocks: tuple[int, ...]) -> int:
     forms = gguf_kernel_forms()
     print(f"GGUF matrix products of the default target's shapes, {torch.get_num_threads()} threads (ms; x one token)"
           + (f"\nVNNI kernels: {forms}" if forms else ""))
-    print("tokens " + "".join(f"{p:>22s}" for p in paths))
-    for i, k in enumerate(blocks):
-        cells = (f"{costs[p]['seconds'][i] * 1000:10.1f} ({costs[p]['seconds'][i] / costs[p]['seconds'][0]:5.2f}x)"
-                 for p in paths)
-        print(f"{k:6d} " + "".join(f"{c:>22s}" for c in cells))
+    _print_per_path(paths, blocks, costs)
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"threads": torch.get_num_threads(), "vnni_forms": forms, "paths": costs}, f, indent=1)
             f.write("\n")
     return 0
+
+
+def _print_per_path(paths: list[str], blocks: tuple[int, ...], costs: dict[str, dict[str, list]]) -> None:
+    """A row per block: each path's median time in ms and its ratio to the path's first block."""
+    print("tokens " + "".join(f"{p:>22s}" for p in paths))
+    for i, k in enumerate(blocks):
+        cells = (f"{costs[p]['seconds'][i] * 1000:10.1f} ({costs[p]['seconds'][i] / costs[p]['seconds'][0]:5.2f}x)"
+                 for p in paths)
+        print(f"{k:6d} " + "".join(f"{c:>22s}" for c in cells))
 
 
 def _kernel_path(model) -> str | None:

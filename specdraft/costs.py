@@ -11,6 +11,7 @@ per second.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 PRIOR_SLOPE = 0.05  # assumed extra cost per token of a block size not yet measured (optimistic:
 # an unmeasured length gets tried, and measured)
@@ -123,15 +124,22 @@ class ForwardCosts:
             slope = max(slope, (self._ratio_at(lo) - self._ratio_at(prev)) / (lo - prev))
         return self._ratio_at(lo) + slope * (tokens - lo)
 
+    def _values(self, sure: list[float], drafting) -> Iterator[tuple[int, float]]:
+        """(n, expected committed tokens per unit of cost of sending the first n guesses) for n =
+        1..len(sure), sure[i] = P(the first i + 1 guesses all pass); ``drafting(n)``: what making
+        them costs, in one-token forwards."""
+        expected = 1.0
+        for n, p in enumerate(sure, start=1):
+            expected += p
+            yield n, expected / (self.ratio(n + 1) + drafting(n))
+
     def best_length(self, sure: list[float], draft_cost: float = 0.0, free: int = 0, least: int = 0) -> int:
         """How many of the guesses to send: the n (least..len(sure)) that maximises expected
         committed tokens per unit of cost, where sure[i] = P(the first i + 1 guesses all pass) and
         draft_cost is what one guess costs in one-token forwards (the first ``free`` guesses cost
         nothing more: a draft model's first guess comes from the forward that catches it up)."""
-        best_n, best, expected = 0, (1.0 if least == 0 else -1.0), 1.0
-        for n, p in enumerate(sure, start=1):
-            expected += p
-            value = expected / (self.ratio(n + 1) + draft_cost * max(n - free, 0))
+        best_n, best = 0, (1.0 if least == 0 else -1.0)
+        for n, value in self._values(sure, lambda n: draft_cost * max(n - free, 0)):
             if n >= least and value > best:
                 best_n, best = n, value
         return best_n
@@ -141,11 +149,7 @@ class ForwardCosts:
         sending its n likeliest nodes gives (n = 0..; ``ranked``: the nodes' chances, likeliest
         first), where drafting costs ``round_cost`` one-token forwards once, whatever n (one more
         round of a batched drafter), and the check its block's ratio."""
-        best, expected = 1.0 / (1.0 + round_cost), 1.0
-        for n, p in enumerate(ranked, start=1):
-            expected += p
-            best = max(best, expected / (self.ratio(n + 1) + round_cost))
-        return best
+        return max([1.0 / (1.0 + round_cost), *(value for _, value in self._values(ranked, lambda n: round_cost))])
 
     def choose_length(self, sure: list[float], draft_cost: float = 0.0, free: int = 0) -> int:
         """best_length for the draft actually sent, exploring: of the steps it would cut to
