@@ -25,7 +25,7 @@ import torch
 
 from specdraft.bench.kernel_cost import product, random_records
 from specdraft.kernels import HERE, build_dir, build_kernels, gguf_ops
-from specdraft.kernels.plan import DEFAULT_TARGET_SHAPES, use_measured_forms
+from specdraft.kernels.plan import DEFAULT_TARGET_SHAPES, describe
 
 
 def build_base(rev: str):
@@ -66,10 +66,14 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     blocks = [int(b) for b in args.blocks.split(",")]
     builds = {"base": build_base(args.base), "this": gguf_ops()}
-    forms = use_measured_forms()  # the VNNI forms this CPU measured, for both builds: a form is a kernel of its own
+    # both builds take the same fixed VNNI forms (a form is a kernel of its own): the built-in masks,
+    # not timed per product (a build that times them would take another form than its base)
+    for ops in builds.values():
+        if hasattr(ops, "set_vnni_forms_timed"):
+            ops.set_vnni_forms_timed(False)
     if hasattr(builds["base"], "set_vnni_forms") and hasattr(builds["this"], "vnni_forms"):
         builds["base"].set_vnni_forms(builds["this"].vnni_forms())
-    print(f"VNNI forms (both builds): {forms}")
+        print(f"VNNI forms (both builds): {describe(builds['this'].vnni_forms())}")
     print(f"kernel path: {builds['this'].kernel_path()}; base {args.base}; {torch.get_num_threads()} threads")
     gen = torch.Generator().manual_seed(0)
     weights = [random_records(k, o, i, gen) for k, o, i in DEFAULT_TARGET_SHAPES]
@@ -92,6 +96,7 @@ def main() -> None:
             m._ops = ops
             decoders[name] = m._build_decoder()
         ids = {k: torch.randint(0, 32000, (k,), generator=gen) for k in blocks}
+        builds["this"].set_vnni_forms_timed(False)  # loading the model set the forms timed
 
         def forward(ops, k):
             m._decoder = decoders["base" if ops is builds["base"] else "this"]

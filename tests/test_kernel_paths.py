@@ -177,9 +177,11 @@ def test_calibrate_paths_bad_arguments_give_one_line(ops, capsys, tmp_path, args
 def vnni(ops):
     """The AVX-512 VNNI path with its forms restored afterwards (skipped where the CPU lacks it)."""
     use(ops, "avx512-vnni")
-    saved = ops.vnni_forms()
+    saved, timed = ops.vnni_forms(), ops.vnni_forms_timed()
+    ops.set_vnni_forms_timed(False)  # the masks decide unless a test says otherwise
     yield ops
     ops.set_vnni_forms(saved)
+    ops.set_vnni_forms_timed(timed)
 
 
 @pytest.mark.parametrize("kind,out_f,in_f", SHAPES)
@@ -204,55 +206,55 @@ def test_vnni_forms_are_checked(vnni):
             vnni.set_vnni_forms(bad)
 
 
-def test_measured_forms_are_kept_and_set(vnni, tmp_path, monkeypatch):
-    """use_measured_forms measures once, keeps the masks under the cache and sets them; a later
-    process reads them back instead of measuring."""
+@pytest.mark.parametrize("kind,out_f,in_f", SHAPES[:2] + SHAPES[3:4] + SHAPES[-2:])
+def test_timed_forms_give_the_same_bits_and_time_both(vnni, kind, out_f, in_f):
+    """Forms chosen per product by timing: every call the AVX2 path's bits, and for each rows both
+    forms timed (each one's first call is thrown away, then both are timed before one is preferred)."""
+    qt, _ = quant_tensor(kind, out_f, in_f, seed=out_f * in_f + 1)
+    xq = vnni.quantize_q8k(torch.randn(9, in_f))
+    vnni.set_kernel_path("avx2")
+    base = matmul(vnni, kind, xq, qt)
+    vnni.set_kernel_path("avx512-vnni")
+    vnni.clear_vnni_form_stats()
+    vnni.set_vnni_forms_timed(True)
+    for _ in range(20):
+        for T in range(1, 10):
+            assert torch.equal(matmul(vnni, kind, tuple(t[:T] for t in xq), qt), base[:T]), T
+    stats = vnni.vnni_form_stats()
+    assert sorted(int(key) >> 1 & 15 for key, *_ in stats) == list(range(1, 9))  # 9 rows: always zmm, not timed
+    for _, ymm, zmm, ns_ymm, ns_zmm in stats:
+        assert ymm >= 1 and zmm >= 1 and ymm + zmm == 18 and ns_ymm > 0 and ns_zmm > 0
+
+
+def test_form_choice_follows_the_times(ops):
+    """The timed choice (gguf_forms.h) on made-up times: the fixed form until both are timed, then
+    the faster one, the other tried at most every 16th product, following when they trade places."""
+    picks = ops.simulate_form_choice([1.0] * 400 + [2.0] * 400, [2.0] * 400 + [1.0] * 400, fixed=0)
+    assert picks[:16] == [0] * 7 + [1] + [0] * 7 + [1]  # zmm's first time thrown away, then timed
+    assert 1 <= sum(picks[100:400]) <= 300 // 16  # ymm, zmm tried now and then
+    assert 0 not in picks[400 + 80:400 + 95]  # zmm within 80 products of the swap
+    assert 1 <= picks[500:].count(0) <= 300 // 16
+    assert ops.simulate_form_choice([1.0] * 16, [0.5] * 16, fixed=1) == [1] * 7 + [0] + [1] * 7 + [0]
+    # near times: one outlier (a preemption) of the faster form turns the choice for a few products at most
+    near = ops.simulate_form_choice([1.0] * 200 + [1000.0] + [1.0] * 199, [1.1] * 400, fixed=0)
+    assert 300 // 16 - 3 <= sum(near[16:200]) * 300 / 184 <= 300 // 16 + 3
+    assert near[300:].count(1) <= 100 // 16 + 1
+
+
+def test_forms_are_timed_by_default_and_fixed_on_request(vnni, monkeypatch):
     from specdraft.kernels import plan
 
-    monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path))
-    monkeypatch.delenv("SPECDRAFT_VNNI_FORMS", raising=False)
-    monkeypatch.setattr(plan, "_busy", lambda: True)  # measured while busy: used, not kept
-    monkeypatch.setattr(plan, "_applied", [])
-    monkeypatch.setattr(plan, "measure", lambda: {"masks": [0b110, 0, 0, 0]})
-    assert "not kept" in plan.use_measured_forms()
-    assert vnni.vnni_forms() == [0b110, 0, 0, 0] and not list(tmp_path.glob("kernels/*"))
-    monkeypatch.setattr(plan, "_busy", lambda: False)
-    monkeypatch.setattr(plan, "_applied", [])
-    masks = [0b1100, 0b1110, 0b1000, 0b10]
-    monkeypatch.setattr(plan, "measure", lambda: {"masks": masks})
-    said = plan.use_measured_forms()
-    assert vnni.vnni_forms() == masks and "measured on this CPU" in said and "2-3 (Q4_K short)" in said
-    assert list(tmp_path.glob("kernels/vnni-forms-*.json"))
-    vnni.set_vnni_forms([0] * 4)
-    monkeypatch.setattr(plan, "_applied", [])  # a new process
-
-    def no_measuring():
-        raise AssertionError("measured again")
-
-    monkeypatch.setattr(plan, "measure", no_measuring)
-    plan.use_measured_forms()
-    assert vnni.vnni_forms() == masks
-    # a kept file that is not 4 masks of rows 1..8 is measured again, never set
-    kept = next(tmp_path.glob("kernels/vnni-forms-*.json"))
-    for bad in ('{"masks": [1, 2]}', '{"masks": [0, 0, 0, 4096]}', "{not json"):
-        kept.write_text(bad)
-        monkeypatch.setattr(plan, "_applied", [])
-        monkeypatch.setattr(plan, "measure", lambda: {"masks": [0, 0, 0, 0]})
-        plan.use_measured_forms()
-        assert vnni.vnni_forms() == [0, 0, 0, 0]
-    monkeypatch.setenv("SPECDRAFT_VNNI_FORMS", "measure")  # measured again even with a good file kept
-    monkeypatch.setattr(plan, "_applied", [])
-    monkeypatch.setattr(plan, "measure", lambda: {"masks": masks})
-    plan.use_measured_forms()
-    assert vnni.vnni_forms() == masks
-
-
-def test_measure_times_every_class(vnni):
-    from specdraft.kernels import plan
-
-    before = vnni.vnni_forms()
-    result = plan.measure(repeats=1)
-    assert vnni.vnni_forms() == before  # measuring leaves the forms as they were
-    assert len(result["masks"]) == len(plan.CLASSES) and all(0 <= m < 512 and not m & 1 for m in result["masks"])
-    for name in plan.CLASSES:
-        assert all(t > 0 for form in ("ymm", "zmm") for t in result[name][form])
+    for env, timed in (("", True), ("default", False)):
+        monkeypatch.setenv("SPECDRAFT_VNNI_FORMS", env)
+        monkeypatch.setattr(plan, "_set", [])
+        vnni.set_vnni_forms_timed(not timed)
+        plan.use_forms()
+        assert vnni.vnni_forms_timed() == timed
+    assert plan.forms_note().endswith("(built in)")
+    vnni.set_vnni_forms_timed(True)
+    vnni.clear_vnni_form_stats()
+    assert "no product of 1-8 rows yet" in plan.forms_note()
+    qt, _ = quant_tensor("Q4_K", 16, 256, seed=3)
+    for _ in range(6):
+        matmul(vnni, "Q4_K", vnni.quantize_q8k(torch.randn(4, 256)), qt)
+    assert plan.forms_note().startswith("form timed per product and rows; zmm share so far 4 rows ")

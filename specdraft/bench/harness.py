@@ -62,7 +62,7 @@ from ..pipeline import resolve_dtype
 from .chart import draw
 from .endpoint import run_endpoint
 from .errors import BenchError
-from .machine import machine_info, machine_line, peak_rss_mb
+from .machine import gguf_kernel_forms, machine_info, machine_line, peak_rss_mb
 from .methods import ALL, BASELINE, drop_unavailable, is_peer, parse_methods
 from .mismatches import analyse_mismatches
 from .peers import PEERS
@@ -253,6 +253,8 @@ def run_bench(args) -> int:
         for row in results:
             if row["category"] == "overall":
                 row["peak_rss_mb_after"] = rss.get(row["method"])  # ru_maxrss only grows: peak so far
+        if complete:  # the VNNI forms as the run took them (timed per product: known only now)
+            config["machine"]["gguf_kernel_forms"] = gguf_kernel_forms()
         report = dict(config=dict(config, peak_rss_mb=peak_rss_mb(), complete=complete),
                       results=results, prompts=[r.to_dict() for r in records],
                       mismatches=(mismatches or []) if sampling.greedy else None)

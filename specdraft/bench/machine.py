@@ -10,7 +10,7 @@ import torch
 import transformers
 
 from ..kernels import KernelUnavailable, gguf_ops
-from ..kernels.plan import PATHS_WITH_FORMS, use_measured_forms
+from ..kernels.plan import PATHS_WITH_FORMS, forms_note
 
 # The CPU flags that decide which kernels run and how fast: AVX2 (the GGUF kernels' baseline),
 # AVX-512 with VNNI (their int8 dot-product path), native bf16, and AMX.
@@ -50,9 +50,10 @@ def gguf_kernel_path() -> str | None:
 
 
 def gguf_kernel_forms() -> str | None:
-    """How the VNNI kernels take blocks of rows here (kernels.plan), None where they do not run."""
+    """How the VNNI kernels took blocks of rows in this process so far (kernels.plan), None where
+    they do not run."""
     path = gguf_kernel_path()
-    return use_measured_forms() if path in PATHS_WITH_FORMS else None
+    return forms_note() if path in PATHS_WITH_FORMS else None
 
 
 def machine_info() -> dict:

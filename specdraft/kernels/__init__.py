@@ -29,7 +29,8 @@ from ..cache import cache_root, console
 HERE = Path(__file__).parent
 SOURCES = [HERE / n for n in ("gguf_matmul.cpp", "gguf_vnni.cpp", "gguf_avxvnni.cpp", "gguf_amx.cpp", "attention.cpp",
                               "attention_avx512.cpp", "layer_ops.cpp", "decoder.cpp", "bindings.cpp")]
-HEADERS = [HERE / "ops.h", HERE / "simd.h", HERE / "gguf_common.h", HERE / "gguf_vnni_kernels.h", HERE / "gguf_zmm.h",
+HEADERS = [HERE / "ops.h", HERE / "simd.h", HERE / "gguf_common.h", HERE / "gguf_forms.h", HERE / "gguf_vnni_kernels.h",
+           HERE / "gguf_zmm.h",
            HERE / "attention_avx512.h"]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 

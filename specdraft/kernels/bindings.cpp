@@ -1,4 +1,5 @@
 #include "ops.h"
+#include "gguf_common.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("quantize_q8k", &quantize_q8k, "x [T, in] float32 -> (qx int8 [T, in'], xs f32 [T, in'/256], bsums i16 [T, in'/16]), in' = in rounded up to 256 (zeros)");
@@ -9,6 +10,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("kernel_paths", &kernel_paths, "the kernel paths this CPU can run");
     m.def("vnni_forms", &vnni_forms, "the AVX-512 VNNI form masks [Q4_K short, Q4_K long, Q6_K short, Q6_K long rows]: bit n set = n rows a pass a zmm");
     m.def("set_vnni_forms", &set_vnni_forms, "set the AVX-512 VNNI form masks [Q4_K short, Q4_K long, Q6_K short, Q6_K long rows]");
+    m.def("vnni_forms_timed", &gguf::vnni_forms_timed, "whether the VNNI form of 1..8 rows is chosen per product by timing (else by the masks)");
+    m.def("set_vnni_forms_timed", &gguf::set_vnni_forms_timed, "choose the VNNI forms by timing (True, the default) or by the masks");
+    m.def("vnni_form_stats", &gguf::vnni_form_stats, "[key, timed ymm, timed zmm, mean ns ymm, mean ns zmm] per product the timing saw");
+    m.def("clear_vnni_form_stats", &gguf::clear_vnni_form_stats, "forget every product's times");
+    m.def("simulate_form_choice", &gguf::simulate_form_choice, "the timed choice's picks (0 ymm, 1 zmm) for made-up times per product, the fixed form first",
+          pybind11::arg("ymm_ns"), pybind11::arg("zmm_ns"), pybind11::arg("fixed") = 0);
     m.def("block_attention", &block_attention, "q [nh, T, hd], k/v cache [nkv, C, hd], length L, mask [T, L] or None -> [T, nh, hd]",
           pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("length"), pybind11::arg("mask") = pybind11::none());
     m.def("rms_quantize", &rms_quantize, "x [T, H], w [H], eps -> quantize_q8k(RMSNorm(x) * w)");

@@ -2,8 +2,10 @@
 // gguf_matmul.cpp), prefetching of the weight stream, and the cut of a block of rows into tiles.
 #pragma once
 #include <immintrin.h>
+#include <array>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 namespace gguf {
 
@@ -62,6 +64,15 @@ void vnni_matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* 
 // for weights of kind 4 / 6 with short (< 16 super-blocks) and long rows
 uint32_t vnni_zmm_rows(int64_t kind, bool long_rows);
 void set_vnni_zmm_rows(int64_t kind, uint32_t short_rows, uint32_t long_rows);
+// whether the form of 1..8 rows is chosen per product by timing (gguf_forms.h; the default) or by
+// the masks above; what the timing saw ([key, timed ymm, timed zmm, mean ns ymm, mean ns zmm] per
+// product, gguf_forms.h's form_key), forgotten by clear; the chooser's picks for a sequence of
+// made-up times (tests)
+bool vnni_forms_timed();
+void set_vnni_forms_timed(bool on);
+std::vector<std::array<double, 5>> vnni_form_stats();
+void clear_vnni_form_stats();
+std::vector<int> simulate_form_choice(const std::vector<double>& ymm_ns, const std::vector<double>& zmm_ns, int fixed);
 bool cpu_has_avx_vnni();
 void avxvnni_matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, const float* xs,
                     const int16_t* bsums, int64_t T, int64_t in, int64_t O, float* y, int64_t ldy);

@@ -20,7 +20,7 @@ std::vector<std::string> kernel_paths();
 bool kernel_path_avx512();
 // the AVX-512 VNNI kernels' form per rows a pass: bit masks (Q4_K short rows, Q4_K long, Q6_K short,
 // Q6_K long), bit n set = n rows take two 8-row groups a zmm, clear = one group a ymm (same bits
-// either way; kernels.plan measures which is faster)
+// either way; by default the kernels time the products and take the faster form, gguf_forms.h)
 std::vector<int64_t> vnni_forms();
 void set_vnni_forms(const std::vector<int64_t>& masks);
 

@@ -26,7 +26,7 @@ import torch
 from ..cache import cache_root, console
 from ..errors import ModelFileError
 from ..kernels import KernelUnavailable, gguf_ops
-from ..kernels.plan import use_measured_forms
+from ..kernels.plan import use_forms
 from .packaged import gguf_file
 
 QK = 256  # inputs per super-block
@@ -374,7 +374,7 @@ class GGUFLinear:
 
     def __init__(self, parts: list[QuantTensor], bias: torch.Tensor | None = None):
         self.ops = gguf_ops()
-        use_measured_forms()  # once a process: the VNNI kernels' forms this CPU measured (kernels.plan)
+        use_forms()  # once a process: the VNNI kernels' forms timed as they run, or fixed (kernels.plan)
         merged: list[QuantTensor] = []  # neighbours of one type become one matrix: one kernel call
         for p in parts:
             if (merged and merged[-1].kind == p.kind and merged[-1].in_features == p.in_features
