@@ -541,6 +541,17 @@ def tokens_by_run(report: dict) -> dict:
     return {(p["method"], p["question_id"]): p["token_ids"] for p in report["prompts"]}
 
 
+def test_bench_records_the_vnni_forms_as_the_run_took_them(tiny_dir, tmp_path, capsys, no_kernel_build, monkeypatch):
+    """The forms are timed as the products run, so the report takes them at the end of the run."""
+    from specdraft.bench import harness
+
+    said = "form timed per product and rows; zmm share so far 4 rows 50%"
+    monkeypatch.setattr(harness, "gguf_kernel_forms", lambda: said)
+    report, err = bench_tiny(tiny_dir, tmp_path, capsys, "forms", "--methods", "none")
+    assert report["config"]["machine"]["gguf_kernel_forms"] == said
+    assert f"VNNI forms in this run: {said}" in err.replace("\n", "")
+
+
 def test_sampled_bench_runs_every_method_and_marks_exactness_not_applicable(tiny_dir, tmp_path, capsys,
                                                                             no_kernel_build):
     md = tmp_path / "r.md"

@@ -275,6 +275,8 @@ def run_bench(args) -> int:
         draw(results, args.chart, title if sampling.greedy else f"{title}, temperature {sampling.temperature:g}")
     # Off a terminal (a log file, a pipe) rich assumes 80 columns and truncates the headers.
     print_tables(Console(width=None if sys.stdout.isatty() else 160), results, methods, categories, sampling)
+    if config["machine"].get("gguf_kernel_forms"):
+        console.print(f"GGUF kernels' VNNI forms in this run: {config['machine']['gguf_kernel_forms']}")
     where = report_location(args.json_out)
     if not sampling.greedy:
         console.print(f"exactness and mismatch analysis: {NOT_APPLICABLE}; {where}")
