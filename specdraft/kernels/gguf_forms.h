@@ -8,6 +8,7 @@
 // timed as it runs and takes the form whose recent times are lower, trying the other now and
 // then (exact either way: the forms give the same bits).
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <mutex>
