@@ -44,14 +44,13 @@ public:
         // one outlier (a preemption) moves it by 20% at most, a lasting change in a few products
         double& e = s->ema[f];
         e = s->seen[f] == 2 ? ns : e + 0.2 * (std::min(ns, 2.0 * e) - e);
-        ++s->picked[f];
     }
     // [key, times timed in ymm, in zmm, mean ns ymm, mean ns zmm] per product seen
     std::vector<std::array<double, 5>> stats() {
         std::lock_guard<std::mutex> lock(m_);
         std::vector<std::array<double, 5>> out;
         for (const Slot& s : slots_)
-            if (s.key) out.push_back({(double)s.key, (double)s.picked[0], (double)s.picked[1], s.ema[0], s.ema[1]});
+            if (s.key) out.push_back({(double)s.key, timed(s, 0), timed(s, 1), s.ema[0], s.ema[1]});
         return out;
     }
     void clear() {
@@ -62,9 +61,10 @@ public:
 private:
     struct Slot {
         uint64_t key = 0;  // 0: free
-        uint32_t seen[2] = {0, 0}, picked[2] = {0, 0}, calls = 0;
+        uint32_t seen[2] = {0, 0}, calls = 0;  // seen: times recorded per form, the first one thrown away
         double ema[2] = {0, 0};
     };
+    static double timed(const Slot& s, int f) { return s.seen[f] > 1 ? s.seen[f] - 1 : 0; }  // times in the mean
     Slot* find(uint64_t key) {
         const uint64_t home = (key * 0x9E3779B97F4A7C15ull >> 40) % SLOTS;
         for (uint64_t i = 0; i < SLOTS; ++i) {  // open addressing; keys stay until clear()

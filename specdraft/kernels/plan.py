@@ -49,7 +49,7 @@ def forms_note() -> str:
         return describe(ops.vnni_forms()) + " (built in)"
     picked = {n: [0.0, 0.0] for n in ROWS}
     for key, ymm, zmm, _, _ in ops.vnni_form_stats():
-        rows = int(key) >> 1 & 15
+        rows = int(key) >> 1 & 15  # gguf_forms.h form_key: bit 0 the weight type, bits 1-4 the rows
         picked[rows][0] += ymm
         picked[rows][1] += zmm
     seen = {n: zmm / (ymm + zmm) for n, (ymm, zmm) in picked.items() if ymm + zmm}
