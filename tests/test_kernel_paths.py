@@ -12,7 +12,9 @@ from test_gguf_kernels import BLOCK_BYTES, quant_tensor, random_blocks
 from specdraft.kernels import KernelUnavailable, gguf_ops
 from specdraft.models.gguf_weights import GGUFLinear, QuantTensor, unpack_q4k, unpack_q6k
 
-PATHS = ["avx2", "avx-vnni", "avx512-vnni", "amx-int8"]
+# amx-int8-emulated: the AMX kernel with its tile registers emulated (any AVX-512 VNNI CPU), so its
+# logic is tested where no AMX runs; both AMX forms take the tiles at every block size here
+PATHS = ["avx2", "avx-vnni", "avx512-vnni", "amx-int8", "amx-int8-emulated"]
 # (kind, out, in): O a multiple of 16, of 8 only, of neither (an odd count of 8-row groups, a partial record)
 SHAPES = [("Q4_K", 48, 512), ("Q4_K", 40, 768), ("Q4_K", 13, 256), ("Q6_K", 32, 512), ("Q6_K", 24, 256),
           ("Q6_K", 21, 768), ("Q4_K", 24, 4096), ("Q6_K", 40, 4096)]  # 16 super-blocks a row and more: pairs of groups at T = 1
@@ -29,14 +31,47 @@ def ops():
     o.set_kernel_path(before)
 
 
+@pytest.fixture(autouse=True)
+def no_amx_settings_after(request):
+    """Every test leaves the AMX tiles real and their threshold the default."""
+    yield
+    if "ops" in request.fixturenames:
+        o = request.getfixturevalue("ops")
+        o.set_amx_emulated(False)
+        o.set_amx_min_rows(0)
+
+
 def use(ops, path):
+    if path == "amx-int8-emulated":
+        if "avx512-vnni" not in ops.kernel_paths():
+            pytest.skip(f"the emulated AMX tiles need AVX-512 VNNI (this CPU has {ops.kernel_paths()})")
+        ops.set_amx_emulated(True)
+        path = "amx-int8"
     if path not in ops.kernel_paths():
         pytest.skip(f"this CPU cannot run the {path} path (it has {ops.kernel_paths()})")
     ops.set_kernel_path(path)
+    if path == "amx-int8":
+        ops.set_amx_min_rows(1)
 
 
 def matmul(ops, kind, xq, qt):
     return (ops.q4k_matmul if kind == "Q4_K" else ops.q6k_matmul)(*xq, qt.w, qt.out_features)
+
+
+def test_amx_settings_are_read_back(ops):
+    ops.set_amx_min_rows(5)
+    assert ops.amx_min_rows() == 5
+    ops.set_amx_min_rows(0)
+    assert ops.amx_min_rows() >= 1
+    if "avx512-vnni" not in ops.kernel_paths():
+        with pytest.raises(RuntimeError, match="AVX-512 VNNI"):
+            ops.set_amx_emulated(True)
+        return
+    ops.set_amx_emulated(True)
+    assert ops.amx_emulated() and "amx-int8" in ops.kernel_paths()
+    ops.set_kernel_path("amx-int8")
+    ops.set_amx_emulated(False)
+    assert ops.kernel_path() in ops.kernel_paths()  # not left on a path the CPU lacks
 
 
 def test_paths_are_named_and_forced(ops):
@@ -62,7 +97,7 @@ def test_path_matches_reference_and_avx2_bitwise(ops, path, kind, out_f, in_f):
         assert (got.double() - expect[:T]).abs().max() <= 1e-5 * expect[:T].abs().max(), T
         ops.set_kernel_path("avx2")
         base = matmul(ops, kind, part, qt)
-        ops.set_kernel_path(path)
+        ops.set_kernel_path("amx-int8" if path.startswith("amx") else path)
         assert torch.equal(got, base), (T, (got - base).abs().max())
 
 

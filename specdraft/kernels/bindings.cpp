@@ -8,6 +8,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("kernel_path", &kernel_path, "the ISA path the Q4_K / Q6_K kernels take: avx2, avx-vnni, avx512-vnni or amx-int8");
     m.def("set_kernel_path", &set_kernel_path, "force a kernel path (avx2, avx-vnni, avx512-vnni, amx-int8) or auto (the best this CPU has)");
     m.def("kernel_paths", &kernel_paths, "the kernel paths this CPU can run");
+    m.def("amx_emulated", &gguf::amx_emulated, "whether the amx-int8 path runs its tiles emulated (tests)");
+    m.def("amx_min_rows", &gguf::amx_min_rows, "rows of x from which the amx-int8 path takes the tiles (fewer: AVX-512 VNNI)");
+    m.def("set_amx_min_rows", &gguf::set_amx_min_rows, "set those rows (n <= 0: SPECDRAFT_AMX_MIN_ROWS or the built-in default)");
+    m.def("set_amx_emulated", &set_amx_emulated, "emulate the AMX tiles (on an AVX-512 VNNI CPU: the amx-int8 path becomes available, slow; tests)");
     m.def("vnni_forms", &vnni_forms, "the AVX-512 VNNI form masks [Q4_K short, Q4_K long, Q6_K short, Q6_K long rows]: bit n set = n rows a pass a zmm");
     m.def("set_vnni_forms", &set_vnni_forms, "set the AVX-512 VNNI form masks [Q4_K short, Q4_K long, Q6_K short, Q6_K long rows]");
     m.def("vnni_forms_timed", &gguf::vnni_forms_timed, "whether the VNNI form of 1..8 rows is chosen per product by timing (else by the masks)");

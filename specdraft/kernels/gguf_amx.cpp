@@ -1,14 +1,16 @@
-// The Q4_K kernel for CPUs with AMX-INT8 (Sapphire Rapids and later): one tile multiply (tdpbsud)
-// a sub-block forms the exact sums q x of up to 16 rows of x against 16 output rows (two 8-row
-// groups, the records' own interleaving: a record chunk of 8 rows x 4 bytes is half a row of the
-// weight tile). Those are the int32 sums the VNNI kernel forms with 8 vpdpbusd a row of x, so
-// from there on the steps are its own, lane for lane: the floats are bit for bit the AVX2
-// kernels'. Below AMX_MIN_ROWS rows of x, and for Q6_K, the AVX-512 VNNI kernels run instead.
-// Built in every build with target attributes, called only where cpu_has_amx_int8 says so.
+// The Q4_K kernel for CPUs with AMX-INT8 (Sapphire Rapids and later): tile multiplies (tdpbsud)
+// form the exact sums of up to 16 rows of x against 16 output rows (two 8-row groups, the records'
+// own interleaving: a record chunk of 8 rows x 4 bytes is a quarter of a weight tile row pair), with
+// each super-block's scales folded into its weight tiles (AmxRows below). Those are the int32 sums
+// the VNNI kernel forms, so from there on the steps are its own, lane for lane: the floats are bit
+// for bit the AVX2 kernels'. Below AMX_MIN_ROWS rows of x, and for Q6_K, the AVX-512 VNNI kernels
+// run instead. Built in every build with target attributes, called only where cpu_has_amx_int8 says
+// so, or with the tiles emulated (set_amx_emulated: the kernel's logic tested on any AVX-512 VNNI CPU).
 #include <ATen/Parallel.h>
 #include <cpuid.h>
 #include <immintrin.h>
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -30,99 +32,165 @@ namespace amx {
 
 #include "gguf_zmm.h"
 
-// Tiles 0-2 take even sub-blocks, 3-5 odd ones (two products in flight): A (0, 3) n rows of x,
-// K bytes each; B (1, 4) the weights, K / 4 rows of 16 columns (output rows) x 4 bytes (inputs);
-// C (2, 5) their product, n rows x 16 int32. K: a sub-block's inputs (32).
+// The tile registers as AmxRows uses them: 0, 1 the int32 sums (rows of x x 16 output rows) of
+// the weights' high and low scale parts; 4 the rows of x (64 inputs each); 6, 7 the high and low
+// weight tiles (16 rows of 16 outputs x 4 bytes: 64 inputs); 2, 3, 5 unused (the numbers those
+// checked bit for bit on an AMX Xeon). Tile numbers are literals (the
+// intrinsics paste them into the asm), so each use is a function of this policy. EmuTiles below
+// does the same in plain code, so the kernel's logic is tested on every AVX-512 VNNI CPU, not only
+// where AMX runs.
 struct alignas(64) TileConfig {
     uint8_t palette = 1, start_row = 0, reserved[14] = {};
     uint16_t colsb[16] = {};
     uint8_t rows[16] = {};
 };
 
-// Loads the configuration unless this thread's tiles have it already (read back with sttilecfg:
-// other code of the process, oneDNN's, may configure tiles too), so a thread's tiles stay
-// configured from one task of 16 output rows to the next instead of a release and reload each.
-KERNEL_TARGET inline void configure(int n, int k) {
-    TileConfig want, have;
-    for (int set = 0; set < 6; set += 3) {
-        want.rows[set] = n, want.colsb[set] = k;
-        want.rows[set + 1] = k / 4, want.colsb[set + 1] = 64;
-        want.rows[set + 2] = n, want.colsb[set + 2] = 64;
+struct HwTiles {
+    // Loads the configuration unless this thread's tiles have it already (read back with
+    // sttilecfg: other code of the process, oneDNN's, may configure tiles too), so a thread's tiles
+    // stay configured from one task of 16 output rows to the next instead of a release and reload each.
+    KERNEL_TARGET static void configure(int n) {
+        TileConfig want, have;
+        const int rows[8] = {n, n, 0, 0, n, 0, 16, 16};
+        for (int t = 0; t < 8; ++t) want.rows[t] = rows[t], want.colsb[t] = rows[t] ? 64 : 0;
+        _tile_storeconfig(&have);
+        // the config intrinsics' asm declares pointer-sized operands: these barriers keep the whole
+        // structs written (want) and read (have)
+        __asm__ volatile("" ::"r"(&want), "r"(&have) : "memory");
+        if (std::memcmp(&want, &have, sizeof want) != 0) _tile_loadconfig(&want);
     }
-    _tile_storeconfig(&have);
-    // the config intrinsics' asm declares pointer-sized operands: these barriers keep the whole
-    // structs written (want) and read (have)
-    __asm__ volatile("" ::"r"(&want), "r"(&have) : "memory");
-    if (std::memcmp(&want, &have, sizeof want) != 0) _tile_loadconfig(&want);
-}
-
-#define TILE_PRODUCT(A, B, C, wt, x, in, prod) \
-    do {                                        \
-        _tile_loadd(B, wt, 64);                 \
-        _tile_loadd(A, x, in);                  \
-        _tile_zero(C);                          \
-        _tile_dpbsud(C, A, B);                  \
-        _tile_stored(C, prod, 64);              \
-    } while (0)
-
-// prod[s][r][0 .. 16) = sum_k x[r][K s + k] * wt[s][k / 4][4 lane + k % 4] for the NT rows of x
-// (row stride in) and the SUB sub-blocks of a super-block. The weight tiles were written by vector
-// stores that the tile loads (asm the compiler cannot see reading memory) must come after. A
-// whole super-block a phase: its unpacking, then its products, then their scales, so the round
-// trips through memory (vector stores -> tile loads, tile stores -> vector loads) overlap.
-template <int NT, int SUB, int K>
-KERNEL_TARGET inline void sub_products(const uint8_t* wt, const int8_t* xb, int64_t in, int32_t* prod) {
-    __asm__ volatile("" ::"r"(wt) : "memory");
-    for (int s = 0; s < SUB; s += 2) {
-        TILE_PRODUCT(0, 1, 2, wt + s * 16 * K, xb + K * s, in, prod + s * NT * 16);
-        TILE_PRODUCT(3, 4, 5, wt + (s + 1) * 16 * K, xb + K * (s + 1), in, prod + (s + 1) * NT * 16);
+    KERNEL_TARGET static void zero() {
+        _tile_zero(0);
+        _tile_zero(1);
     }
-}
+    // the sums += x [n rows x 64 inputs, row stride in] . bhi, blo [16 rows x 64 bytes]
+    KERNEL_TARGET static void product(const int8_t* x, int64_t in, const uint8_t* bhi, const uint8_t* blo) {
+        _tile_loadd(6, bhi, 64);
+        _tile_loadd(4, x, in);
+        _tile_dpbsud(0, 4, 6);
+        _tile_loadd(7, blo, 64);
+        _tile_dpbsud(1, 4, 7);
+    }
+    // c[k][row][16]: the high parts' sums (k = 0), the low parts' (k = 1)
+    KERNEL_TARGET static void store(int32_t* c) {
+        _tile_stored(0, c, 64);
+        _tile_stored(1, c + 256, 64);
+    }
+};
 
+struct EmuTiles {
+    struct State {
+        int rows = 0;
+        int32_t c[2][16][16];
+    };
+    static State& state() {
+        thread_local State s;
+        return s;
+    }
+    static void configure(int n) { state().rows = n; }
+    static void zero() { std::memset(state().c, 0, sizeof state().c); }
+    // tdpbsud: c[m][o] += sum_k x[m][k] (signed) * b[k / 4][4 o + k % 4] (unsigned), k < 64: a row
+    // of b against a broadcast dword of x is one vpdpbusd (the same exact int32 sums)
+    KERNEL_TARGET static void dp(int32_t (*c)[16], const int8_t* x, int64_t in, int rows, const uint8_t* b) {
+        for (int m = 0; m < rows; ++m) {
+            __m512i s = _mm512_loadu_si512(c[m]);
+            for (int k = 0; k < 16; ++k) {
+                int32_t x4;
+                std::memcpy(&x4, x + m * in + 4 * k, 4);
+                s = _mm512_dpbusd_epi32(s, _mm512_loadu_si512(b + 64 * k), _mm512_set1_epi32(x4));
+            }
+            _mm512_storeu_si512(c[m], s);
+        }
+    }
+    KERNEL_TARGET static void product(const int8_t* x, int64_t in, const uint8_t* bhi, const uint8_t* blo) {
+        State& s = state();
+        dp(s.c[0], x, in, s.rows, bhi);
+        dp(s.c[1], x, in, s.rows, blo);
+    }
+    static void store(int32_t* c) {
+        const State& s = state();
+        for (int k = 0; k < 2; ++k) std::memcpy(c + 256 * k, s.c[k], sizeof(int32_t) * 16 * s.rows);
+    }
+};
+
+// NT rows of x against two groups of a Q4_K matrix (as q4k_rows of gguf_vnni_kernels.h, whose mins
+// and float steps these are). A super-block's scales split as sc = 16 hi + lo (lo <= 15, hi <= 15
+// for any byte), and its weight tiles carry q * hi and q * lo (q <= 15: both <= 225, unsigned
+// bytes): four full-depth products per part span its 256 inputs, and 16 sum_hi + sum_lo =
+// sum_s sc sum q x, the exact int32 the VNNI kernel forms; one tile store per part a super-block,
+// no per-sub-block scale step. q * s for a byte pair (one output's) is one vpmullw:
+// (q1 << 8 | q0) * s = q1 s << 8 | q0 s, no carry since q0 s < 256. Weight tile row 2c of
+// sub-block s holds the low nibbles of record chunk c (inputs 8c .. 8c + 3 of the sub-block), row
+// 2c + 1 the high ones (+ 4 .. 7); a tile holds two sub-blocks (rows 0-7, 8-15). Weight tiles and
+// sums go through two buffers each, so a super-block's unpacking and the previous one's float steps
+// can overlap its tile products. (Measured on an AMX Xeon, kernels alone, two runs: as fast as the
+// kernel before it, one tile product a sub-block and one vpmulld a row of x to scale it, 0.96-1.01x
+// at 12 and 16 rows: the scale steps were not what bounds it. Two token tiles sharing the weight
+// tiles, for passes of 17-32 rows, measured 0.91-1.03x against two passes: not kept.)
+template <class Tiles>
 struct AmxRows {
     static constexpr bool HAS_Q6K = false;  // Q6_K stays on AVX-512 VNNI (see amx_matmul)
-    // NT rows of x against two groups of a Q4_K matrix (as q4k_rows of gguf_vnni_kernels.h, whose
-    // mins and float steps these are): sub-block s's weight tile row 2c holds the low nibbles of
-    // record chunk c (inputs 8c .. 8c + 3 of the sub-block), row 2c + 1 the high ones (+ 4 .. 7)
+
+    // the weight tiles of super-block records r0, r1: wt[0] the high parts, wt[1] the low ones
+    // (each 8 sub-blocks x 512 bytes: tile i = sub-blocks 2i, 2i + 1 at 1024 i)
+    KERNEL_TARGET static void unpack(const uint8_t* r0, const uint8_t* r1, int64_t skip, uint8_t (*wt)[8 * 512]) {
+        using V = Zmm;
+        using I = __m512i;
+        const I low4 = V::bytes(0x0F), m15 = V::set1(15);
+        for (int s = 0; s < 8; ++s) {
+            prefetch_ahead<Q4K_REC, 8, VNNI_PREFETCH<16>>(r0, s, skip);
+            prefetch_ahead<Q4K_REC, 8, VNNI_PREFETCH<16>>(r1, s, skip);
+            const I sc = V::u8to32(r0 + 1024 + 8 * s, r1 + 1024 + 8 * s);  // lane o: output o's scale
+            const I lo = V::and_(sc, m15), hi = _mm512_srli_epi32(sc, 4);
+            const I lo16 = V::or_(lo, V::slli32(lo, 16)), hi16 = V::or_(hi, V::slli32(hi, 16));
+            for (int c = 0; c < 4; ++c) {
+                const I v = V::load32(r0 + 128 * s + 32 * c, r1 + 128 * s + 32 * c);
+                const I q0 = V::and_(v, low4), q1 = V::and_(V::srli16(v, 4), low4);
+                uint8_t *h = wt[0] + 512 * s + 128 * c, *l = wt[1] + 512 * s + 128 * c;
+                _mm512_store_si512(h, _mm512_mullo_epi16(q0, hi16));
+                _mm512_store_si512(h + 64, _mm512_mullo_epi16(q1, hi16));
+                _mm512_store_si512(l, _mm512_mullo_epi16(q0, lo16));
+                _mm512_store_si512(l + 64, _mm512_mullo_epi16(q1, lo16));
+            }
+        }
+    }
+
+    // super-block b's float steps for NT rows from their sums c: acc[r] lane o += its 16 sum_hi +
+    // sum_lo and the mins, as Q4kClose does
+    template <int NT>
+    KERNEL_TARGET static void close(const uint8_t* w0, const uint8_t* w1, const int32_t* c, const int32_t* msum,
+                                    const float* xs, int64_t nb, int64_t b, int64_t t0, float* acc) {
+        using V = Zmm;
+        const Q4kClose<V> cl(w0 + b * Q4K_REC, w1 + b * Q4K_REC);
+        for (int r = 0; r < NT; ++r) {
+            const __m512i sum = V::add(V::slli32(_mm512_load_si512(c + 16 * r), 4), _mm512_load_si512(c + 256 + 16 * r));
+            const int64_t t = t0 + r;
+            _mm512_store_ps(acc + 16 * r, cl(_mm512_load_ps(acc + 16 * r), sum, msum + (t * nb + b) * 4, xs[t * nb + b]));
+        }
+    }
+
     template <int NT>
     KERNEL_TARGET static void q4k(const uint8_t* w0, const uint8_t* w1, const int8_t* qx, const float* xs,
                                   const int32_t* msum, int64_t nb, int64_t in, int64_t t0, float* out, int64_t ldy,
                                   int valid) {
-        using V = Zmm;
-        using I = __m512i;
-        using F = __m512;
-        const I low4 = V::bytes(0x0F);
-        alignas(64) uint8_t wt[8 * 512];
-        alignas(64) int32_t prod[8 * NT * 16];
+        alignas(64) uint8_t wt[2][2][8 * 512];
+        alignas(64) int32_t sums[2][2 * 256];
         alignas(64) float acc[NT * 16] = {};
-        configure(NT, 32);
+        Tiles::configure(NT);
+        const int8_t* x = qx + t0 * in;
         for (int64_t b = 0; b < nb; ++b) {
-            const uint8_t *r0 = w0 + b * Q4K_REC, *r1 = w1 + b * Q4K_REC;
-            const int64_t skip = b + VNNI_PREFETCH<NT> < nb ? 0 : nb * Q4K_REC;
-            for (int s = 0; s < 8; ++s) {  // sub-block s: inputs 32s .. 32s + 31
-                prefetch_ahead<Q4K_REC, 8, VNNI_PREFETCH<NT>>(r0, s, skip);
-                prefetch_ahead<Q4K_REC, 8, VNNI_PREFETCH<NT>>(r1, s, skip);
-                for (int c = 0; c < 4; ++c) {
-                    const I v = V::load32(r0 + 128 * s + 32 * c, r1 + 128 * s + 32 * c);
-                    _mm512_store_si512(wt + 512 * s + 128 * c, V::and_(v, low4));
-                    _mm512_store_si512(wt + 512 * s + 128 * c + 64, V::and_(V::srli16(v, 4), low4));
-                }
-            }
-            sub_products<NT, 8, 32>(wt, qx + t0 * in + b * 256, in, prod);
-            I sum[NT];
-            for (int r = 0; r < NT; ++r) sum[r] = V::zero();
-            for (int s = 0; s < 8; ++s) {
-                const I sc = V::u8to32(r0 + 1024 + 8 * s, r1 + 1024 + 8 * s);
-                const int32_t* p = prod + s * NT * 16;
-                for (int r = 0; r < NT; ++r) sum[r] = V::add(sum[r], V::mullo(_mm512_load_si512(p + 16 * r), sc));
-            }
-            const Q4kClose<V> close(r0, r1);
-            for (int r = 0; r < NT; ++r) {
-                const F a = close(_mm512_load_ps(acc + 16 * r), sum[r], msum + ((t0 + r) * nb + b) * 4, xs[(t0 + r) * nb + b]);
-                _mm512_store_ps(acc + 16 * r, a);
-            }
+            const uint8_t (*w)[8 * 512] = wt[b & 1];
+            unpack(w0 + b * Q4K_REC, w1 + b * Q4K_REC, b + VNNI_PREFETCH<16> < nb ? 0 : nb * Q4K_REC, wt[b & 1]);
+            // the tile loads and stores are asm that the compiler does not see touch memory
+            __asm__ volatile("" ::: "memory");
+            Tiles::zero();
+            for (int i = 0; i < 4; ++i) Tiles::product(x + b * 256 + 64 * i, in, w[0] + 1024 * i, w[1] + 1024 * i);
+            Tiles::store(sums[b & 1]);
+            __asm__ volatile("" ::: "memory");
+            if (b > 0) close<NT>(w0, w1, sums[(b - 1) & 1], msum, xs, nb, b - 1, t0, acc);
         }
-        for (int r = 0; r < NT; ++r) V::store(out + (t0 + r) * ldy, valid, _mm512_load_ps(acc + 16 * r));
+        close<NT>(w0, w1, sums[(nb - 1) & 1], msum, xs, nb, nb - 1, t0, acc);
+        for (int r = 0; r < NT; ++r) Zmm::store(out + (t0 + r) * ldy, valid, _mm512_load_ps(acc + 16 * r));
     }
 };
 
@@ -144,25 +212,40 @@ bool cpu_has_amx_int8() {
     return ok;
 }
 
-// Rows of x from which a block takes the tiles (SPECDRAFT_AMX_MIN_ROWS overrides, for measuring)
-int64_t amx_min_rows() {
-    static const int64_t n = [] {
-        const char* env = std::getenv("SPECDRAFT_AMX_MIN_ROWS");
-        return env ? std::max<int64_t>(1, std::atoll(env)) : int64_t(AMX_MIN_ROWS);
-    }();
-    return n;
+// Rows of x from which a block takes the tiles: SPECDRAFT_AMX_MIN_ROWS or AMX_MIN_ROWS, unless
+// set_amx_min_rows says otherwise (measuring, tests)
+namespace {
+int64_t default_min_rows() {
+    const char* env = std::getenv("SPECDRAFT_AMX_MIN_ROWS");
+    return env ? std::max<int64_t>(1, std::atoll(env)) : int64_t(AMX_MIN_ROWS);
+}
+std::atomic<int64_t> min_rows{default_min_rows()};
+}  // namespace
+
+int64_t amx_min_rows() { return min_rows.load(); }
+
+void set_amx_min_rows(int64_t n) { min_rows = n > 0 ? n : default_min_rows(); }
+
+namespace {
+std::atomic<bool> emulated{false};
 }
 
-// Q6_K takes the AVX-512 VNNI kernels at every block size: its sub-blocks of 16 inputs make twice
-// the tile round trips and scale steps of Q4_K's, and tiles measured slower there (Sapphire
-// Rapids, 2 threads, the 151936 x 1536 output matrix: 21.5 / 26.2 / 77.9 ms at 8 / 16 / 32 rows
-// against 14.1 / 24.5 / 62.0 with VNNI; Q4_K 17920 x 1536: 1.87 / 3.35 against 2.27 / 4.34 at 16 / 32)
+bool amx_emulated() { return emulated.load(); }
+
+void set_amx_emulated(bool on) { emulated = on; }
+
+// Q6_K takes the AVX-512 VNNI kernels at every block size: its sub-blocks of 16 inputs and signed
+// 8-bit scales do not split into two unsigned weight tiles as Q4_K's do, and tiles of one
+// sub-block each measured slower (Sapphire Rapids, 2 threads, the 151936 x 1536 output matrix:
+// 21.5 / 26.2 / 77.9 ms at 8 / 16 / 32 rows against 14.1 / 24.5 / 62.0 with VNNI)
 void amx_matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, const float* xs,
                 const int16_t* bsums, int64_t T, int64_t in, int64_t O, float* y, int64_t ldy) {
     if (kind != 4 || T < amx_min_rows())
         vnni_matmul(kind, pw, groups, qx, xs, bsums, T, in, O, y, ldy);
+    else if (emulated.load())
+        amx::matmul<amx::Zmm, 16, amx::AmxRows<amx::EmuTiles>>(kind, pw, groups, qx, xs, bsums, T, in, O, y, ldy);
     else
-        amx::matmul<amx::Zmm, 16, amx::AmxRows>(kind, pw, groups, qx, xs, bsums, T, in, O, y, ldy);
+        amx::matmul<amx::Zmm, 16, amx::AmxRows<amx::HwTiles>>(kind, pw, groups, qx, xs, bsums, T, in, O, y, ldy);
 }
 
 }  // namespace gguf

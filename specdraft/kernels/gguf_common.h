@@ -77,6 +77,13 @@ bool cpu_has_avx_vnni();
 void avxvnni_matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, const float* xs,
                     const int16_t* bsums, int64_t T, int64_t in, int64_t O, float* y, int64_t ldy);
 bool cpu_has_amx_int8();
+// the AMX kernel with its tile registers emulated in plain code (tests of its logic on a CPU with
+// AVX-512 VNNI and no AMX; slow): while on, the amx-int8 path runs it, on any AVX-512 VNNI CPU
+bool amx_emulated();
+void set_amx_emulated(bool on);
+// rows of x from which the amx-int8 path takes the tiles (fewer: AVX-512 VNNI); n <= 0: the default
+int64_t amx_min_rows();
+void set_amx_min_rows(int64_t n);
 void amx_matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, const float* xs,
                 const int16_t* bsums, int64_t T, int64_t in, int64_t O, float* y, int64_t ldy);
 

@@ -272,7 +272,7 @@ const char* const PATH_NEEDS[] = {"", " (needs avx_vnni)", " (needs avx512f/bw/v
 
 bool path_supported(int p) {
     return p == AVX2 || (p == AVX_VNNI && gguf::cpu_has_avx_vnni()) || (p == AVX512_VNNI && gguf::cpu_has_avx512_vnni()) ||
-           (p == AMX_INT8 && gguf::cpu_has_amx_int8());
+           (p == AMX_INT8 && (gguf::cpu_has_amx_int8() || (gguf::amx_emulated() && gguf::cpu_has_avx512_vnni())));
 }
 
 int path_by_name(const std::string& name) {
@@ -305,6 +305,12 @@ std::string kernel_path() { return PATH_NAMES[active_path().load()]; }
 bool kernel_path_avx512() { return active_path().load() >= AVX512_VNNI; }
 
 void set_kernel_path(const std::string& name) { active_path() = path_by_name(name); }
+
+void set_amx_emulated(bool on) {
+    TORCH_CHECK(!on || gguf::cpu_has_avx512_vnni(), "the emulated AMX kernel needs AVX-512 VNNI");
+    if (!on && active_path().load() == AMX_INT8 && !gguf::cpu_has_amx_int8()) active_path() = AVX512_VNNI;
+    gguf::set_amx_emulated(on);
+}
 
 std::vector<std::string> kernel_paths() {
     std::vector<std::string> out;

@@ -16,6 +16,8 @@ void gguf_matmul_into(int64_t kind, const int8_t* qx, const float* xs, const int
 std::string kernel_path();
 void set_kernel_path(const std::string& name);
 std::vector<std::string> kernel_paths();
+// the amx-int8 path with its tile registers emulated (tests of the AMX kernel's logic where AVX-512 VNNI runs)
+void set_amx_emulated(bool on);
 // the active path is an AVX-512 one (avx512-vnni, amx-int8): the other kernels may take their AVX-512 loops
 bool kernel_path_avx512();
 // the AVX-512 VNNI kernels' form per rows a pass: bit masks (Q4_K short rows, Q4_K long, Q6_K short,
