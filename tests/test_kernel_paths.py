@@ -41,7 +41,8 @@ def no_amx_settings_after(request):
         o.set_amx_min_rows(0)
 
 
-def use(ops, path):
+def use(ops, path) -> str:
+    """Set the kernels to path (skipped where this CPU cannot run it); the path name they now report."""
     if path == "amx-int8-emulated":
         if "avx512-vnni" not in ops.kernel_paths():
             pytest.skip(f"the emulated AMX tiles need AVX-512 VNNI (this CPU has {ops.kernel_paths()})")
@@ -52,6 +53,7 @@ def use(ops, path):
     ops.set_kernel_path(path)
     if path == "amx-int8":
         ops.set_amx_min_rows(1)
+    return path
 
 
 def matmul(ops, kind, xq, qt):
@@ -85,7 +87,7 @@ def test_paths_are_named_and_forced(ops):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("kind,out_f,in_f", SHAPES)
 def test_path_matches_reference_and_avx2_bitwise(ops, path, kind, out_f, in_f):
-    use(ops, path)
+    name = use(ops, path)
     qt, ref = quant_tensor(kind, out_f, in_f, seed=out_f + in_f)
     x = torch.randn(40, in_f) * torch.logspace(-2, 1, 40)[:, None]
     xq = ops.quantize_q8k(x)
@@ -97,7 +99,7 @@ def test_path_matches_reference_and_avx2_bitwise(ops, path, kind, out_f, in_f):
         assert (got.double() - expect[:T]).abs().max() <= 1e-5 * expect[:T].abs().max(), T
         ops.set_kernel_path("avx2")
         base = matmul(ops, kind, part, qt)
-        ops.set_kernel_path("amx-int8" if path.startswith("amx") else path)
+        ops.set_kernel_path(name)
         assert torch.equal(got, base), (T, (got - base).abs().max())
 
 

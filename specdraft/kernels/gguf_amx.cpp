@@ -34,11 +34,10 @@ namespace amx {
 
 // The tile registers as AmxRows uses them: 0, 1 the int32 sums (rows of x x 16 output rows) of
 // the weights' high and low scale parts; 4 the rows of x (64 inputs each); 6, 7 the high and low
-// weight tiles (16 rows of 16 outputs x 4 bytes: 64 inputs); 2, 3, 5 unused (the numbers those
-// checked bit for bit on an AMX Xeon). Tile numbers are literals (the
-// intrinsics paste them into the asm), so each use is a function of this policy. EmuTiles below
-// does the same in plain code, so the kernel's logic is tested on every AVX-512 VNNI CPU, not only
-// where AMX runs.
+// weight tiles (16 rows of 16 outputs x 4 bytes: 64 inputs); 2, 3, 5 unused (the numbers checked
+// bit for bit on an AMX Xeon). Tile numbers are literals (the intrinsics paste them into the asm),
+// so each use is a function of this policy. EmuTiles below does the same in plain code, so the
+// kernel's logic is tested on every AVX-512 VNNI CPU, not only where AMX runs.
 struct alignas(64) TileConfig {
     uint8_t palette = 1, start_row = 0, reserved[14] = {};
     uint16_t colsb[16] = {};
@@ -94,11 +93,7 @@ struct EmuTiles {
     KERNEL_TARGET static void dp(int32_t (*c)[16], const int8_t* x, int64_t in, int rows, const uint8_t* b) {
         for (int m = 0; m < rows; ++m) {
             __m512i s = _mm512_loadu_si512(c[m]);
-            for (int k = 0; k < 16; ++k) {
-                int32_t x4;
-                std::memcpy(&x4, x + m * in + 4 * k, 4);
-                s = _mm512_dpbusd_epi32(s, _mm512_loadu_si512(b + 64 * k), _mm512_set1_epi32(x4));
-            }
+            for (int k = 0; k < 16; ++k) s = Zmm::dpbusd(s, _mm512_loadu_si512(b + 64 * k), Zmm::bcast4(x + m * in + 4 * k));
             _mm512_storeu_si512(c[m], s);
         }
     }
@@ -220,15 +215,12 @@ int64_t default_min_rows() {
     return env ? std::max<int64_t>(1, std::atoll(env)) : int64_t(AMX_MIN_ROWS);
 }
 std::atomic<int64_t> min_rows{default_min_rows()};
+std::atomic<bool> emulated{false};
 }  // namespace
 
 int64_t amx_min_rows() { return min_rows.load(); }
 
 void set_amx_min_rows(int64_t n) { min_rows = n > 0 ? n : default_min_rows(); }
-
-namespace {
-std::atomic<bool> emulated{false};
-}
 
 bool amx_emulated() { return emulated.load(); }
 
