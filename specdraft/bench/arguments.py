@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..config import GenerationConfig
 from ..options import DTYPES, add_sampling_args
-from .llama_cpp import NAME as LLAMA_CPP
+from .llama_cpp import METHODS as LLAMA_CPP_METHODS
 from .mismatches import DEFAULT_TIE_GAP
 from .peers import PEERS
 
@@ -19,8 +19,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    help="comma-separated: none, our drafters (all = every one of them; one that cannot run with "
                         "these options, such as head without a drafting head, is skipped with the reason), "
                         "the transformers peers "
-                        f"{', '.join(PEERS)} and {LLAMA_CPP} (llama.cpp on the target's GGUF; needs "
-                        "llama-cpp-python) (none always runs first: it is the baseline)")
+                        f"{', '.join(PEERS)} and {', '.join(LLAMA_CPP_METHODS)} (llama.cpp on the target's GGUF: plain, "
+                        "with prompt lookup, with the draft model's GGUF; needs llama-cpp-python) "
+                        "(none always runs first: it is the baseline)")
     p.add_argument("--max-new-tokens", type=int, default=GenerationConfig.max_new_tokens)
     # Greedy by default (Spec-Bench's protocol); with --temperature > 0 our methods sample, the
     # peers are refused and exactness does not apply (see bench.sampled). Seed 0 by default so

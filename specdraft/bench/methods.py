@@ -7,7 +7,7 @@ from ..heads.model import shipped_head_dir
 from ..models.packaged import DEFAULT_TARGET
 from ..options import spec_from_args
 from .errors import BenchError
-from .llama_cpp import NAME as LLAMA_CPP
+from .llama_cpp import METHODS as LLAMA_CPP_METHODS
 from .peers import PEERS
 from .prompts import parse_list
 from .records import BASELINE
@@ -16,7 +16,7 @@ ALL = "all"  # every method of ours: the registered drafters, none included (pee
 
 
 def known_methods() -> list[str]:
-    return [*drafter_names(), *PEERS, LLAMA_CPP]  # drafter_names starts with none, the baseline
+    return [*drafter_names(), *PEERS, *LLAMA_CPP_METHODS]  # drafter_names starts with none, the baseline
 
 
 def parse_methods(text: str) -> list[str]:
@@ -67,4 +67,4 @@ def needs_our_draft(methods: list[str]) -> bool:
 
 def is_peer(method: str) -> bool:
     """A method run by another library (transformers, llama.cpp), not by our engine."""
-    return method in PEERS or method == LLAMA_CPP
+    return method in PEERS or method in LLAMA_CPP_METHODS

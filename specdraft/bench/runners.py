@@ -23,7 +23,9 @@ from ..models.packaged import (
 from ..options import sampling_from_args, spec_from_args, speculator_options
 from ..pipeline import Speculator, check_tokenizers
 from .errors import BenchError
-from .llama_cpp import NAME as LLAMA_CPP
+from .llama_cpp import DRAFT as LLAMA_CPP_DRAFT
+from .llama_cpp import LOOKUP as LLAMA_CPP_LOOKUP
+from .llama_cpp import METHODS as LLAMA_CPP_METHODS
 from .llama_cpp import LlamaCppRunner
 from .methods import needs_our_draft
 from .peers import PEERS, PeerModels, PeerRunner, assistant_key, target_key
@@ -116,7 +118,9 @@ def _resolve_draft(args, speculator) -> Path:
 def make_runner(method: str, args, speculator, peers: PeerSetup | None) -> Runner:
     if method in PEERS:
         return peers.runner(method)
-    if method == LLAMA_CPP:
+    if method in LLAMA_CPP_METHODS:
+        drafter = {LLAMA_CPP_LOOKUP: "lookup", LLAMA_CPP_DRAFT: "draft-model"}.get(method)
+        draft_gguf = gguf_file(args.draft or DEFAULT_DRAFT) if drafter == "draft-model" else None
         return LlamaCppRunner(gguf_file(args.target or DEFAULT_TARGET), speculator.target.eos_ids,
-                              n_ctx=speculator.target.model.max_length)
+                              n_ctx=speculator.target.model.max_length, drafter=drafter, draft_gguf=draft_gguf)
     return engine_runner(speculator, spec_from_args(method, args), sampling_from_args(args))
