@@ -92,6 +92,9 @@ def _add_serve(sub) -> None:
     v.add_argument("--request-timeout", type=float, default=300.0, help="seconds from arrival to a forced end")
     v.add_argument("--max-body-bytes", type=int, default=1 << 20)
     v.add_argument("--no-draft", action="store_true", help="do not load a draft model (only none / prompt-lookup)")
+    v.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep the target's cache between requests: a prompt that starts with the previous one's "
+                        "prompt and answer (a chat's next turn) prefills only its new tokens; the output is the same")
 
 
 def _add_bench(sub) -> None:
@@ -207,7 +210,7 @@ def _cmd_serve(args) -> int:
     if not with_draft and needs_draft_model(args.method):
         raise ParameterError(f"--method {args.method} needs the draft model; drop --no-draft or pick none/prompt-lookup")
     sd = Speculator(args.target, args.draft, dtype=args.dtype, runtime=args.runtime, max_length=args.max_context,
-                    load_draft=with_draft, **speculator_options(args))
+                    load_draft=with_draft, reuse_prefix=args.prefix_cache, **speculator_options(args))
     sd.engine(spec)  # the default method's drafter, built once here: a bad --index or --head fails now, not per request
     config = ServerConfig(model_name=args.model_name or sd.target.name, spec=spec, max_waiting=args.queue_size,
                           request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes)

@@ -11,7 +11,8 @@ Each step:
   4. the target's cache rolls back to the committed context minus its last token (the engine's
      cache invariant), and the drafter learns which guesses passed and observes the outcome.
 Plain decoding (method "none") is the same loop with an empty draft, so the baseline runs the
-very same runtime code.
+very same runtime code. With a :class:`~specdraft.prefix.PrefixCache` the prefill runs only the part
+of the prompt the target's cache does not already hold from the previous generation.
 
 Every committed token is yielded as a :class:`Piece` that says where it came from.
 """
@@ -30,6 +31,7 @@ from .drafters.trees import node_depths
 from .errors import ContextLengthError
 from .metrics import SpecStats
 from .policy import DraftPolicy
+from .prefix import PrefixCache
 from .sampling import make_generator, next_token
 from .verify import verify, verify_tree
 
@@ -81,8 +83,10 @@ class Engine:
     """Speculative generation with one target, one drafter (or none) and one tokenizer."""
 
     def __init__(self, target, tokenizer, drafter: Drafter | None, spec: SpecConfig,
-                 eos_ids: set[int] | None = None, costs: ForwardCosts | None = None):
+                 eos_ids: set[int] | None = None, costs: ForwardCosts | None = None,
+                 prefix: PrefixCache | None = None):
         self.target = target
+        self.prefix = prefix  # what the target's cache holds from the previous generation, if kept
         # seconds per target forward by block size, measured as we go; the policy sizes drafts by it
         self.costs = costs if costs is not None else ForwardCosts()
         self.drafter = drafter if drafter is not None else Drafter()  # None: plain decoding, the empty drafter
@@ -112,20 +116,40 @@ class Engine:
         stopped = False  # a stop string ended the text
         context = list(prompt_ids)
         self.token_ids = generated = []
+        prefix = self.prefix
+        verified = list(prompt_ids)  # the prompt and every token a verdict committed: the cache holds a prefix of it
+        held_rows: list[torch.Tensor] = []  # with a prefix cache: feature rows of the cache's positions, in order
+        features, tap_key = False, ()
         t_start = time.perf_counter()
         try:
-            # Prefill: the cache takes the whole prompt; its last logits give the first token.
-            self.target.reset()
+            # Prefill: the cache takes the prompt (past what it holds already, when the previous
+            # generation's cache is kept); the last prompt row's logits give the first token.
+            # The drafter begins first: a begin that used the target resets it, and the record is void.
             self.drafter.begin(list(prompt_ids))
             features = self.drafter.uses_features  # the drafter reads target hidden states
             # and, for EAGLE-3 style drafters, the outputs of some layers (omitted when none, so a
             # model without taps serves every other drafter)
             taps = {"taps": self.drafter.feature_layers} if features and self.drafter.feature_layers else {}
-            out = self.target.forward(torch.tensor(prompt_ids, dtype=torch.int64), last_only=True,
+            tap_key = tuple(taps.get("taps", ()))
+            kept = prefix.reusable(prompt_ids, features, tap_key) if prefix is not None else 0
+            kept_rows = prefix.features(kept) if kept and features else None
+            if kept:
+                self.target.rollback(kept)
+            else:
+                self.target.reset()
+            if prefix is not None:
+                prefix.clear()  # until this generation records what the cache then holds
+            stats.cached_prompt_tokens = kept
+            out = self.target.forward(torch.tensor(prompt_ids[kept:], dtype=torch.int64), last_only=True,
                                       need_hidden=features, **taps)
             new = [next_token(out.logits[-1], sampling, generator)]
-            if features:  # every prompt row; the last one chose the first new token
-                self.drafter.take_features(_features(out, slice(None)))
+            verified += new
+            if features:  # every prompt row (the kept ones first); the last one chose the first new token
+                rows = _features(out, slice(None))
+                rows = torch.cat([kept_rows, rows]) if kept_rows is not None else rows
+                self.drafter.take_features(rows)
+                if prefix is not None:
+                    held_rows.append(rows)
             origins = [TARGET]
             stats.time_prefill = time.perf_counter() - t_start
             while True:
@@ -185,7 +209,10 @@ class Engine:
                 # chain rolls back by length, a tree's accepted path moves next to the prefix.
                 n = verdict.num_accepted
                 if features:  # the committed rows; the last one chose the newest token
-                    self.drafter.take_features(_features(out, rows))
+                    committed = _features(out, rows)
+                    self.drafter.take_features(committed)
+                    if prefix is not None:
+                        held_rows.append(committed)
                 if self.drafter.wants_outputs:  # the target's choice after every proposed node sent, right or not
                     self.drafter.take_outputs(_by_proposed_node(out.logits.argmax(-1).tolist(), sent))
                 if len(draft):
@@ -196,6 +223,7 @@ class Engine:
                     self.target.compact(len(context), torch.tensor([len(context) - 1 + r for r in rows[1:]],
                                                                    dtype=torch.int64))
                 new = verdict.tokens(draft.tokens)
+                verified += new
                 origins = [DRAFT] * n + [TARGET]
                 stats.record_step(len(draft), n, len(new))
                 self.drafter.observe(context + new, n)
@@ -207,6 +235,9 @@ class Engine:
         finally:
             stats.new_tokens = len(generated)
             stats.time_total = time.perf_counter() - t_start
+            if prefix is not None:  # the cache's positions hold verified[:length] (record() checks the count)
+                rows = torch.cat(held_rows) if features and held_rows else None
+                prefix.record(verified[:self.target.length], rows, tap_key)
         if pending:  # generation ended on a partial stop string that never completed
             yield Piece(generated[-1] if generated else -1, pending, TARGET)
 

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 class SpecStats:
     method: str
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of them, held in the target's cache from the previous generation (not prefilled)
     new_tokens: int = 0  # tokens committed (the first one comes from the prefill)
     target_forwards: int = 0  # decode/verify forwards of the target after the prefill
     drafts: int = 0  # verifications that had a non-empty draft

@@ -25,6 +25,7 @@ from .models.hf import HFModel
 from .models.llama import SUPPORTED_TYPES, LlamaModel
 from .models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model_dir
 from .models.quant import WEIGHT_FORMATS, resolve_format
+from .prefix import PrefixCache
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 RUNTIMES = ("auto", "native", "hf")
@@ -182,7 +183,7 @@ class Speculator:
     def __init__(self, target: str | None = None, draft: str | None = None, *, dtype: str = DEFAULT_DTYPE,
                  draft_dtype: str | None = None, draft_format: str = DEFAULT_DRAFT_FORMAT,
                  target_format: str = DEFAULT_TARGET_FORMAT, draft_vocab: int | str | None = "auto", runtime: str = "auto",
-                 max_length: int = 4096, load_draft: bool = True, progress: bool = True):
+                 max_length: int = 4096, load_draft: bool = True, progress: bool = True, reuse_prefix: bool = False):
 
         self.target = load_model(target or DEFAULT_TARGET, dtype=dtype, runtime=runtime, max_length=max_length,
                                  weight_format=target_format, progress=progress)
@@ -200,6 +201,10 @@ class Speculator:
         # over, where a fresh drafter starts every request from its priors; the KEPT_DRAFTERS
         # configs used last (a server's clients may vary k, say, from request to request)
         self._drafters: dict[SpecConfig, object] = {}
+        # reuse_prefix: a prompt that starts with what the target's cache holds from the previous
+        # generation (a chat's earlier turns) prefills only its new tail (see specdraft.prefix);
+        # off by default, so that timings of separate prompts (the bench) stay whole prefills
+        self.prefix = PrefixCache(self.target.model) if reuse_prefix else None
 
     def encode_prompt(self, prompt: str, chat: bool = True) -> list[int]:
         """Token ids of ``prompt``, through the chat template (as one user turn) when there is one."""
@@ -253,7 +258,8 @@ class Speculator:
         self._drafters[spec] = drafter  # the newest last
         while len(self._drafters) > KEPT_DRAFTERS:
             del self._drafters[next(iter(self._drafters))]
-        return Engine(self.target.model, self.tokenizer, drafter, spec, self.target.eos_ids, costs=self._costs)
+        return Engine(self.target.model, self.tokenizer, drafter, spec, self.target.eos_ids, costs=self._costs,
+                      prefix=self.prefix)
 
     def stream(self, prompt: str | list[int], *, spec: SpecConfig = SpecConfig(),
                sampling: SamplingConfig = SamplingConfig(), gen: GenerationConfig = GenerationConfig(),

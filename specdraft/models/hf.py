@@ -20,6 +20,7 @@ class HFModel:
         self.vocab_size = model.config.vocab_size
         self.max_length = max_length
         self.length = 0
+        self.resets = 0  # reset() calls: a PrefixCache's record holds only while this is unchanged
         self.cache = None
 
     @classmethod
@@ -39,6 +40,7 @@ class HFModel:
 
         self.cache = DynamicCache(config=self.model.config)
         self.length = 0
+        self.resets += 1  # whoever restarts the cache voids what a PrefixCache recorded
 
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self.length:

@@ -258,6 +258,7 @@ class LlamaModel:
         self.vocab_size = spec.vocab_size
         self.max_length = min(max_length, spec.max_position)
         self.length = 0
+        self.resets = 0  # reset() calls: a PrefixCache's record holds only while this is unchanged
         s = spec
 
         tied = s.tie_embeddings or "lm_head.weight" not in weights
@@ -429,6 +430,7 @@ class LlamaModel:
 
     def reset(self) -> None:
         self.length = 0
+        self.resets += 1  # whoever restarts the cache voids what a PrefixCache recorded
 
     def compact(self, start: int, keep: torch.Tensor) -> None:
         """Keep cache rows ``keep`` (absolute positions >= start, ascending) at [start, start+len(keep)).

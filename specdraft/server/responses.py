@@ -17,7 +17,10 @@ from .worker import Outcome
 def usage(outcome: Outcome) -> dict:
     s = outcome.stats
     return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.new_tokens,
-            "total_tokens": s.prompt_tokens + s.new_tokens, "speculation": s.to_dict()}
+            "total_tokens": s.prompt_tokens + s.new_tokens,
+            # OpenAI's field for prompt tokens served from a cache: here, the target's kept cache
+            "prompt_tokens_details": {"cached_tokens": s.cached_prompt_tokens},
+            "speculation": s.to_dict()}
 
 
 def completion_body(rid: str, kind: str, model_name: str, text: str, origins: list[str], outcome: Outcome) -> dict:
