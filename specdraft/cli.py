@@ -95,6 +95,9 @@ def _add_serve(sub) -> None:
     v.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True,
                    help="keep the target's cache between requests: a prompt that starts with the previous one's "
                         "prompt and answer (a chat's next turn) prefills only its new tokens; the output is the same")
+    v.add_argument("--prefix-cache-mb", type=int, default=1024,
+                   help="memory for copies of earlier conversations' caches, so that chats taking turns each find "
+                        "theirs (0: only the latest prefix is kept)")
 
 
 def _add_bench(sub) -> None:
@@ -204,13 +207,16 @@ def _cmd_serve(args) -> int:
 
     args.method = default_method(args)
     spec = spec_from_args(args.method, args)
-    if args.queue_size < 1 or args.request_timeout <= 0 or args.max_body_bytes < 1024 or not 0 < args.port < 65536:
-        raise ParameterError("queue-size must be >= 1, request-timeout > 0, max-body-bytes >= 1024, port in 1..65535")
+    if args.queue_size < 1 or args.request_timeout <= 0 or args.max_body_bytes < 1024 or not 0 < args.port < 65536 \
+            or args.prefix_cache_mb < 0:
+        raise ParameterError("queue-size must be >= 1, request-timeout > 0, max-body-bytes >= 1024, port in 1..65535, "
+                             "prefix-cache-mb >= 0")
     with_draft = not args.no_draft
     if not with_draft and needs_draft_model(args.method):
         raise ParameterError(f"--method {args.method} needs the draft model; drop --no-draft or pick none/prompt-lookup")
     sd = Speculator(args.target, args.draft, dtype=args.dtype, runtime=args.runtime, max_length=args.max_context,
-                    load_draft=with_draft, reuse_prefix=args.prefix_cache, **speculator_options(args))
+                    load_draft=with_draft, reuse_prefix=args.prefix_cache,
+                    prefix_budget_mb=args.prefix_cache_mb, **speculator_options(args))
     sd.engine(spec)  # the default method's drafter, built once here: a bad --index or --head fails now, not per request
     config = ServerConfig(model_name=args.model_name or sd.target.name, spec=spec, max_waiting=args.queue_size,
                           request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes)

@@ -131,14 +131,13 @@ class Engine:
             # model without taps serves every other drafter)
             taps = {"taps": self.drafter.feature_layers} if features and self.drafter.feature_layers else {}
             tap_key = tuple(taps.get("taps", ()))
-            kept = prefix.reusable(prompt_ids, features, tap_key) if prefix is not None else 0
-            kept_rows = prefix.features(kept) if kept and features else None
+            # the held prefix that covers most of the prompt, put into the cache (until this
+            # generation records what the cache then holds, nothing is live)
+            kept, kept_rows = prefix.prepare(prompt_ids, features, tap_key) if prefix is not None else (0, None)
             if kept:
                 self.target.rollback(kept)
             else:
                 self.target.reset()
-            if prefix is not None:
-                prefix.clear()  # until this generation records what the cache then holds
             stats.cached_prompt_tokens = kept
             out = self.target.forward(torch.tensor(prompt_ids[kept:], dtype=torch.int64), last_only=True,
                                       need_hidden=features, **taps)

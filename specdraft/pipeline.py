@@ -25,7 +25,7 @@ from .models.hf import HFModel
 from .models.llama import SUPPORTED_TYPES, LlamaModel
 from .models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model_dir
 from .models.quant import WEIGHT_FORMATS, resolve_format
-from .prefix import PrefixCache
+from .prefix import DEFAULT_BUDGET, PrefixCache
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 RUNTIMES = ("auto", "native", "hf")
@@ -183,7 +183,8 @@ class Speculator:
     def __init__(self, target: str | None = None, draft: str | None = None, *, dtype: str = DEFAULT_DTYPE,
                  draft_dtype: str | None = None, draft_format: str = DEFAULT_DRAFT_FORMAT,
                  target_format: str = DEFAULT_TARGET_FORMAT, draft_vocab: int | str | None = "auto", runtime: str = "auto",
-                 max_length: int = 4096, load_draft: bool = True, progress: bool = True, reuse_prefix: bool = False):
+                 max_length: int = 4096, load_draft: bool = True, progress: bool = True, reuse_prefix: bool = False,
+                 prefix_budget_mb: int = DEFAULT_BUDGET >> 20):
 
         self.target = load_model(target or DEFAULT_TARGET, dtype=dtype, runtime=runtime, max_length=max_length,
                                  weight_format=target_format, progress=progress)
@@ -202,9 +203,10 @@ class Speculator:
         # configs used last (a server's clients may vary k, say, from request to request)
         self._drafters: dict[SpecConfig, object] = {}
         # reuse_prefix: a prompt that starts with what the target's cache holds from the previous
-        # generation (a chat's earlier turns) prefills only its new tail (see specdraft.prefix);
-        # off by default, so that timings of separate prompts (the bench) stay whole prefills
-        self.prefix = PrefixCache(self.target.model) if reuse_prefix else None
+        # generation (a chat's earlier turns), or with a prefix saved from before (another
+        # conversation's, up to prefix_budget_mb of copies), prefills only its new tail (see
+        # specdraft.prefix); off by default, so that timings of separate prompts (the bench) stay whole prefills
+        self.prefix = PrefixCache(self.target.model, prefix_budget_mb << 20) if reuse_prefix else None
 
     def encode_prompt(self, prompt: str, chat: bool = True) -> list[int]:
         """Token ids of ``prompt``, through the chat template (as one user turn) when there is one."""

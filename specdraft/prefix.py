@@ -4,17 +4,22 @@ A chat sends its whole conversation with every turn; without reuse each turn pre
 again (at ~380 prompt tokens/s on 2 cores, seconds per turn of a long chat). The cache rolls back
 by length, so a new prompt that starts with what the cache holds needs only its new tail run.
 
-:class:`PrefixCache` records what one target's cache holds after a generation: the token ids of
-its positions [L] and, when the drafter read the target's features, their feature rows [L, F]
-(a feature drafter's ``take_features`` then gets the same rows a whole prefill gives it). The
-record holds while nothing else used the target: every other user starts with ``reset()``, which
-counts in the model's ``resets``; a record made before the latest reset, or for another cache
-length, is not used.
+:class:`PrefixCache` records what one target's cache holds after a generation (the *live*
+prefix): the token ids of its positions [L] and, when the drafter read the target's features,
+their feature rows [L, F] (a feature drafter's ``take_features`` then gets the same rows a whole
+prefill gives it). Before a prompt cuts the live prefix short (another conversation's turn), a
+copy of its cache rows is saved (``snapshot()``, where the model has one), so that conversations
+taking turns each find theirs again; saved prefixes are dropped oldest first past ``budget_bytes``.
+
+The live record holds while nothing else used the target: every other user starts with
+``reset()``, which counts in the model's ``resets``; a record made before the latest reset, or
+for another cache length, is not used (saved copies stay valid: they are copies).
 
 Output is unchanged by reuse: the runtime's rows do not depend on the block they are computed in
 (tests/test_batch_invariance.py), the guarantee that keeps speculation exact, so a prompt
-prefilled as cached prefix + tail gives the logits and features of a whole prefill. Reuse is
-opt-in (the server turns it on): the bench prefills every prompt whole, as its peers do.
+prefilled as kept prefix + tail gives the logits and features of a whole prefill, and a restored
+copy is the same bits. Reuse is opt-in (the server turns it on): the bench prefills every prompt
+whole, as its peers do.
 """
 from __future__ import annotations
 
@@ -22,53 +27,93 @@ from dataclasses import dataclass
 
 import torch
 
+DEFAULT_BUDGET = 1 << 30  # bytes of saved prefixes (the default target's cache: ~57 KB a position in fp32)
+# a live prefix is saved when a prompt would cut at least this many of its positions: a chat's own
+# next turn cuts a few (its answer comes back as text, whose tokens may differ near the end), and
+# a few positions prefill again faster than the copy of a whole conversation is made
+MIN_SAVED_CUT = 64
+
 
 @dataclass(frozen=True)
 class Held:
-    """What the cache holds: ids [L], feature rows [L, F] or None, the taps they came with, and
-    the model's reset count and length when recorded."""
+    """A prefix: ids [L], feature rows [L, F] or None and the taps they came with, and (saved
+    ones) the copy of its cache rows."""
 
     ids: tuple[int, ...]
     features: torch.Tensor | None
     taps: tuple[int, ...]
-    resets: int
-    length: int
+    kv: object = None  # the model's snapshot(); None for the live prefix, which is in the cache itself
 
-
-class PrefixCache:
-    """The record of one target's cache contents across generations."""
-
-    def __init__(self, target):
-        self.target = target
-        self.held: Held | None = None
-
-    def reusable(self, prompt: list[int], features: bool, taps: tuple[int, ...]) -> int:
-        """Positions of ``prompt`` the cache already holds, at most len(prompt) - 1 (the last
-        prompt token is always run: its logits choose the first new token); 0 when the record is
-        stale or lacks the feature rows this drafter needs."""
-        h = self.held
-        t = self.target
-        if h is None or h.resets != getattr(t, "resets", None) or h.length != t.length:
-            return 0
-        if features and (h.features is None or h.taps != taps):
-            return 0
-        n, limit = 0, min(len(h.ids), len(prompt) - 1)
-        while n < limit and h.ids[n] == prompt[n]:
+    def shared(self, prompt: list[int]) -> int:
+        """Positions of ``prompt`` this prefix holds, at most len(prompt) - 1 (the last prompt
+        token is always run: its logits choose the first new token)."""
+        n, limit = 0, min(len(self.ids), len(prompt) - 1)
+        while n < limit and self.ids[n] == prompt[n]:
             n += 1
         return n
 
-    def features(self, n: int) -> torch.Tensor:
-        """The first ``n`` recorded feature rows [n, F] (reusable() vouched for them)."""
-        assert self.held is not None and self.held.features is not None
-        return self.held.features[:n]
+    def serves(self, features: bool, taps: tuple[int, ...]) -> bool:
+        return not features or (self.features is not None and self.taps == taps)
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [*(self.kv[0] if self.kv else ()), *(self.kv[1] if self.kv else ())]
+        if self.features is not None:
+            tensors.append(self.features)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class PrefixCache:
+    """What one target's cache holds across generations, and copies of earlier prefixes."""
+
+    def __init__(self, target, budget_bytes: int = DEFAULT_BUDGET, min_cut: int = MIN_SAVED_CUT):
+        self.target = target
+        self.budget = budget_bytes
+        self.min_cut = min_cut
+        self.live: Held | None = None
+        self._stamp: tuple[int, int] | None = None  # the model's (resets, length) when live was recorded
+        self.saved: list[Held] = []  # oldest first
+        self.can_save = hasattr(target, "snapshot") and budget_bytes > 0
+
+    def prepare(self, prompt: list[int], features: bool, taps: tuple[int, ...]) -> tuple[int, torch.Tensor | None]:
+        """Put the prefix that holds most of ``prompt`` into the target's cache and return
+        (positions kept, their feature rows [n, F] when ``features``); (0, None) when none does:
+        the caller rolls the cache back to the count, or resets it at 0. Until record(), nothing
+        is live."""
+        live = self.live if self._live_valid() else None
+        best, n = None, 0
+        for held in ([live] if live is not None else []) + self.saved[::-1]:
+            m = held.shared(prompt) if held.serves(features, taps) else 0
+            if m > n:
+                best, n = held, m
+        if live is not None and self.can_save and len(live.ids) - (n if best is live else 0) >= self.min_cut:
+            self._save(live)  # this prompt cuts it short: keep a copy for its conversation's next turn
+        if best is not None and best is not live:
+            self.target.restore(best.kv)
+            self.saved.remove(best)
+            self.saved.append(best)  # the most recently used last
+        self.live, self._stamp = None, None
+        rows = best.features[:n] if best is not None and features else None
+        return n, rows
 
     def record(self, ids: list[int], features: torch.Tensor | None, taps: tuple[int, ...]) -> None:
         """The cache now holds ``ids`` (its length must say so: otherwise nothing is kept)."""
         t = self.target
         if len(ids) != t.length or (features is not None and features.shape[0] != len(ids)):
-            self.held = None
             return
-        self.held = Held(tuple(ids), features, taps, getattr(t, "resets", 0), t.length)
+        self.live = Held(tuple(ids), features, taps)
+        self._stamp = (getattr(t, "resets", None), t.length)
 
-    def clear(self) -> None:
-        self.held = None
+    def _live_valid(self) -> bool:
+        t = self.target
+        return self.live is not None and self._stamp == (getattr(t, "resets", None), t.length) \
+            and self._stamp[0] is not None
+
+    def _save(self, live: Held) -> None:
+        """A copy of the live prefix's cache rows joins the saved ones, replacing those it extends."""
+        held = Held(live.ids, live.features, live.taps, self.target.snapshot())
+        self.saved = [h for h in self.saved
+                      if not (h.ids == held.ids[:len(h.ids)] and (h.features is None or held.features is not None))]
+        self.saved.append(held)
+        while self.saved and sum(h.nbytes for h in self.saved) > self.budget:
+            self.saved.pop(0)

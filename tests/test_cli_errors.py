@@ -415,3 +415,8 @@ def test_train_drafter_freeze_step_without_init_gives_one_line(capsys, tmp_path)
     rc, out, err = call(["train-drafter", "--target", "/nonexistent/model", "--out", str(tmp_path / "d"),
                          "--kind", "eagle", "--freeze-step"], capsys)
     assert_one_line_error(rc, out, err, contains="--freeze-step")
+
+
+def test_serve_refuses_a_negative_prefix_cache(capsys):
+    rc, out, err = call(["serve", "--target", "/nonexistent/model", "--prefix-cache-mb", "-1"], capsys)
+    assert_one_line_error(rc, out, err, contains="prefix-cache-mb")

@@ -101,7 +101,40 @@ def test_anyone_elses_reset_voids_the_record(target):
     held = target.length
     target.reset()
     target.forward(torch.tensor([1] * held))
-    assert target.length == held and cache.reusable(PROMPT + [4], False, ()) == 0
+    assert target.length == held and cache.prepare(PROMPT + [4], False, ()) == (0, None)
+
+
+@pytest.mark.parametrize("method", ["none", "prompt-lookup"])
+def test_conversations_taking_turns_each_find_their_own(target, method):
+    a1, b1 = PROMPT, [9, 8, 7, 6, 5, 4, 3, 2, 9, 8, 7]
+    answers = {name: tokens(engine(target, method), p) for name, p in (("a", a1), ("b", b1))}
+    a2, b2 = a1 + answers["a"] + [12, 13], b1 + answers["b"] + [14]
+    whole = {len(p): tokens(engine(target, method), p) for p in (a2, b2)}
+    cache = PrefixCache(target, min_cut=1)
+    for p in (a1, b1):
+        tokens(engine(target, method, cache), p)
+    for p, first in ((a2, a1), (b2, b1)):  # a's prefix was saved when b's first turn came
+        e = engine(target, method, cache)
+        assert tokens(e, p) == whole[len(p)] and e.stats.cached_prompt_tokens > len(first)
+    assert len(cache.saved) == 2
+    # with no room for copies, a conversation that lost the cache to another prefills again
+    small = PrefixCache(target, budget_bytes=1, min_cut=1)
+    for p in (a1, b1):
+        tokens(engine(target, method, small), p)
+    e = engine(target, method, small)
+    assert tokens(e, a2) == whole[len(a2)] and e.stats.cached_prompt_tokens == 0 and not small.saved
+
+
+def test_snapshot_and_restore_give_back_the_same_bits(target):
+    ids = torch.tensor(PROMPT)
+    target.reset()
+    target.forward(ids[:10])
+    saved = target.snapshot()
+    want = target.forward(ids[10:]).logits
+    target.reset()
+    target.forward(torch.tensor([1, 2, 3]))
+    target.restore(saved)
+    assert target.length == 10 and torch.equal(target.forward(ids[10:]).logits, want)
 
 
 def test_sampled_generation_reuses_too(target):

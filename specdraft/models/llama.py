@@ -432,6 +432,23 @@ class LlamaModel:
         self.length = 0
         self.resets += 1  # whoever restarts the cache voids what a PrefixCache recorded
 
+    def snapshot(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """A copy of the cache's rows [0, length): per layer K and V [nkv, length, hd] (restore() puts
+        them back, the same bits; prefix.PrefixCache keeps earlier conversations this way)."""
+        L = self.length
+        return [kc[:, :L].clone() for kc in self.k_cache], [vc[:, :L].clone() for vc in self.v_cache]
+
+    def restore(self, saved: tuple[list[torch.Tensor], list[torch.Tensor]]) -> None:
+        """The cache as snapshot() saw it: its rows written back, ``length`` their count."""
+        ks, vs = saved
+        L = int(ks[0].shape[1])
+        if self.max_length < L or len(ks) != len(self.k_cache):
+            raise ValueError(f"a snapshot of {len(ks)} layers x {L} positions does not fit this cache")
+        for kc, vc, k, v in zip(self.k_cache, self.v_cache, ks, vs):
+            kc[:, :L] = k
+            vc[:, :L] = v
+        self.length = L
+
     def compact(self, start: int, keep: torch.Tensor) -> None:
         """Keep cache rows ``keep`` (absolute positions >= start, ascending) at [start, start+len(keep)).
 
