@@ -144,11 +144,12 @@ class Engine:
             new = [next_token(out.logits[-1], sampling, generator)]
             verified += new
             if features:  # every prompt row (the kept ones first); the last one chose the first new token
-                rows = _features(out, slice(None))
-                rows = torch.cat([kept_rows, rows]) if kept_rows is not None else rows
-                self.drafter.take_features(rows)
+                prompt_rows = _features(out, slice(None))
+                if kept_rows is not None:
+                    prompt_rows = torch.cat([kept_rows, prompt_rows])
+                self.drafter.take_features(prompt_rows)
                 if prefix is not None:
-                    held_rows.append(rows)
+                    held_rows.append(prompt_rows)
             origins = [TARGET]
             stats.time_prefill = time.perf_counter() - t_start
             while True:
@@ -235,8 +236,8 @@ class Engine:
             stats.new_tokens = len(generated)
             stats.time_total = time.perf_counter() - t_start
             if prefix is not None:  # the cache's positions hold verified[:length] (record() checks the count)
-                rows = torch.cat(held_rows) if features and held_rows else None
-                prefix.record(verified[:self.target.length], rows, tap_key)
+                prefix.record(verified[:self.target.length], torch.cat(held_rows) if features and held_rows else None,
+                              tap_key)
         if pending:  # generation ended on a partial stop string that never completed
             yield Piece(generated[-1] if generated else -1, pending, TARGET)
 

@@ -217,6 +217,30 @@ def test_shipped_drafter_guesses_are_accepted(pair, pair_plain, method):
             assert out.stats.accepted_tokens > 0, out.stats.summary()
 
 
+@pytest.mark.parametrize("method", ["hybrid-head", "eagle"])
+def test_default_target_next_turn_with_its_prefix_kept_equals_a_whole_prefill(pair, pair_plain, method):
+    """The prefix cache (specdraft.prefix) on the default target in its default format, with feature
+    drafters (the head's features, EAGLE-3's tapped layers): a second turn after the first's
+    answer, and the first prompt again after it (a saved copy restored), decode what whole
+    prefills decode, bit for bit."""
+    from specdraft.prefix import PrefixCache
+
+    ids, plain = pair_plain[PAIR_PROMPTS[0]]
+    turn = ids + plain.token_ids + pair.encode_prompt("Now add a docstring.")[-12:]
+    whole = generate(pair, turn, method).token_ids
+    pair.prefix = PrefixCache(pair.target.model, min_cut=1)
+    try:
+        assert generate(pair, ids, method).token_ids == plain.token_ids
+        again = generate(pair, turn, method)
+        assert again.token_ids == whole and again.stats.cached_prompt_tokens > len(ids)
+        other = pair_plain[PAIR_PROMPTS[1]][0]
+        generate(pair, other, method)  # another conversation: the first is saved, then restored
+        back = generate(pair, turn, method)
+        assert back.token_ids == whole and back.stats.cached_prompt_tokens > len(ids)
+    finally:
+        pair.prefix = None
+
+
 def test_default_target_runs_its_gguf_weights(pair):
     """On every CPU where the GGUF kernels build, "auto" keeps the target's GGUF quantization."""
     from specdraft.kernels import KernelUnavailable, gguf_ops
