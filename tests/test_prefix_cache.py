@@ -172,6 +172,9 @@ def test_server_reports_cached_prompt_tokens(tmp_path):
                 assert r.status_code == 200, body
                 got.append((body["choices"][0]["message"]["content"], body["usage"]))
                 messages += [{"role": "assistant", "content": got[-1][0]}, {"role": "user", "content": "again"}]
+            metrics = client.get("/metrics").text
+            cached = [line for line in metrics.splitlines() if line.startswith("specdraft_cached_prompt_tokens_total")]
+            assert cached and float(cached[0].split()[-1]) == got[-1][1]["prompt_tokens_details"]["cached_tokens"]
         answers[reuse] = got
     assert [text for text, _ in answers[True]] == [text for text, _ in answers[False]]
     assert answers[False][1][1]["prompt_tokens_details"]["cached_tokens"] == 0

@@ -15,6 +15,8 @@ class ServerMetrics:
         self.requests = Counter("specdraft_requests", "HTTP requests by endpoint and status", ["endpoint", "status"],
                                 registry=r)
         self.prompt_tokens = Counter("specdraft_prompt_tokens", "prompt tokens of finished generations", registry=r)
+        self.cached_prompt_tokens = Counter("specdraft_cached_prompt_tokens",
+                                            "of them, held in the target's cache already (not prefilled)", registry=r)
         self.completion_tokens = Counter("specdraft_completion_tokens", "tokens generated", registry=r)
         self.target_forwards = Counter("specdraft_target_forwards", "target decode/verify forwards", registry=r)
         self.step_tokens = Counter("specdraft_step_tokens", "tokens committed by target forwards", registry=r)
@@ -33,6 +35,7 @@ class ServerMetrics:
 
     def record(self, stats: SpecStats, latency: float) -> None:
         self.prompt_tokens.inc(stats.prompt_tokens)
+        self.cached_prompt_tokens.inc(stats.cached_prompt_tokens)
         self.completion_tokens.inc(stats.new_tokens)
         self.target_forwards.inc(stats.target_forwards)
         self.step_tokens.inc(stats.step_tokens)
