@@ -67,8 +67,9 @@ def test_bad_json_names_the_line(tmp_path):
     ({"category": "qa", "turns": ["x"]}, "missing field.*question_id"),
     ({"question_id": 1, "turns": ["x"]}, "missing field.*category"),
     ({"question_id": 1}, "missing field.*category, turns"),
-    ({"question_id": 1, "category": "qa", "turns": []}, "turns must be a list"),
-    ({"question_id": 1, "category": "qa", "turns": "x"}, "turns must be a list"),
+    ({"question_id": 1, "category": "qa", "turns": []}, "turns must be a non-empty list"),
+    ({"question_id": 1, "category": "qa", "turns": "x"}, "turns must be a non-empty list"),
+    ({"question_id": 1, "category": "qa", "turns": ["x", 3]}, "turns must be a non-empty list of non-empty strings"),
     ({"question_id": 1, "category": "", "turns": ["x"]}, "category must be"),
     ({"question_id": [1], "category": "qa", "turns": ["x"]}, "question_id must be"),
 ])
@@ -667,3 +668,53 @@ def test_endpoint_requests_carry_the_sampling_settings():
     assert (body["temperature"], body["top_p"], body["seed"]) == (0.7, 0.9, prompt_seed(1, "hi"))
     assert "top_k" not in body and "model" not in body  # top_k is not OpenAI's: sent only when asked for
     assert request_body(None, "hi", 8, SamplingConfig(temperature=0.7, top_k=20, seed=1))["top_k"] == 20
+
+
+def test_later_turns_follow_the_baselines_answers(monkeypatch):
+    """--turns 2: each two-turn prompt is followed by its second turn, whose prompt is the
+    conversation with none's answer, the same for every method (interleaved and by method)."""
+    import argparse
+    import io
+
+    from rich.console import Console
+
+    from specdraft.bench import harness
+    from specdraft.bench.turns import PromptIds, conversation_items
+
+    class Tok:
+        def decode(self, ids, skip_special_tokens=False):
+            return "".join(chr(96 + i) for i in ids)
+
+    class Speculator:
+        tokenizer = Tok()
+
+        class target:
+            class model:
+                max_length = 4096
+
+        def encode_prompt(self, text):
+            return [len(text)]
+
+        def encode_messages(self, messages):
+            return [ord(c) for m in messages for c in m["content"]]
+
+    def fake_runner(method, args, speculator, peers):
+        def run(ids, max_new_tokens):
+            answer = [1, 2] if method == "none" else [3]  # only none's answer may shape turn 2
+            return Outcome(answer, 1, 1, None, None)
+        return run
+
+    monkeypatch.setattr(harness, "make_runner", fake_runner)
+    firsts = [BenchPrompt(1, "c", "p1", ("q1",)), BenchPrompt(2, "c", "p2")]
+    items, later = conversation_items(firsts, 2)
+    assert [p.question_id for p in items] == [1, "1#2", 2] and items[1].text == "q1"
+    assert [p.question_id for p in conversation_items(firsts, 1)[0]] == [1, 2]
+    for order in ("interleaved", "by-method"):
+        ids = PromptIds(Speculator(), firsts, later, 8)
+        args = argparse.Namespace(warmup=False, max_new_tokens=2, order=order)
+        records, _ = harness.run_all(["none", "a"], items, ids, args, Speculator(), None,
+                                     Console(file=io.StringIO()), lambda recs, rss: None)
+        assert ids["1#2"] == [ord(c) for c in "p1" + "ab" + "q1"]  # turn 1, none's answer "ab", turn 2
+        assert sorted((str(r.question_id) for r in records if r.method == "a")) == ["1", "1#2", "2"]
+    with pytest.raises(BenchError, match="--turns must be at least 1"):
+        conversation_items(firsts, 0)

@@ -31,6 +31,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                                 "so a run repeats token for token (default: 0)")
     p.add_argument("--per-category", type=int, default=None, help="first N prompts of each category (file order)")
     p.add_argument("--categories", default=None, help="comma-separated categories to keep (default: all)")
+    p.add_argument("--turns", type=int, default=1,
+                   help="user turns of each prompt to run (Spec-Bench's MT-bench prompts have 2): turn k's prompt is "
+                        "the conversation so far with none's answers, timed as its own item '<id>#k' (default: 1)")
     p.add_argument("--json", dest="json_out", default=None, type=Path,
                    help="write the full report here (per prompt, mismatches, machine; saved as the run goes)")
     p.add_argument("--markdown", type=Path, default=None, help="also write Markdown tables here")

@@ -1,7 +1,8 @@
 """``specdraft bench``: time methods on Spec-Bench prompts and check they decode what plain decoding does.
 
 The protocol follows Spec-Bench: greedy decoding, batch size 1, the first turn of each question
-through the target's chat template. Every method gets the same prompts, the same
+through the target's chat template (``--turns 2``: the second turns as well, each after the
+conversation so far, see :mod:`specdraft.bench.turns`). Every method gets the same prompts, the same
 max-new-tokens and stops at the same EOS ids. ``none`` (plain decoding by our runtime) runs
 first: speedups are relative to it and every other method's tokens are compared with its tokens.
 With ``--temperature`` > 0 our methods sample instead (each prompt seeded from ``--seed``), the
@@ -27,6 +28,7 @@ largest logits there; a gap above ``--tie-gap`` gets a warning line.
 This module runs the benchmark; the pieces it puts together each have their own module:
   arguments   the options of ``specdraft bench``
   prompts     prompt files: reading, validating, selecting (the dev prompts ship in ``data/``)
+  turns       later turns as items of their own, after the baseline's answers (``--turns``)
   methods     which methods exist, the baseline first, and which ``all`` skips
   sampled     seeds per prompt and the rules of a sampled run
   runners     one runner per method (our engine, transformers peers, llama.cpp)
@@ -84,6 +86,7 @@ from .report import (
 )
 from .runners import PeerSetup, Runner, load_speculator, make_runner, peer_setup, timed
 from .sampled import NOT_APPLICABLE, refuse_peers, sampling_report
+from .turns import PromptIds, conversation_items
 
 WARMUP_PROMPT = "Write one sentence about the sea."
 WARMUP_TOKENS = 32  # enough for a prefill and several decode/verify shapes
@@ -130,9 +133,16 @@ def run_method(method: str, runner: Runner, prompts: list[BenchPrompt], prompt_i
         progress.update(task, description=f"{method}: question {prompt.question_id} ({prompt.category})")
         ids = prompt_ids[prompt.question_id]
         outcome, seconds = timed(runner, ids, args.max_new_tokens)
-        records.append(make_record(method, prompt, ids, outcome, seconds))
+        records.append(_noted(prompt_ids, make_record(method, prompt, ids, outcome, seconds)))
         progress.advance(task)
     return records
+
+
+def _noted(prompt_ids: dict, record: PromptRecord) -> PromptRecord:
+    """``record``, shown to the prompt ids first when later turns are built from the baseline's answers."""
+    if isinstance(prompt_ids, PromptIds):
+        prompt_ids.note(record)
+    return record
 
 
 def run_all(methods, prompts, prompt_ids, args, speculator, peers, console,
@@ -202,7 +212,7 @@ def _run_interleaved(methods, prompts, prompt_ids, args, speculator, peers, prog
         for method in methods[j % len(methods):] + methods[:j % len(methods)]:
             progress.update(task, description=f"{method}: question {prompt.question_id} ({prompt.category})")
             outcome, seconds = timed(runners[method], ids, args.max_new_tokens)
-            records.append(make_record(method, prompt, ids, outcome, seconds))
+            records.append(_noted(prompt_ids, make_record(method, prompt, ids, outcome, seconds)))
             progress.advance(task)
         rss = dict.fromkeys(methods, peak_rss_mb())  # one process: the peak of all methods so far
         after_method(records, rss)
@@ -212,6 +222,8 @@ def _run_interleaved(methods, prompts, prompt_ids, args, speculator, peers, prog
 def run_bench(args) -> int:
     """``specdraft bench``: validate, load, time every (method, prompt), analyse, report."""
     if args.endpoint:
+        if args.turns != 1:
+            raise BenchError("--turns applies to local runs, not to --endpoint")
         return run_endpoint(args)
 
     # Everything cheap is validated before any model loads.
@@ -224,7 +236,8 @@ def run_bench(args) -> int:
             spec_from_args(method, args)
     if not args.tie_gap >= 0:
         raise BenchError(f"--tie-gap must be >= 0, got {args.tie_gap}")
-    prompts = prompts_from_args(args)
+    firsts = prompts_from_args(args)
+    prompts, later = conversation_items(firsts, args.turns)  # each conversation's turns in order
     categories = categories_in_order(prompts)
     check_output_path(args.json_out, "--json")
     check_output_path(args.markdown, "--markdown")
@@ -238,7 +251,7 @@ def run_bench(args) -> int:
 
     speculator = load_speculator(args, methods)
     peers = peer_setup(args, methods, speculator)
-    prompt_ids = {p.question_id: speculator.encode_prompt(p.text) for p in prompts}
+    prompt_ids = PromptIds(speculator, firsts, later, args.max_new_tokens)  # later turns: built as they come
     check_context(prompt_ids, args.max_new_tokens, speculator.target.model.max_length)
 
     config = dict(run_config(args, methods, sampling, speculator, peers), skipped_methods=skipped)

@@ -1,7 +1,8 @@
 """Benchmark prompts: reading and validating Spec-Bench JSON-lines files, and picking a subset.
 
 Each line is ``{"question_id": ..., "category": ..., "turns": [first user turn, ...]}``; the
-benchmark uses the first turn. The Spec-Bench dev prompts ship with the package
+benchmark uses the first turn, and with ``--turns N`` the later ones too (see
+:mod:`specdraft.bench.turns`). The Spec-Bench dev prompts ship with the package
 (:data:`PACKAGED_PROMPTS`, see ``data/README.md``) and are used when ``--prompts`` is not given.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ class BenchPrompt:
     question_id: int | str
     category: str
     text: str  # the first turn
+    later: tuple[str, ...] = ()  # the user's later turns, if any (Spec-Bench's MT-bench prompts have a second)
 
 
 def prompts_path(given: Path | None) -> Path:
@@ -67,9 +69,9 @@ def parse_prompt_line(line: str, lineno: int, path: Path | str = "prompts") -> B
         raise BenchError(f"{where}: question_id must be an integer or a string, got {qid!r}")
     if not isinstance(category, str) or not category.strip():
         raise BenchError(f"{where}: category must be a non-empty string, got {category!r}")
-    if not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or not turns[0].strip():
-        raise BenchError(f"{where}: turns must be a list whose first item is a non-empty string")
-    return BenchPrompt(qid, category, turns[0])
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+        raise BenchError(f"{where}: turns must be a non-empty list of non-empty strings")
+    return BenchPrompt(qid, category, turns[0], tuple(turns[1:]))
 
 
 def _check_unique_ids(prompts: list[BenchPrompt], path: Path) -> None:
