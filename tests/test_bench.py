@@ -679,7 +679,8 @@ def test_later_turns_follow_the_baselines_answers(monkeypatch):
     from rich.console import Console
 
     from specdraft.bench import harness
-    from specdraft.bench.turns import PromptIds, conversation_items
+    from specdraft.bench.report import markdown_report
+    from specdraft.bench.turns import PromptIds, by_turn, conversation_items
 
     class Tok:
         def decode(self, ids, skip_special_tokens=False):
@@ -715,6 +716,12 @@ def test_later_turns_follow_the_baselines_answers(monkeypatch):
         records, _ = harness.run_all(["none", "a"], items, ids, args, Speculator(), None,
                                      Console(file=io.StringIO()), lambda recs, rss: None)
         assert ids["1#2"] == [ord(c) for c in "p1" + "ab" + "q1"]  # turn 1, none's answer "ab", turn 2
-        assert sorted((str(r.question_id) for r in records if r.method == "a")) == ["1", "1#2", "2"]
+        assert sorted(str(r.question_id) for r in records if r.method == "a") == ["1", "1#2", "2"]
+        rows, labels = by_turn(records, ["none", "a"], later)
+        assert labels == ["turn 1", "turn 2"]
+        assert {(r["method"], r["category"], r["prompts"]) for r in rows} == {
+            (m, c, n) for m in ("none", "a") for c, n in (("turn 1", 2), ("turn 2", 1), ("overall", 3))}
+        assert "## Speedup by turn" in markdown_report(rows, ["none", "a"], ["c"], turns=(rows, labels))
+    assert by_turn(records, ["none", "a"], {}) == ([], [])  # first turns only: no table
     with pytest.raises(BenchError, match="--turns must be at least 1"):
         conversation_items(firsts, 0)

@@ -86,7 +86,7 @@ from .report import (
 )
 from .runners import PeerSetup, Runner, load_speculator, make_runner, peer_setup, timed
 from .sampled import NOT_APPLICABLE, refuse_peers, sampling_report
-from .turns import PromptIds, conversation_items
+from .turns import PromptIds, by_turn, conversation_items
 
 WARMUP_PROMPT = "Write one sentence about the sea."
 WARMUP_TOKENS = 32  # enough for a prefill and several decode/verify shapes
@@ -269,7 +269,8 @@ def run_bench(args) -> int:
         if complete:  # the VNNI forms as the run took them (timed per product: known only now)
             config["machine"]["gguf_kernel_forms"] = gguf_kernel_forms()
         report = dict(config=dict(config, peak_rss_mb=peak_rss_mb(), complete=complete),
-                      results=results, prompts=[r.to_dict() for r in records],
+                      results=results, results_by_turn=by_turn(records, methods, later)[0] or None,
+                      prompts=[r.to_dict() for r in records],
                       mismatches=(mismatches or []) if sampling.greedy else None)
         if args.json_out is not None:
             write_text(args.json_out, json.dumps(report, indent=1) + "\n")
@@ -281,13 +282,14 @@ def run_bench(args) -> int:
         mismatches = analyse_mismatches(records, prompt_ids, speculator.target, args.tie_gap,
                                         lambda line: console.print(f"[yellow]warning:[/] {line}"))
     results = save(records, rss, mismatches, complete=True)
+    turns = by_turn(records, methods, later)
     if args.markdown is not None:
-        write_text(args.markdown, markdown_report(results, methods, categories, sampling))
+        write_text(args.markdown, markdown_report(results, methods, categories, sampling, turns))
     if args.chart is not None:
         title = f"{speculator.target.name}, {len(prompts)} prompts, {args.max_new_tokens} new tokens"
         draw(results, args.chart, title if sampling.greedy else f"{title}, temperature {sampling.temperature:g}")
     # Off a terminal (a log file, a pipe) rich assumes 80 columns and truncates the headers.
-    print_tables(Console(width=None if sys.stdout.isatty() else 160), results, methods, categories, sampling)
+    print_tables(Console(width=None if sys.stdout.isatty() else 160), results, methods, categories, sampling, turns)
     if config["machine"].get("gguf_kernel_forms"):
         console.print(f"GGUF kernels' VNNI forms in this run: {config['machine']['gguf_kernel_forms']}")
     where = report_location(args.json_out)

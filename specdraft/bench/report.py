@@ -32,15 +32,16 @@ def overall_cells(row: dict, sampling: SamplingConfig = GREEDY) -> list[str]:
 
 
 def speedup_grid(results: list[dict], methods: list[str], categories: list[str],
-                 key: str = "speedup") -> list[list[str]]:
-    """Rows of [method, speedup per category..., overall]."""
+                 key: str = "speedup", suffix: str = "x") -> list[list[str]]:
+    """Rows of [method, ``key`` (a speedup) per category..., overall]."""
     cell = {(r["method"], r["category"]): r.get(key) for r in results}
-    return [[m] + [fmt(cell.get((m, c)), ".2f", "x") for c in [*categories, "overall"]] for m in methods]
+    return [[m] + [fmt(cell.get((m, c)), ".2f", suffix) for c in [*categories, "overall"]] for m in methods]
 
 
 # ---------------------------------------------------------------------------- Markdown
 def markdown_report(results: list[dict], methods: list[str], categories: list[str],
-                    sampling: SamplingConfig = GREEDY) -> str:
+                    sampling: SamplingConfig = GREEDY, turns: tuple[list[dict], list[str]] = ([], [])) -> str:
+    """``turns``: rows and labels by turn (bench.turns.by_turn), a table of their own when given."""
     overall = [r for r in results if r["category"] == "overall"]
     note = sampling_note(sampling)
     lines = ["## Overall", "", *([note[0].upper() + note[1:] + ".", ""] if note else []),
@@ -52,6 +53,13 @@ def markdown_report(results: list[dict], methods: list[str], categories: list[st
     lines += ["", "## Decode speedup by category (after the first token; our methods only)", "",
               _md_row(header), _md_rule(len(header))]
     lines += [_md_row(row) for row in speedup_grid(results, methods, categories, "decode_speedup")]
+    turn_rows, turn_labels = turns
+    if turn_rows:
+        header = ["method", *turn_labels, "overall"]
+        for title, key in (("Speedup by turn", "speedup"), ("Tokens per target forward by turn", "mean_accepted_tokens")):
+            lines += ["", f"## {title}", "", _md_row(header), _md_rule(len(header))]
+            lines += [_md_row(row) for row in speedup_grid(turn_rows, methods, turn_labels, key,
+                                                           "x" if key == "speedup" else "")]
     return "\n".join(lines) + "\n"
 
 
@@ -65,7 +73,7 @@ def _md_rule(n: int) -> str:
 
 # ---------------------------------------------------------------------------- terminal
 def print_tables(console, results: list[dict], methods: list[str], categories: list[str],
-                 sampling: SamplingConfig = GREEDY) -> None:
+                 sampling: SamplingConfig = GREEDY, turns: tuple[list[dict], list[str]] = ([], [])) -> None:
     table = Table(title="overall", caption=sampling_note(sampling))
     for i, name in enumerate(OVERALL_COLUMNS):
         table.add_column(name, justify="left" if i == 0 else "right")
@@ -79,6 +87,14 @@ def print_tables(console, results: list[dict], methods: list[str], categories: l
     for row in speedup_grid(results, methods, categories):
         grid.add_row(*row)
     console.print(grid)
+    turn_rows, turn_labels = turns
+    if turn_rows:
+        grid = Table(title="speedup by turn")
+        for i, name in enumerate(["method", *turn_labels, "overall"]):
+            grid.add_column(name, justify="left" if i == 0 else "right")
+        for row in speedup_grid(turn_rows, methods, turn_labels):
+            grid.add_row(*row)
+        console.print(grid)
 
 
 def method_line(method: str, recs: list[PromptRecord], baseline_tps: float | None) -> str:

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from .errors import BenchError
 from .prompts import BenchPrompt
-from .records import BASELINE, PromptRecord
+from .records import BASELINE, PromptRecord, aggregate
 
 SEPARATOR = "#"  # "<question id>#<turn>" for turns after the first
 
@@ -74,3 +74,16 @@ class PromptIds(dict):
                              "or use fewer --turns")
         self[qid] = ids
         return ids
+
+
+def by_turn(records: list[PromptRecord], methods: list[str], later: dict) -> tuple[list[dict], list[str]]:
+    """Rows per (method, "turn k") and each method's overall row, with speedups, and the turn labels;
+    ([], []) when the run has first turns only."""
+    def label(r: PromptRecord) -> str:
+        return f"turn {later[r.question_id][1] if r.question_id in later else 1}"
+
+    labelled = [replace(r, category=label(r)) for r in records]
+    labels = sorted({r.category for r in labelled}, key=lambda c: int(c.split()[1]))
+    if len(labels) < 2:
+        return [], []
+    return aggregate(labelled, methods, labels), labels
