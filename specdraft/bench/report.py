@@ -74,27 +74,24 @@ def _md_rule(n: int) -> str:
 # ---------------------------------------------------------------------------- terminal
 def print_tables(console, results: list[dict], methods: list[str], categories: list[str],
                  sampling: SamplingConfig = GREEDY, turns: tuple[list[dict], list[str]] = ([], [])) -> None:
-    table = Table(title="overall", caption=sampling_note(sampling))
-    for i, name in enumerate(OVERALL_COLUMNS):
-        table.add_column(name, justify="left" if i == 0 else "right")
-    for row in results:
-        if row["category"] == "overall":
-            table.add_row(*overall_cells(row, sampling))
-    console.print(table)
-    grid = Table(title="speedup by category")
-    for i, name in enumerate(["method", *categories, "overall"]):
-        grid.add_column(name, justify="left" if i == 0 else "right")
-    for row in speedup_grid(results, methods, categories):
-        grid.add_row(*row)
-    console.print(grid)
+    overall = [overall_cells(row, sampling) for row in results if row["category"] == "overall"]
+    console.print(_table("overall", OVERALL_COLUMNS, overall, caption=sampling_note(sampling)))
+    console.print(_table("speedup by category", ["method", *categories, "overall"],
+                         speedup_grid(results, methods, categories)))
     turn_rows, turn_labels = turns
     if turn_rows:
-        grid = Table(title="speedup by turn")
-        for i, name in enumerate(["method", *turn_labels, "overall"]):
-            grid.add_column(name, justify="left" if i == 0 else "right")
-        for row in speedup_grid(turn_rows, methods, turn_labels):
-            grid.add_row(*row)
-        console.print(grid)
+        console.print(_table("speedup by turn", ["method", *turn_labels, "overall"],
+                             speedup_grid(turn_rows, methods, turn_labels)))
+
+
+def _table(title: str, columns: list[str], rows: list[list[str]], caption: str | None = None) -> Table:
+    """A terminal table, its first column (the method) left-aligned, the numbers right-aligned."""
+    table = Table(title=title, caption=caption)
+    for i, name in enumerate(columns):
+        table.add_column(name, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table
 
 
 def method_line(method: str, recs: list[PromptRecord], baseline_tps: float | None) -> str:
