@@ -112,8 +112,8 @@ class PrefixCache:
     def _save(self, live: Held) -> None:
         """A copy of the live prefix's cache rows joins the saved ones, replacing those it extends."""
         held = Held(live.ids, live.features, live.taps, self.target.snapshot())
-        self.saved = [h for h in self.saved
-                      if not (h.ids == held.ids[:len(h.ids)] and (h.features is None or held.features is not None))]
+        self.saved = [h for h in self.saved if not (h.ids == held.ids[:len(h.ids)] and (
+            h.features is None or (held.features is not None and h.taps == held.taps)))]
         self.saved.append(held)
         while self.saved and sum(h.nbytes for h in self.saved) > self.budget:
             self.saved.pop(0)
