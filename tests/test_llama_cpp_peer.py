@@ -25,12 +25,17 @@ class FakeLlama:
     def __init__(self, model_path, **kw):
         self.kw = kw
         self._logits_all = kw.get("logits_all", False)
+        self.input_ids = np.zeros(64, dtype=np.intc)
+        self.n_tokens = 0
 
     def reset(self):
         FakeLlama.evals.append("reset")
+        self.n_tokens = 0
 
     def eval(self, tokens):
         FakeLlama.evals.append((list(tokens), self._logits_all))
+        self.input_ids[self.n_tokens:self.n_tokens + len(tokens)] = tokens
+        self.n_tokens += len(tokens)
 
     def generate(self, tokens, **kw):
         FakeLlama.calls.append((list(tokens), kw))
@@ -53,6 +58,20 @@ def test_runner_decodes_greedily_and_stops_at_eos(fake_llama):
     # the prompt is evaluated whole, nothing of an earlier prompt kept, its last row's logits only
     assert FakeLlama.evals == ["reset", ([1, 2, 3], False)]
     assert runner([1], max_new_tokens=2).token_ids == [7, 8]
+
+
+def test_runner_with_reuse_prefix_evaluates_only_the_new_tail(fake_llama):
+    runner = LlamaCppRunner("model.gguf", {2}, n_ctx=64, threads=2, reuse_prefix=True)
+    runner([1, 2, 3], max_new_tokens=2)
+    FakeLlama.evals.clear()
+    runner([1, 2, 3, 4, 5], max_new_tokens=2)  # the cache holds 1 2 3
+    assert FakeLlama.evals == ["reset", ([4, 5], False)]
+    FakeLlama.evals.clear()
+    runner([1, 2, 3, 4, 5], max_new_tokens=2)  # all of it held: its last token runs again
+    assert FakeLlama.evals == ["reset", ([5], False)]
+    FakeLlama.evals.clear()
+    LlamaCppRunner("model.gguf", {2}, n_ctx=64, threads=2)([1, 2, 3], max_new_tokens=2)
+    assert FakeLlama.evals == ["reset", ([1, 2, 3], False)]  # without it: whole, as before
 
 
 def test_runner_without_the_package_is_a_clear_error(monkeypatch):
@@ -159,3 +178,9 @@ def test_real_llama_cpp_speculative_on_smollm2(drafter):
     assert 0 < len(out.token_ids) <= 16 and out.drafted > 0 and out.accepted > 0
     assert out.step_tokens > out.target_forwards  # guesses passed: more than one token a decode call
     assert out.step_tokens - out.target_forwards == out.accepted
+    # --reuse-prefix: a longer prompt after this one runs on the kept cache
+    keeping = LlamaCppRunner(gguf, {tok.eos_token_id}, n_ctx=256, threads=2, drafter=drafter, draft_gguf=gguf,
+                             reuse_prefix=True)
+    keeping(ids, 4)
+    again = keeping(ids + out.token_ids[:4], 8)
+    assert 0 < len(again.token_ids) <= 8 and keeping.llm.n_tokens > len(ids)

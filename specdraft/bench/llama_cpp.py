@@ -89,10 +89,7 @@ class DraftModelDrafter:
     def __call__(self, input_ids: np.ndarray, /, **kwargs) -> np.ndarray:
         ids = [int(t) for t in input_ids]
         llm = self.llm
-        held = llm.input_ids[: llm.n_tokens]
-        keep = 0
-        while keep < min(len(held), len(ids) - 1) and held[keep] == ids[keep]:
-            keep += 1
+        keep = kept_prefix(llm, ids)
         llm.n_tokens = keep  # eval() drops the cache past n_tokens before it decodes
         llm.eval(ids[keep:])
         out: list[int] = []
@@ -109,6 +106,16 @@ class DraftModelDrafter:
         return np.array(out, dtype=np.intc)
 
 
+def kept_prefix(llm, ids: list[int]) -> int:
+    """How much of ``ids`` a llama.cpp model's cache holds already, at most all but the last token
+    (which is evaluated again for its logits)."""
+    held = llm.input_ids[:llm.n_tokens]
+    keep = 0
+    while keep < min(len(held), len(ids) - 1) and held[keep] == ids[keep]:
+        keep += 1
+    return keep
+
+
 def same_vocab(a, b, probes: int = 257) -> bool:
     """Whether two llama.cpp models share a vocabulary: the same size, and the same text for ids
     spread across it (a cheaper form of llama.cpp's own compatibility check)."""
@@ -122,7 +129,7 @@ class LlamaCppRunner:
     """Greedy decoding through llama.cpp, plain or speculative; the same call shape as the engine runner."""
 
     def __init__(self, gguf_path, eos_ids, *, n_ctx: int = 4096, threads: int | None = None,
-                 drafter: str | None = None, draft_gguf=None):
+                 drafter: str | None = None, draft_gguf=None, reuse_prefix: bool = False):
         Llama = _llama_class()
         threads = threads or torch.get_num_threads() or os.cpu_count() or 1
         opts = dict(n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False)
@@ -141,6 +148,7 @@ class LlamaCppRunner:
             raise SpecdraftError(f"{draft_gguf} and {gguf_path} have different vocabularies; "
                                  "llama-cpp-draft needs a draft model with the target's tokenizer")
         self.eos_ids = set(eos_ids)
+        self.reuse_prefix = reuse_prefix
         self.forwards = 0
         decode = self.llm.eval
 
@@ -151,16 +159,20 @@ class LlamaCppRunner:
         self.llm.eval = counted_eval
 
     def _prefill(self, ids: list[int]) -> None:
-        """The whole prompt in one decode call with its last row's logits only, as llama.cpp's
-        speculative tools do; generate() then finds it cached and samples from that row. Nothing of
-        the previous prompt is kept (generate() would reuse a shared prefix such as the chat
-        template's system turn): every method here, ours too, evaluates each prompt whole."""
+        """The prompt in one decode call with its last row's logits only, as llama.cpp's speculative
+        tools do; generate() then finds it cached and samples from that row. Nothing of the previous
+        prompt is kept (generate() would reuse a shared prefix such as the chat template's system
+        turn): every method here, ours too, evaluates each prompt whole; with ``reuse_prefix`` (the
+        bench's --reuse-prefix, as ours then do) the cache keeps what it shares with the prompt, up to
+        its last token, and only the rest is evaluated."""
         llm = self.llm
+        keep = kept_prefix(llm, ids) if self.reuse_prefix else 0
         logits_all = llm._logits_all
         llm._logits_all = False
         try:
             llm.reset()
-            llm.eval(ids)
+            llm.n_tokens = keep  # eval() drops the cache past n_tokens before it decodes
+            llm.eval(ids[keep:])
         finally:
             llm._logits_all = logits_all
 

@@ -90,7 +90,7 @@ def timed(runner: Runner, ids: list[int], max_new_tokens: int) -> tuple[Outcome,
 def load_speculator(args, methods: list[str]) -> Speculator:
     """Target (and draft model when a method needs it) with the options `generate` passes too."""
     return Speculator(args.target, args.draft, dtype=args.dtype, runtime=args.runtime, max_length=args.max_context,
-                      load_draft=needs_our_draft(methods), **speculator_options(args))
+                      load_draft=needs_our_draft(methods), reuse_prefix=args.reuse_prefix, **speculator_options(args))
 
 
 def peer_setup(args, methods: list[str], speculator) -> PeerSetup | None:
@@ -122,5 +122,6 @@ def make_runner(method: str, args, speculator, peers: PeerSetup | None) -> Runne
         drafter = {LLAMA_CPP_LOOKUP: "lookup", LLAMA_CPP_DRAFT: "draft-model"}.get(method)
         draft_gguf = gguf_file(args.draft or DEFAULT_DRAFT) if drafter == "draft-model" else None
         return LlamaCppRunner(gguf_file(args.target or DEFAULT_TARGET), speculator.target.eos_ids,
-                              n_ctx=speculator.target.model.max_length, drafter=drafter, draft_gguf=draft_gguf)
+                              n_ctx=speculator.target.model.max_length, drafter=drafter, draft_gguf=draft_gguf,
+                              reuse_prefix=args.reuse_prefix)
     return engine_runner(speculator, spec_from_args(method, args), sampling_from_args(args))
