@@ -124,7 +124,7 @@ class Engine:
         try:
             # Prefill: the cache takes the prompt (past what it holds already, when the previous
             # generation's cache is kept); the last prompt row's logits give the first token.
-            # The drafter begins first: a begin that used the target resets it, and the record is void.
+            # The drafter begins first: a begin that used the target changed its epoch, and the record is void.
             self.drafter.begin(list(prompt_ids))
             features = self.drafter.uses_features  # the drafter reads target hidden states
             # and, for EAGLE-3 style drafters, the outputs of some layers (omitted when none, so a

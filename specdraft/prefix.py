@@ -11,9 +11,10 @@ prefill gives it). Before a prompt cuts the live prefix short (another conversat
 copy of its cache rows is saved (``snapshot()``, where the model has one), so that conversations
 taking turns each find theirs again; saved prefixes are dropped oldest first past ``budget_bytes``.
 
-The live record holds while nothing else used the target: every other user starts with
-``reset()``, which counts in the model's ``resets``; a record made before the latest reset, or
-for another cache length, is not used (saved copies stay valid: they are copies).
+The live record holds while nothing else used the target: the model's ``epoch`` counts every
+reset, forward and restore, and a record made at another epoch, or for another cache length, is
+not used (saved copies stay valid: they are copies). So several records (one per bench method)
+may share one target safely.
 
 Output is unchanged by reuse: the runtime's rows do not depend on the block they are computed in
 (tests/test_batch_invariance.py), the guarantee that keeps speculation exact, so a prompt
@@ -66,12 +67,17 @@ class Held:
 class PrefixCache:
     """What one target's cache holds across generations, and copies of earlier prefixes."""
 
-    def __init__(self, target, budget_bytes: int = DEFAULT_BUDGET, min_cut: int = MIN_SAVED_CUT):
+    def __init__(self, target, budget_bytes: int = DEFAULT_BUDGET, min_cut: int = MIN_SAVED_CUT,
+                 eager: bool = False):
+        """``eager``: save a copy after every generation, not only when a prompt of this record's
+        would cut the live prefix: for several records on one target (the bench keeps one a method),
+        where another record's generation overwrites the cache without this one seeing it."""
         self.target = target
         self.budget = budget_bytes
         self.min_cut = min_cut
+        self.eager = eager
         self.live: Held | None = None
-        self._stamp: tuple[int, int] | None = None  # the model's (resets, length) when live was recorded
+        self._stamp: tuple[int, int] | None = None  # the model's (epoch, length) when live was recorded
         self.saved: list[Held] = []  # oldest first
         self.can_save = hasattr(target, "snapshot") and budget_bytes > 0
 
@@ -102,11 +108,13 @@ class PrefixCache:
         if len(ids) != t.length or (features is not None and features.shape[0] != len(ids)):
             return
         self.live = Held(tuple(ids), features, taps)
-        self._stamp = (getattr(t, "resets", None), t.length)
+        self._stamp = (getattr(t, "epoch", None), t.length)
+        if self.eager and self.can_save and len(ids) >= self.min_cut:
+            self._save(self.live)
 
     def _live_valid(self) -> bool:
         t = self.target
-        return self.live is not None and self._stamp == (getattr(t, "resets", None), t.length) \
+        return self.live is not None and self._stamp == (getattr(t, "epoch", None), t.length) \
             and self._stamp[0] is not None
 
     def _save(self, live: Held) -> None:

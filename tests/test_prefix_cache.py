@@ -125,6 +125,28 @@ def test_conversations_taking_turns_each_find_their_own(target, method):
     assert tokens(e, a2) == whole[len(a2)] and e.stats.cached_prompt_tokens == 0 and not small.saved
 
 
+def test_records_of_several_methods_on_one_target(target):
+    """The bench's --reuse-prefix: each method keeps its own (eager) record on the shared target;
+    another method's generations void a record (epoch) but not its copies."""
+    a1, b1 = PROMPT, [9, 8, 7, 6, 5, 4, 3, 2, 9, 8, 7]
+    first = {m: tokens(engine(target, m), a1) for m in ("none", "prompt-lookup")}
+    a2 = {m: a1 + first[m] + [12, 13] for m in first}
+    whole = {m: tokens(engine(target, m), a2[m]) for m in first}
+    caches = {m: PrefixCache(target, min_cut=1, eager=True) for m in first}
+    for m in first:
+        tokens(engine(target, m, caches[m]), a1)
+    tokens(engine(target), b1)  # someone else between the turns
+    for m in first:
+        e = engine(target, m, caches[m])
+        assert tokens(e, a2[m]) == whole[m] and e.stats.cached_prompt_tokens > len(a1)
+    # without copies, a record that another generation overwrote is void, however long its cache
+    lazy = PrefixCache(target, min_cut=10**6)
+    tokens(engine(target, prefix=lazy), a1)
+    tokens(engine(target, prefix=PrefixCache(target)), a1)  # the same tokens again, by another record
+    e = engine(target, prefix=lazy)
+    assert tokens(e, a2["none"]) == whole["none"] and e.stats.cached_prompt_tokens == 0
+
+
 def test_snapshot_and_restore_give_back_the_same_bits(target):
     ids = torch.tensor(PROMPT)
     target.reset()

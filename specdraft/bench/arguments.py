@@ -33,8 +33,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--categories", default=None, help="comma-separated categories to keep (default: all)")
     p.add_argument("--reuse-prefix", action="store_true",
                    help="keep the target's cache from item to item, as `specdraft serve` does: an item that starts "
-                        "with what an earlier one left (a later turn) prefills only the rest; llama.cpp's peers keep "
-                        "their caches too, transformers' peers cannot (default: every item prefilled whole)")
+                        "with what an earlier one of the same method left (a later turn) prefills only the rest "
+                        "(each method keeps its own copies, as a server running it alone would); llama.cpp's peers "
+                        "keep their caches too, transformers' peers cannot (default: every item prefilled whole)")
     p.add_argument("--turns", type=int, default=1,
                    help="user turns of each prompt to run (Spec-Bench's MT-bench prompts have 2): turn k's prompt is "
                         "the conversation so far with none's answers, timed as its own item '<id>#k' (default: 1)")

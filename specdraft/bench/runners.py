@@ -22,6 +22,7 @@ from ..models.packaged import (
 )
 from ..options import sampling_from_args, spec_from_args, speculator_options
 from ..pipeline import Speculator, check_tokenizers
+from ..prefix import PrefixCache
 from .errors import BenchError
 from .llama_cpp import DRAFT as LLAMA_CPP_DRAFT
 from .llama_cpp import LOOKUP as LLAMA_CPP_LOOKUP
@@ -32,12 +33,16 @@ from .peers import PEERS, PeerModels, PeerRunner, assistant_key, target_key
 from .records import Outcome, Runner
 from .sampled import for_prompt
 
+BENCH_PREFIX_BUDGET = 256 << 20  # bytes of saved prefixes a method, with --reuse-prefix
 
-def engine_runner(speculator, spec: SpecConfig, sampling: SamplingConfig) -> Runner:
+
+def engine_runner(speculator, spec: SpecConfig, sampling: SamplingConfig, reuse_prefix: bool = False) -> Runner:
     """Our engine for one method; one Engine serves every prompt (stream() resets its state, and
     the suffix drafters' history of earlier requests is emptied before each). Under sampling each
     prompt gets its own seed (see :mod:`specdraft.bench.sampled`)."""
     engine = speculator.engine(spec)
+    if reuse_prefix:  # this method's own record and copies, as a server running it alone would keep
+        engine.prefix = PrefixCache(speculator.target.model, BENCH_PREFIX_BUDGET, eager=True)
     has_drafter = engine.drafter is not None
 
     def run(ids: list[int], max_new_tokens: int) -> Outcome:
@@ -90,7 +95,7 @@ def timed(runner: Runner, ids: list[int], max_new_tokens: int) -> tuple[Outcome,
 def load_speculator(args, methods: list[str]) -> Speculator:
     """Target (and draft model when a method needs it) with the options `generate` passes too."""
     return Speculator(args.target, args.draft, dtype=args.dtype, runtime=args.runtime, max_length=args.max_context,
-                      load_draft=needs_our_draft(methods), reuse_prefix=args.reuse_prefix, **speculator_options(args))
+                      load_draft=needs_our_draft(methods), **speculator_options(args))
 
 
 def peer_setup(args, methods: list[str], speculator) -> PeerSetup | None:
@@ -124,4 +129,4 @@ def make_runner(method: str, args, speculator, peers: PeerSetup | None) -> Runne
         return LlamaCppRunner(gguf_file(args.target or DEFAULT_TARGET), speculator.target.eos_ids,
                               n_ctx=speculator.target.model.max_length, drafter=drafter, draft_gguf=draft_gguf,
                               reuse_prefix=args.reuse_prefix)
-    return engine_runner(speculator, spec_from_args(method, args), sampling_from_args(args))
+    return engine_runner(speculator, spec_from_args(method, args), sampling_from_args(args), args.reuse_prefix)

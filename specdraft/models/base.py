@@ -37,7 +37,8 @@ class CausalLM(Protocol):
     vocab_size: int  # rows of the output head (may exceed the tokenizer's vocabulary)
     max_length: int  # cache capacity in positions
     length: int  # positions the cache holds now
-    resets: int  # reset() calls so far (a reset voids what prefix.PrefixCache recorded of the cache)
+    epoch: int  # counts what changes the cache's contents (reset, forward, restore): a prefix.PrefixCache
+    # record holds only while it is unchanged
     supports_tree: bool  # True when forward accepts a tree attention mask
 
     def forward(

@@ -20,7 +20,7 @@ class HFModel:
         self.vocab_size = model.config.vocab_size
         self.max_length = max_length
         self.length = 0
-        self.resets = 0  # reset() calls: a PrefixCache's record holds only while this is unchanged
+        self.epoch = 0  # reset / forward calls: a PrefixCache's record holds only while this is unchanged
         self.cache = None
 
     @classmethod
@@ -40,7 +40,7 @@ class HFModel:
 
         self.cache = DynamicCache(config=self.model.config)
         self.length = 0
-        self.resets += 1  # whoever restarts the cache voids what a PrefixCache recorded
+        self.epoch += 1  # whoever changes the cache voids what a PrefixCache recorded
 
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self.length:
@@ -56,6 +56,7 @@ class HFModel:
             raise NotImplementedError("the transformers adapter verifies chains only")
         if self.cache is None:
             self.reset()
+        self.epoch += 1
         T = int(ids.shape[0])
         pos = torch.arange(self.length, self.length + T)[None]
         out = self.model(input_ids=ids[None], past_key_values=self.cache, use_cache=True, position_ids=pos,

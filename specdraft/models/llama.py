@@ -258,7 +258,7 @@ class LlamaModel:
         self.vocab_size = spec.vocab_size
         self.max_length = min(max_length, spec.max_position)
         self.length = 0
-        self.resets = 0  # reset() calls: a PrefixCache's record holds only while this is unchanged
+        self.epoch = 0  # reset / forward / restore calls: a PrefixCache's record holds only while this is unchanged
         s = spec
 
         tied = s.tie_embeddings or "lm_head.weight" not in weights
@@ -430,7 +430,7 @@ class LlamaModel:
 
     def reset(self) -> None:
         self.length = 0
-        self.resets += 1  # whoever restarts the cache voids what a PrefixCache recorded
+        self.epoch += 1  # whoever changes the cache voids what a PrefixCache recorded
 
     def snapshot(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """A copy of the cache's rows [0, length): per layer K and V [nkv, length, hd] (restore() puts
@@ -448,6 +448,7 @@ class LlamaModel:
             kc[:, :L] = k
             vc[:, :L] = v
         self.length = L
+        self.epoch += 1
 
     def compact(self, start: int, keep: torch.Tensor) -> None:
         """Keep cache rows ``keep`` (absolute positions >= start, ascending) at [start, start+len(keep)).
@@ -577,6 +578,7 @@ class LlamaModel:
         L = L0 + T
         if self.max_length < L:
             raise ValueError(f"cache overflow: {L} > {self.max_length}")
+        self.epoch += 1
         if positions is None:
             cos, sin = self.cos[L0:L], self.sin[L0:L]  # [T, hd]
         else:
