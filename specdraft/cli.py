@@ -217,6 +217,10 @@ def _cmd_serve(args) -> int:
     sd = Speculator(args.target, args.draft, dtype=args.dtype, runtime=args.runtime, max_length=args.max_context,
                     load_draft=with_draft, reuse_prefix=args.prefix_cache,
                     prefix_budget_mb=args.prefix_cache_mb, **speculator_options(args))
+    if args.prefix_cache and sd.prefix is None:
+        print(f"note: no prefix cache: the target's weight format ({getattr(sd.target.model, 'weight_format', 'hf')}) "
+              "is not known to give a row the same bits in any block, so every prompt is prefilled whole",
+              file=sys.stderr)
     sd.engine(spec)  # the default method's drafter, built once here: a bad --index or --head fails now, not per request
     config = ServerConfig(model_name=args.model_name or sd.target.name, spec=spec, max_waiting=args.queue_size,
                           request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes)

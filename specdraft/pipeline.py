@@ -25,7 +25,7 @@ from .models.hf import HFModel
 from .models.llama import SUPPORTED_TYPES, LlamaModel
 from .models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model_dir
 from .models.quant import WEIGHT_FORMATS, resolve_format
-from .prefix import DEFAULT_BUDGET, PrefixCache
+from .prefix import DEFAULT_BUDGET, PrefixCache, reuses_exactly
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 RUNTIMES = ("auto", "native", "hf")
@@ -206,7 +206,8 @@ class Speculator:
         # generation (a chat's earlier turns), or with a prefix saved from before (another
         # conversation's, up to prefix_budget_mb of copies), prefills only its new tail (see
         # specdraft.prefix); off by default, so that timings of separate prompts (the bench) stay whole prefills
-        self.prefix = PrefixCache(self.target.model, prefix_budget_mb << 20) if reuse_prefix else None
+        self.prefix = (PrefixCache(self.target.model, prefix_budget_mb << 20)
+                       if reuse_prefix and reuses_exactly(self.target.model) else None)
 
     def encode_prompt(self, prompt: str, chat: bool = True) -> list[int]:
         """Token ids of ``prompt``, through the chat template (as one user turn) when there is one."""

@@ -19,8 +19,9 @@ may share one target safely.
 Output is unchanged by reuse: the runtime's rows do not depend on the block they are computed in
 (tests/test_batch_invariance.py), the guarantee that keeps speculation exact, so a prompt
 prefilled as kept prefix + tail gives the logits and features of a whole prefill, and a restored
-copy is the same bits. Reuse is opt-in (the server turns it on): the bench prefills every prompt
-whole, as its peers do.
+copy is the same bits. Reuse is opt-in (the server turns it on; the bench prefills every prompt
+whole unless --reuse-prefix). Only a target whose rows are known to be block-independent reuses
+(:func:`reuses_exactly`); on any other the output could move by a rounding, so it prefills whole.
 """
 from __future__ import annotations
 
@@ -33,6 +34,14 @@ DEFAULT_BUDGET = 1 << 30  # bytes of saved prefixes (the default target's cache:
 # next turn cuts a few (its answer comes back as text, whose tokens may differ near the end), and
 # a few positions prefill again faster than the copy of a whole conversation is made
 MIN_SAVED_CUT = 64
+# weight formats whose fp32 rows do not depend on their block (tests/test_batch_invariance.py);
+# torch's dense matmuls pick kernels by row count, and transformers' models are not tested so
+ROW_EXACT_FORMATS = ("gguf", "q4k", "w8a8", "w8a8-fast")
+
+
+def reuses_exactly(model) -> bool:
+    """Whether a kept prefix plus a prefilled tail give ``model`` a whole prefill's bits."""
+    return getattr(model, "weight_format", None) in ROW_EXACT_FORMATS and getattr(model, "dtype", None) == torch.float32
 
 
 @dataclass(frozen=True)

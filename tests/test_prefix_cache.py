@@ -202,3 +202,14 @@ def test_server_reports_cached_prompt_tokens(tmp_path):
     assert answers[False][1][1]["prompt_tokens_details"]["cached_tokens"] == 0
     second = answers[True][1][1]
     assert 0 < second["prompt_tokens_details"]["cached_tokens"] < second["prompt_tokens"]
+
+
+def test_only_targets_with_block_independent_rows_reuse(target, tmp_path):
+    from specdraft.pipeline import Speculator
+    from specdraft.prefix import reuses_exactly
+
+    assert reuses_exactly(target)  # q4k in fp32
+    d = make_cli_model(tmp_path / "tiny")
+    dense = Speculator(str(d), dtype="fp32", target_format="dense", max_length=256, load_draft=False, progress=False,
+                       reuse_prefix=True)
+    assert not reuses_exactly(dense.target.model) and dense.prefix is None  # prefilled whole, every prompt

@@ -22,7 +22,7 @@ from ..models.packaged import (
 )
 from ..options import sampling_from_args, spec_from_args, speculator_options
 from ..pipeline import Speculator, check_tokenizers
-from ..prefix import PrefixCache
+from ..prefix import PrefixCache, reuses_exactly
 from .errors import BenchError
 from .llama_cpp import DRAFT as LLAMA_CPP_DRAFT
 from .llama_cpp import LOOKUP as LLAMA_CPP_LOOKUP
@@ -41,7 +41,8 @@ def engine_runner(speculator, spec: SpecConfig, sampling: SamplingConfig, reuse_
     the suffix drafters' history of earlier requests is emptied before each). Under sampling each
     prompt gets its own seed (see :mod:`specdraft.bench.sampled`)."""
     engine = speculator.engine(spec)
-    if reuse_prefix:  # this method's own record and copies, as a server running it alone would keep
+    if reuse_prefix and reuses_exactly(speculator.target.model):  # this method's own record and copies, as a
+        # server running it alone would keep (a target whose rows may depend on their block prefills whole)
         engine.prefix = PrefixCache(speculator.target.model, BENCH_PREFIX_BUDGET, eager=True)
     has_drafter = engine.drafter is not None
 
