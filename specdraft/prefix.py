@@ -39,6 +39,15 @@ MIN_SAVED_CUT = 64
 ROW_EXACT_FORMATS = ("gguf", "q4k", "w8a8", "w8a8-fast")
 
 
+def shared_prefix(held, prompt: list[int]) -> int:
+    """Positions of ``prompt`` a cache holding the tokens ``held`` can keep: their common prefix, at
+    most len(prompt) - 1 (the last prompt token is always run: its logits choose the next token)."""
+    n, limit = 0, min(len(held), len(prompt) - 1)
+    while n < limit and held[n] == prompt[n]:
+        n += 1
+    return n
+
+
 def reuses_exactly(model) -> bool:
     """Whether a kept prefix plus a prefilled tail give ``model`` a whole prefill's bits."""
     return getattr(model, "weight_format", None) in ROW_EXACT_FORMATS and getattr(model, "dtype", None) == torch.float32
@@ -55,12 +64,7 @@ class Held:
     kv: object = None  # the model's snapshot(); None for the live prefix, which is in the cache itself
 
     def shared(self, prompt: list[int]) -> int:
-        """Positions of ``prompt`` this prefix holds, at most len(prompt) - 1 (the last prompt
-        token is always run: its logits choose the first new token)."""
-        n, limit = 0, min(len(self.ids), len(prompt) - 1)
-        while n < limit and self.ids[n] == prompt[n]:
-            n += 1
-        return n
+        return shared_prefix(self.ids, prompt)
 
     def serves(self, features: bool, taps: tuple[int, ...]) -> bool:
         return not features or (self.features is not None and self.taps == taps)

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from ..errors import SpecdraftError
+from ..prefix import shared_prefix
 from .peers import strip_eos
 from .records import Outcome
 
@@ -107,13 +108,8 @@ class DraftModelDrafter:
 
 
 def kept_prefix(llm, ids: list[int]) -> int:
-    """How much of ``ids`` a llama.cpp model's cache holds already, at most all but the last token
-    (which is evaluated again for its logits)."""
-    held = llm.input_ids[:llm.n_tokens]
-    keep = 0
-    while keep < min(len(held), len(ids) - 1) and held[keep] == ids[keep]:
-        keep += 1
-    return keep
+    """How much of ``ids`` a llama.cpp model's cache holds already (prefix.shared_prefix)."""
+    return shared_prefix(llm.input_ids[:llm.n_tokens], ids)
 
 
 def same_vocab(a, b, probes: int = 257) -> bool:
