@@ -1,7 +1,7 @@
 """What a drafter's trees would commit on other CPUs' cost curves: the engine run with a fixed
 forward-cost table (the cost rule reads it instead of this machine's timings), on the dev prompts.
 
-    python scripts/tree_budget.py [--method hybrid-head] [--curves avx2,zen5,amx,free] [--per-category 1]
+    python scripts/tree_budget.py [--method hybrid-head] [--curves avx2,zen5,amx,free] [--per-category 1] [--k K]
 
 The cost rule sizes each tree by the check's cost ratio (cost of T new tokens / one token), so
 the same drafter sends small trees where checks are dear and large ones where they are cheap.
@@ -54,6 +54,7 @@ def main() -> None:
     p.add_argument("--curves", default="avx2,zen5,amx,free")
     p.add_argument("--per-category", type=int, default=1)
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--k", type=int, default=None, help="draft cap (default: the method's, config.draft_cap)")
     args = p.parse_args()
     curves = args.curves.split(",")
     unknown = set(curves) - set(CURVES)
@@ -83,7 +84,7 @@ def main() -> None:
     try:
         for name in curves:
             table = ratios(CURVES[name])
-            engine = sd.engine(SpecConfig(method=args.method))
+            engine = sd.engine(SpecConfig(method=args.method, k=args.k))
             engine.costs = engine.policy.costs = ForwardCosts.fixed(table, one)
             tokens = forwards = exact = nodes = 0
             cost = draft = 0.0

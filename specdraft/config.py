@@ -59,6 +59,20 @@ class GenerationConfig:
 # 1.16x at k=3 to 1.24x at k=5 (3.48 tokens per target forward). Prompt lookup: k=5 beat 8.
 DEFAULT_K = {"draft-model": 5, "prompt-lookup": 5, "hybrid": 5, "head": 5, "hybrid-head": 5}
 # hybrid / hybrid-head: the lookup's k; their model part uses draft-model's / head's
+# Those lengths hold where nothing else bounds a draft (SpecConfig.cost_rule False). With the cost
+# rule (the default) every draft is cut to what pays on this machine's measured forward costs, so
+# the cap only bounds how far a long right guess may run: copying prophets on coding edits (Zen 5,
+# scripts/edit_prompts.py's 8 prompts, 256 tokens, interleaved): prompt-lookup 2.34x -> 2.52x of
+# plain decoding (3.51 -> 4.18 tokens a forward), hybrid-head 2.37x -> 2.58x, fusion 2.51x -> 2.57x;
+# on the 13 dev prompts every method within the runs' spread (BENCHMARKS.md, 2026-11-27).
+RULED_K = 16
+
+
+def draft_cap(method: str, cost_rule: bool = True) -> int:
+    """Draft tokens per target forward for ``method`` when none are asked for: DEFAULT_K (8 for
+    a method not listed) without the cost rule, at least RULED_K with it."""
+    fixed = DEFAULT_K.get(method, 8)
+    return max(fixed, RULED_K) if cost_rule else fixed
 
 
 # Draft-model prompt window per drafter, measured on the 8 long-prompt dev prompts (rag,
@@ -77,7 +91,7 @@ class SpecConfig:
 
     method: str = "draft-model"  # a drafter registry name, or "none" for plain decoding
     # Draft tokens per target forward (an upper bound; drafters may propose fewer). None = the
-    # drafter's own default (DEFAULT_K), tuned on dev prompts (see DEFAULT_K).
+    # drafter's own default (draft_cap: RULED_K with the cost rule, DEFAULT_K without).
     k: int | None = None
     ngram_max: int = 4  # prompt-lookup: longest suffix n-gram tried first
     # prompt-lookup: shortest n-gram that may propose. Short matches are mostly wrong, and where a
@@ -129,7 +143,7 @@ class SpecConfig:
 
     @property
     def draft_len(self) -> int:
-        return self.k if self.k is not None else DEFAULT_K.get(self.method, 8)
+        return self.k if self.k is not None else draft_cap(self.method, self.cost_rule)
 
     @property
     def window(self) -> int:

@@ -40,7 +40,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, default=_DEFAULTS_SPEC.k,
-                   help="draft tokens per target forward (default: the drafter's own, see config.DEFAULT_K)")
+                   help="draft tokens per target forward (default: 16 while the cost rule sizes drafts, else the "
+                        "drafter's own; config.draft_cap)")
     p.add_argument("--min-confidence", type=float, default=_DEFAULTS_SPEC.min_confidence,
                    help="draft-model, greedy: draft another token only while the product of the draft's "
                         "probabilities for its guesses so far is at least this")

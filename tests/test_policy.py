@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from _tiny import FakeTokenizer, tree_target
-from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdraft.config import DEFAULT_K, RULED_K, GenerationConfig, SamplingConfig, SpecConfig, draft_cap
 from specdraft.costs import ForwardCosts, Payoff
 from specdraft.drafters.base import Draft, Drafter
 from specdraft.engine import Engine
@@ -38,6 +38,16 @@ def test_a_chain_is_cut_to_the_guesses_that_pay():
     assert DraftPolicy(costs(**STEEP), enabled=False).cut(chain, 4).draft is chain  # the rule off
     unrated = Draft([1, 2, 3, 4])
     assert steep.cut(unrated, 4).draft is unrated  # no chances: sent whole (e.g. a sampled draft)
+
+
+def test_the_draft_cap_is_the_rule_s_where_the_rule_sizes_drafts():
+    """With the cost rule the cap only bounds how far a long right guess may run (RULED_K); without
+    it each drafter keeps its own measured length; an explicit k wins either way."""
+    assert SpecConfig(method="prompt-lookup").draft_len == RULED_K > DEFAULT_K["prompt-lookup"]
+    assert SpecConfig(method="prompt-lookup", cost_rule=False).draft_len == DEFAULT_K["prompt-lookup"]
+    assert SpecConfig(method="suffix", cost_rule=False).draft_len == 8  # not listed: 8
+    assert SpecConfig(method="hybrid-head", k=3).draft_len == 3
+    assert draft_cap("head") == RULED_K and draft_cap("head", cost_rule=False) == DEFAULT_K["head"]
 
 
 def test_a_tree_keeps_its_likeliest_nodes_parents_first():
