@@ -79,7 +79,7 @@ class Hybrid(Drafter):
 def _build(ctx: DrafterContext) -> Hybrid:
     spec = ctx.spec
     model = DraftModel(ctx.draft_model, min_confidence=spec.min_confidence, window=spec.window, trees=trees_for(ctx))
-    # An explicit --k caps both; by default each part keeps its own measured length.
+    # An explicit --k caps both; by default each part has its own cap (config.draft_cap).
     model_k = spec.k if spec.k is not None else draft_cap("draft-model", spec.cost_rule)
     return Hybrid(model, model_k=model_k, ngram_max=spec.ngram_max, ngram_min=spec.ngram_min)
 
