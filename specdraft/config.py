@@ -143,7 +143,12 @@ class SpecConfig:
 
     @property
     def draft_len(self) -> int:
-        return self.k if self.k is not None else draft_cap(self.method, self.cost_rule)
+        return self.cap_for(self.method)
+
+    def cap_for(self, method: str) -> int:
+        """Draft tokens per target forward for ``method`` (this one, or a composite's part): k when
+        asked for, else draft_cap under this config's cost rule."""
+        return self.k if self.k is not None else draft_cap(method, self.cost_rule)
 
     @property
     def window(self) -> int:

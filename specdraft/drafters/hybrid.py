@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import SamplingConfig, draft_cap
+from ..config import SamplingConfig
 from .base import Draft, Drafter, DrafterContext, register
 from .draft_model import DraftModel, trees_for
 from .feature_head import FeatureHeadDrafter
@@ -80,7 +80,7 @@ def _build(ctx: DrafterContext) -> Hybrid:
     spec = ctx.spec
     model = DraftModel(ctx.draft_model, min_confidence=spec.min_confidence, window=spec.window, trees=trees_for(ctx))
     # An explicit --k caps both; by default each part has its own cap (config.draft_cap).
-    model_k = spec.k if spec.k is not None else draft_cap("draft-model", spec.cost_rule)
+    model_k = spec.cap_for("draft-model")
     return Hybrid(model, model_k=model_k, ngram_max=spec.ngram_max, ngram_min=spec.ngram_min)
 
 
@@ -89,7 +89,7 @@ def _build_head(ctx: DrafterContext) -> Hybrid:
     spec = ctx.spec
     model = FeatureHeadDrafter(ctx.target, ctx.head, min_confidence=spec.min_confidence,
                                trees=spec.trees and getattr(ctx.target, "supports_tree", False))
-    model_k = spec.k if spec.k is not None else draft_cap("head", spec.cost_rule)
+    model_k = spec.cap_for("head")
     hybrid = Hybrid(model, model_k=model_k, ngram_max=spec.ngram_max, ngram_min=spec.ngram_min)
     hybrid.name = "hybrid-head"
     return hybrid
