@@ -8,8 +8,9 @@ import time
 
 import torch
 
+from specdraft.bench.kernel_cost import random_records
 from specdraft.kernels import gguf_ops
-from specdraft.models.gguf_weights import QuantTensor, quantize_q4k
+from specdraft.models.gguf_weights import quantize_q4k
 
 # qwen2.5-coder-1.5b's matrices (out x in): kind as in its Q4_K_M GGUF (down and the head: Q6_K)
 SHAPES = {"qkv": ("Q4_K", 2048, 1536), "o": ("Q4_K", 1536, 1536), "kv": ("Q4_K", 256, 1536),
@@ -19,10 +20,8 @@ SHAPES = {"qkv": ("Q4_K", 2048, 1536), "o": ("Q4_K", 1536, 1536), "kv": ("Q4_K",
 def weights(kind, out_f, in_f):
     if kind == "Q4_K":
         return quantize_q4k(torch.randn(out_f, in_f) * 0.02)
-    # random Q6_K records (every byte pattern is valid once d is a finite float)
-    w = torch.randint(0, 256, (-(-out_f // 8), in_f // 256 * 1696), dtype=torch.uint8)
-    w.view(w.shape[0], -1, 1696)[..., 1664:1696] = torch.full((w.shape[0], in_f // 256, 8), 1e-3).view(torch.uint8)
-    return QuantTensor(kind, out_f, in_f, w)
+    # random Q6_K records (every byte pattern is valid once d is a finite float and the offsets are made)
+    return random_records(kind, out_f, in_f, torch.Generator().manual_seed(0))
 
 
 def main():

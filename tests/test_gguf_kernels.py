@@ -53,6 +53,20 @@ def test_unpacked_blocks_dequantize_as_gguf_does(kind):
     assert torch.equal(qt.rows(5).dequantize(), ref[:5])
 
 
+def test_q6k_records_carry_their_weights_offsets():
+    """Each Q6_K record row's int32 at 1696 is 128 * sum_s sc[s] * sum (q - 32) over sub-block s,
+    computed here from the GGUF block's own fields (the VNNI kernels subtract it; a wrong one
+    changes their sums, which the path tests compare with the AVX2 kernels' where both run)."""
+    b = random_blocks("Q6_K", 11, 512, seed=5)  # a partial last record: padded rows carry 0
+    rec = unpack_q6k(b).reshape(2, 2, 1728)
+    off = rec[..., 1696:].contiguous().view(torch.int32).reshape(2, 2, 8).permute(0, 2, 1).reshape(16, 2)
+    w = torch.from_numpy(dequantize(b.reshape(11, -1), gguf.GGMLQuantizationType.Q6_K).reshape(11, 2, 16, 16))
+    # W = d * sc * (q - 32), so sum_s sc * sum (q - 32) = sum_s sum W / d per super-block
+    d = torch.from_numpy(b.reshape(11, 2, 210)[..., 208:210].copy().view(np.float16).astype(np.float32)[..., 0])
+    expect = (128 * w.double().sum((2, 3)) / d.double()).round().long()
+    assert torch.equal(off[:11].long(), expect) and not off[11:].any()
+
+
 def test_activation_quantization(ops):
     x = torch.randn(3, 512) * torch.tensor([1.0, 50.0, 1e-3])[:, None]
     x[2, :256] = 0  # an all-zero block

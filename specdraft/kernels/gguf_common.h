@@ -9,7 +9,7 @@
 
 namespace gguf {
 
-constexpr int Q4K_REC = 1216, Q6K_REC = 1696;  // bytes per super-block record of 8 output rows
+constexpr int Q4K_REC = 1216, Q6K_REC = 1728;  // bytes per super-block record of 8 output rows
 constexpr int GROUP = 8;  // output rows per record
 constexpr int PREFETCH = 2;  // records ahead in the weight stream (AVX2 kernels)
 // records ahead in the VNNI and AMX kernels' weight streams: 4 for passes of up to 8 rows (whole

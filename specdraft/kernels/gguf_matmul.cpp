@@ -17,10 +17,11 @@
 //         nibble of byte i holds the quant of input 32s + 8c + i, the high nibble that of input
 //         32s + 8c + 4 + i; sc[s][o] (6-bit scales), mn[s / 2][o][s % 2] (6-bit mins), d[o],
 //         dmin[o] (f32)
-//   Q6_K  [ceil(O / 8), nb, 1696] u8: ql[32 chunks c][8 rows o][4 bytes i]: the low 4 bits of
+//   Q6_K  [ceil(O / 8), nb, 1728] u8: ql[32 chunks c][8 rows o][4 bytes i]: the low 4 bits of
 //         input 8c + i (low nibble) and 8c + 4 + i (high nibble); qh[16 sub-blocks s][o][i]: bits
-//         2k, 2k + 1 of byte i are the top 2 bits of input 16s + 4k + i; sc[s][o] (i8), d[o] (f32).
-//         6.6 bits a weight: decoding is memory-bound and reads fewer bytes than one byte a weight
+//         2k, 2k + 1 of byte i are the top 2 bits of input 16s + 4k + i; sc[s][o] (i8), d[o] (f32),
+//         off[o] (i32: 128 * sum_s sc[s] * sum (q - 32) over s, read by the VNNI kernels only).
+//         6.75 bits a weight: decoding is memory-bound and reads fewer bytes than one byte a weight
 //   x     qx [T, in] i8, xs [T, nb] f32, bsums [T, in / 16] i16 (sums of each 16 of qx)
 //
 // These AVX2 kernels are the reference for the other ISA paths (gguf_vnni.cpp: AVX-512 VNNI,

@@ -56,12 +56,12 @@ def _f16(b: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(b).view(np.float16).astype(np.float32).view(np.uint8)
 
 
-REC = {"Q4_K": 1216, "Q6_K": 1696}  # bytes per super-block record of 8 output rows in the kernel's layout
+REC = {"Q4_K": 1216, "Q6_K": 1728}  # bytes per super-block record of 8 output rows in the kernel's layout
 GROUP = 8  # output rows per record
 # A record's fields as (first byte, end, bytes before the row index): each field is [before, row
 # (8), after] (see unpack_q4k / unpack_q6k and QuantTensor.dequantize)
 _SECTIONS = {"Q4_K": [(0, 1024, 32), (1024, 1088, 8), (1088, 1152, 4), (1152, 1184, 1), (1184, 1216, 1)],
-             "Q6_K": [(0, 1024, 32), (1024, 1536, 16), (1536, 1664, 16), (1664, 1696, 1)]}
+             "Q6_K": [(0, 1024, 32), (1024, 1536, 16), (1536, 1664, 16), (1664, 1696, 1), (1696, 1728, 1)]}
 
 
 def _groups(*arrays: np.ndarray) -> list[np.ndarray]:
@@ -165,7 +165,7 @@ def quantize_q4k(weight: torch.Tensor, chunk: int = 4096) -> QuantTensor:
 
 
 def unpack_q6k(blocks: np.ndarray) -> torch.Tensor:
-    """[O, nb * 210] uint8 Q6_K rows -> [ceil(O / 8), nb * 1696] records, each one super-block of
+    """[O, nb * 210] uint8 Q6_K rows -> [ceil(O / 8), nb * 1728] records, each one super-block of
     8 output rows interleaved as gguf_matmul.cpp reads them."""
     q, sc, d = _groups(*_q6k_fields(blocks))
     G, _, nb = d.shape
@@ -173,12 +173,37 @@ def unpack_q6k(blocks: np.ndarray) -> torch.Tensor:
     ql = lo[..., 0, :] | (lo[..., 1, :] << 4)  # [g, o, b, c, i]
     top = (q >> 4).reshape(G, 8, nb, 16, 4, 4)  # [g, o, b, s, k, i]: input 16s + 4k + i
     qh = top[..., 0, :] | (top[..., 1, :] << 2) | (top[..., 2, :] << 4) | (top[..., 3, :] << 6)  # [g, o, b, s, i]
-    rec = np.empty((G, nb, 1696), np.uint8)
+    rec = np.empty((G, nb, 1728), np.uint8)
     rec[..., :1024] = ql.transpose(0, 2, 3, 1, 4).reshape(G, nb, 1024)  # [g, b, c, o, i]
     rec[..., 1024:1536] = qh.transpose(0, 2, 3, 1, 4).reshape(G, nb, 512)  # [g, b, s, o, i]
     rec[..., 1536:1664] = sc.transpose(0, 2, 3, 1).view(np.uint8).reshape(G, nb, 128)  # [g, b, s, o]
     rec[..., 1664:1696] = _f32_bytes(d)
-    return torch.from_numpy(rec.reshape(G, -1))
+    out = torch.from_numpy(rec)
+    set_q6k_offsets(out)
+    return out.reshape(G, -1)
+
+
+def _q6k_quants(rec: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q6_K records [G, nb, 1728] -> quants q [G * 8, nb, 256] (0..63, W = d * sc * (q - 32)) and
+    scales sc [G * 8, nb, 16] (int8 as int64), rows in order."""
+    G, nb = rec.shape[:2]
+    ql = rec[..., :1024].reshape(G, nb, 32, 8, 1, 4)  # [g, b, c, o, -, i]
+    lo = torch.cat([ql & 0xF, ql >> 4], 4).permute(0, 3, 1, 2, 4, 5).reshape(G * 8, nb, 256)
+    qh = rec[..., 1024:1536].reshape(G, nb, 16, 1, 8, 4)  # [g, b, s, -, o, i]
+    top = torch.cat([(qh >> (2 * k)) & 3 for k in range(4)], 3).permute(0, 4, 1, 2, 3, 5).reshape(G * 8, nb, 256)
+    sc = rec[..., 1536:1664].contiguous().view(torch.int8).reshape(G, nb, 16, 8).permute(0, 3, 1, 2)
+    return lo | (top << 4), sc.reshape(G * 8, nb, 16).long()
+
+
+def set_q6k_offsets(rec: torch.Tensor) -> None:
+    """Writes each Q6_K record's per-row int32 at 1696 (rec [G, nb, 1728], in place): 128 *
+    sum_s sc[s] * sum_{i in s} (q_i - 32), the part of the AVX-512 / AVX-VNNI kernels' sums that
+    comes from taking x as x + 128 (u8), the weights' own (gguf_vnni_kernels.h's q6k_rows)."""
+    G, nb = rec.shape[:2]
+    q, sc = _q6k_quants(rec)
+    qsum = (q.long() - 32).reshape(G * 8, nb, 16, 16).sum(-1)  # [row, b, s]
+    off = (128 * (sc * qsum).sum(-1)).to(torch.int32)  # [row, b]: |.| <= 128 * 16 * 128 * 512
+    rec[..., 1696:1728] = off.reshape(G, 8, nb).permute(0, 2, 1).contiguous().view(torch.uint8).reshape(G, nb, 32)
 
 
 @dataclass
@@ -225,18 +250,14 @@ class QuantTensor:
             d, dmin = floats(1152), floats(1184)
             w = d[..., None, None] * sc[..., None] * q - dmin[..., None, None] * mn[..., None]
         else:  # Q6_K
-            ql = rec[..., :1024].reshape(G, nb, 32, 8, 1, 4)  # [g, b, c, o, -, i]
-            lo = torch.cat([ql & 0xF, ql >> 4], 4).permute(0, 3, 1, 2, 4, 5).reshape(G * 8, nb, 256)
-            qh = rec[..., 1024:1536].reshape(G, nb, 16, 1, 8, 4)  # [g, b, s, -, o, i]
-            top = torch.cat([(qh >> (2 * k)) & 3 for k in range(4)], 3).permute(0, 4, 1, 2, 3, 5).reshape(G * 8, nb, 256)
-            q = (lo | (top << 4)).float().reshape(G * 8, nb, 16, 16) - 32
-            sc = rows(rec[..., 1536:1664].contiguous().view(torch.int8), 16).float()
+            q, sc = _q6k_quants(rec)
+            q, sc = q.float().reshape(G * 8, nb, 16, 16) - 32, sc.float()
             d = floats(1664)
             w = d[..., None, None] * sc[..., None] * q
         return w.reshape(G * 8, nb * QK)[:O, :self.in_features]
 
 
-PACK_FORMAT = 2  # bump when the records' layout changes: every packed cache is rebuilt
+PACK_FORMAT = 3  # bump when the records' layout changes: every packed cache is rebuilt
 # Order of a block's matrices in the pack: projections that one layer stacks (q, k, v; gate, up)
 # lie next to each other, so GGUFLinear stacks them as a view of the file instead of a copy.
 _PACK_ORDER = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
