@@ -11,7 +11,7 @@ per second.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 
 PRIOR_SLOPE = 0.05  # assumed extra cost per token of a block size not yet measured (optimistic:
 # an unmeasured length gets tried, and measured)
@@ -283,3 +283,23 @@ class Payoff:
             return True
         self.skipped += 1
         return self.skipped % self.EXPLORE == 0
+
+
+class KeyRates:
+    """How often guesses of one kind passed, given their parent did: a kind is a key (lookahead's
+    depth on a branch, token recycling's depth and rank), each starting from ``prior(key)``
+    weighing WEIGHT guesses, so an unseen kind is tried and a seen one learns."""
+
+    WEIGHT = 4.0
+
+    def __init__(self, prior: Callable[[Hashable], float] | float = 0.3):
+        self.prior = prior if callable(prior) else (lambda key, p=float(prior): p)
+        self.tried: dict[Hashable, float] = {}
+        self.passed: dict[Hashable, float] = {}
+
+    def rate(self, key: Hashable) -> float:
+        return (self.passed.get(key, 0.0) + self.prior(key) * self.WEIGHT) / (self.tried.get(key, 0.0) + self.WEIGHT)
+
+    def record(self, key: Hashable, passed: bool) -> None:
+        self.tried[key] = self.tried.get(key, 0.0) + 1
+        self.passed[key] = self.passed.get(key, 0.0) + passed

@@ -143,6 +143,8 @@ class Engine:
                                       need_hidden=features, **taps)
             new = [next_token(out.logits[-1], sampling, generator)]
             verified += new
+            if self.drafter.output_topk:  # the target's runners-up after the last prompt token
+                self.drafter.take_topk(prompt_ids[-1:], out.logits[-1:].topk(self.drafter.output_topk, -1).indices)
             if features:  # every prompt row (the kept ones first); the last one chose the first new token
                 prompt_rows = _features(out, slice(None))
                 if kept_rows is not None:
@@ -215,6 +217,8 @@ class Engine:
                         held_rows.append(committed)
                 if self.drafter.wants_outputs:  # the target's choice after every proposed node sent, right or not
                     self.drafter.take_outputs(_by_proposed_node(out.logits.argmax(-1).tolist(), sent))
+                if self.drafter.output_topk:  # its runners-up after every row, right or not
+                    self.drafter.take_topk(ids.tolist(), out.logits.topk(self.drafter.output_topk, -1).indices)
                 if len(draft):
                     self.drafter.learn(DraftPolicy.judged(sent, path))
                 if draft.parents is None:

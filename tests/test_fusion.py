@@ -44,6 +44,35 @@ def test_each_component_learns_from_its_own_judged_nodes():
     assert b.judged == [(0, True), (1, False), (2, True)]
 
 
+def test_components_get_the_target_s_outputs_of_their_own_nodes():
+    class Reader(Drafter):
+        wants_outputs = True
+        output_topk = 2
+
+        def __init__(self, draft):
+            self.draft, self.choices, self.tops = draft, [], []
+
+        def propose(self, context, k, sampling, generator):
+            return self.draft
+
+        def take_outputs(self, choices):
+            self.choices.append(choices)
+
+        def take_topk(self, ids, top):
+            self.tops.append((ids, top.tolist()))
+
+    a = Reader(Draft([1, 2], chances=[0.5, 0.2]))
+    b = Reader(Draft([1, 3], parents=[-1, -1], chances=[0.7, 0.3]))
+    b.output_topk = 1
+    f = Fusion([a, b, Drafter()])
+    assert f.wants_outputs and f.output_topk == 2
+    assert f.propose([0], 4, SamplingConfig(), torch.Generator()).tokens == [1, 2, 3]
+    f.take_outputs([10, 11, 12, None])  # after the root, merged nodes 0, 1 and (not sent) 2
+    assert a.choices == [[10, 11, 12]] and b.choices == [[10, 11, None]]
+    f.take_topk([0, 1, 2], torch.tensor([[5, 6], [7, 8], [9, 4]]))
+    assert a.tops == [([0, 1, 2], [[5, 6], [7, 8], [9, 4]])] and b.tops == [([0, 1, 2], [[5], [7], [9]])]
+
+
 def test_matched_depth_follows_one_branch():
     tree = Draft([1, 3, 2, 5], parents=[-1, 0, 0, 2])
     assert matched_depth(tree, [1, 2, 5, 7]) == 3

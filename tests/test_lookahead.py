@@ -3,7 +3,8 @@
 Pool entries must come from the context and from the Jacobi trajectories exactly as the module
 says, the window must move past what a step committed, the engine must hand the drafter the
 target's choice after every row it verified, and decoding must stay the target's own greedy
-output (dense and the native q4k kernels) with pool guesses accepted.
+output (dense and the native q4k kernels) with pool guesses accepted; token recycling
+(test_recycle.py) goes through the same engine tests.
 """
 from __future__ import annotations
 
@@ -67,14 +68,16 @@ def target(request, tmp_path_factory):
     return tree_target(request.param, tmp_path_factory.mktemp("lookahead") / "target")
 
 
-def test_greedy_equals_plain_and_pool_guesses_pass(target):
+@pytest.mark.parametrize("method", ["lookahead", "recycle"])  # the training-free tree prophets
+def test_greedy_equals_plain_and_guesses_pass(target, method):
     prompts = [[5, 17, 33, 2, 5, 17, 33, 8, 5, 17], [41, 5, 17, 60, 3, 41, 5], [9, 9, 1, 70, 12, 30]]
-    runs = greedy_runs_equal_plain(target, "lookahead", None, prompts)
+    runs = greedy_runs_equal_plain(target, method, None, prompts)
     assert sum(s.accepted_tokens for s in runs) > 0
 
 
-def test_seeded_sampling_is_reproducible(target):
+@pytest.mark.parametrize("method", ["lookahead", "recycle"])
+def test_seeded_sampling_is_reproducible(target, method):
     sampling = SamplingConfig(temperature=0.8, seed=5)
-    first, stats = drafted(target, "lookahead", [5, 17, 33, 5, 17], sampling=sampling)
-    again, _ = drafted(target, "lookahead", [5, 17, 33, 5, 17], sampling=sampling)
+    first, stats = drafted(target, method, [5, 17, 33, 5, 17], sampling=sampling)
+    again, _ = drafted(target, method, [5, 17, 33, 5, 17], sampling=sampling)
     assert first == again and stats.drafts > 0

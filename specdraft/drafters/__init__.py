@@ -9,6 +9,7 @@ from . import (  # noqa: F401  (registration side effects)
                    medusa,
                    mtp,
                    prompt_lookup,
+                   recycle,
                    retrieval,
                    self_draft,
                    suffix,

@@ -26,6 +26,11 @@ default so a new drafter writes only what it needs:
   committed token, choices[1 + j] after proposed node j (what the target would say next had the
   draft been right up to j; None for a node the policy did not send; lookahead's Jacobi
   iteration feeds on them). Called before ``observe``.
+* ``take_topk(ids, top)``, for drafters with ``output_topk = K`` > 0: after the prefill and
+  after every verification, ids [n] the tokens of the rows whose logits the forward gave (the
+  prefill: the last prompt token; a check: the newest committed token, then every node sent)
+  and top [n, K] the target's K likeliest next tokens after each (token recycling feeds on
+  them). Called before ``observe``.
 
 Plain decoding is the empty drafter, registered as "none". A draft carries optional per-token
 probabilities q (None = deterministic, treated as one-hot by the verifier), optional tree
@@ -66,6 +71,7 @@ class Drafter:
     name = "none"
     uses_features = False  # True: the engine calls take_features after every target forward
     wants_outputs = False  # True: the engine calls take_outputs after every verification
+    output_topk = 0  # K > 0: the engine calls take_topk with the target's top K after every row it scores
     feature_layers: tuple[int, ...] = ()  # target layers whose outputs take_features also gets
     policy = None  # the engine's policy.DraftPolicy (use_policy), when the cost rule is on
 
@@ -101,6 +107,9 @@ class Drafter:
         pass
 
     def take_outputs(self, choices: list[int]) -> None:
+        pass
+
+    def take_topk(self, ids: list[int], top: torch.Tensor) -> None:
         pass
 
 

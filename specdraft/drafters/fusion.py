@@ -82,6 +82,8 @@ class Fusion(Drafter):
         if len(readers) > 1:
             raise ValueError("fused prophets must read the same target layers")
         self.feature_layers = next(iter(readers), ())
+        self.wants_outputs = any(c.wants_outputs for c in components)
+        self.output_topk = max((c.output_topk for c in components), default=0)
         self.trees = trees  # False: the likeliest branch only, as a chain (a target without tree masks)
         self.proposals: list[Draft] = []  # each component's draft this step, until observed
         self.where: list[list[int]] = []  # component i's node j -> node of the fused proposal
@@ -101,6 +103,17 @@ class Fusion(Drafter):
         for c in self.components:
             if c.uses_features:
                 c.take_features(hidden)
+
+    def take_outputs(self, choices: list[int | None]) -> None:
+        """Each component that reads them gets the target's choices after its own nodes."""
+        for c, merged in zip(self.components, self.where):
+            if c.wants_outputs:
+                c.take_outputs([choices[0]] + [choices[1 + node] if node >= 0 else None for node in merged])
+
+    def take_topk(self, ids: list[int], top: torch.Tensor) -> None:
+        for c in self.components:
+            if c.output_topk:
+                c.take_topk(ids, top[:, :c.output_topk])
 
     def propose(self, context: list[int], k: int, sampling: SamplingConfig,
                 generator: torch.Generator) -> Draft:

@@ -26,6 +26,7 @@ from typing import NamedTuple
 import torch
 
 from ..config import SamplingConfig
+from ..costs import KeyRates
 from .base import Draft, Drafter, DrafterContext, register
 from .trees import best_branch, node_depths, trie_of
 
@@ -33,25 +34,6 @@ WINDOW = 5  # W: Jacobi guesses a step
 NGRAM = 3  # N: pool entries are a token and the N - 1 that followed it
 GUESSES = 4  # G: pool continuations verified a step
 POOL = 8  # continuations kept per first token (the latest)
-
-
-class DepthRates:
-    """How often a branch's guesses at each depth passed, given their parent did (the prior:
-    PRIOR, weighing WEIGHT guesses)."""
-
-    PRIOR = 0.3
-    WEIGHT = 4.0
-
-    def __init__(self):
-        self.tried: dict[int, float] = {}
-        self.passed: dict[int, float] = {}
-
-    def rate(self, depth: int) -> float:
-        return (self.passed.get(depth, 0.0) + self.PRIOR * self.WEIGHT) / (self.tried.get(depth, 0.0) + self.WEIGHT)
-
-    def record(self, depth: int, passed: bool) -> None:
-        self.tried[depth] = self.tried.get(depth, 0.0) + 1
-        self.passed[depth] = self.passed.get(depth, 0.0) + passed
 
 
 class Proposed(NamedTuple):
@@ -73,7 +55,7 @@ class Lookahead(Drafter):
             raise ValueError("lookahead needs window >= 1, ngram >= 2, guesses >= 0")
         self.W, self.N, self.G = window, ngram, guesses
         self.trees = trees  # False: the likeliest branch only, as a chain (a target without tree masks)
-        self.rates = {"window": DepthRates(), "pool": DepthRates()}
+        self.rates = {"window": KeyRates(), "pool": KeyRates()}  # per branch, by depth
         self.begin([])
 
     def begin(self, prompt: list[int]) -> None:
