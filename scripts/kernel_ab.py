@@ -10,6 +10,9 @@ block of rows, the two builds alternating, so a slow phase of the machine hits b
 --model also times whole forwards of the default target at context 300 with each build's
 native decoder over the same weights and caches. Prints medians in ms and base / this ratios.
 --threads 1 measures one core alone (on shared VMs the second vCPU's speed comes and goes).
+Both builds read this checkout's record layout: a base before 1915b89 (Q6_K records of 1696
+bytes, no per-row offset) cannot be compared this way; time each checkout with
+scripts/kernel_paths.py instead, alternately.
 """
 from __future__ import annotations
 
