@@ -102,3 +102,25 @@ def test_an_edited_gguf_is_packed_again(gguf_file):
 
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
     assert gguf_weights._pack_path(path) != before
+
+
+def test_unreachable_packs_are_removed_and_others_kept(gguf_file, tmp_path):
+    path, _ = gguf_file
+    GGUFTensors(path, progress=False)
+    first = gguf_weights._pack_path(path)
+    cache = first.parent
+    legacy = cache / "tiny-000000000000.safetensors"  # an older layout's pack: no "format" in its metadata
+    legacy.write_bytes(first.read_bytes().replace(b'"format"', b'"formaX"'))
+    other_dir = tmp_path / "elsewhere"
+    other_dir.mkdir()
+    other = other_dir / "tiny.gguf"  # another file of the same name: its pack stays
+    other.write_bytes(path.read_bytes())
+    GGUFTensors(other, progress=False)
+    kept = gguf_weights._pack_path(other)
+    assert kept.exists() and first.exists() and not legacy.exists()
+    import os
+
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # edited: packed again
+    t = GGUFTensors(path, progress=False)
+    assert gguf_weights._pack_path(path).exists() and not first.exists() and kept.exists()
+    assert t.has_kernel(TENSORS[0][1])

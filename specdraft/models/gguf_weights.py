@@ -257,7 +257,7 @@ class QuantTensor:
         return w.reshape(G * 8, nb * QK)[:O, :self.in_features]
 
 
-PACK_FORMAT = 3  # bump when the records' layout changes: every packed cache is rebuilt
+PACK_FORMAT = 4  # bump when the records' layout or the pack's metadata changes: every packed cache is rebuilt
 # Order of a block's matrices in the pack: projections that one layer stacks (q, k, v; gate, up)
 # lie next to each other, so GGUFLinear stacks them as a view of the file instead of a copy.
 _PACK_ORDER = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -277,6 +277,25 @@ def _pack_path(path: Path) -> Path:
     st = path.stat()
     key = hashlib.sha256(f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{PACK_FORMAT}".encode()).hexdigest()[:12]
     return cache_root() / "packed" / f"{path.stem}-{key}.safetensors"
+
+
+def _remove_stale_packs(pack: Path, source: str) -> None:
+    """Removes the packs beside ``pack`` that no load can reach any more: those of the same GGUF
+    file made before it was edited (their metadata names the same source), and those of the same
+    name in an older layout (no "format" in their metadata: keyed by an older PACK_FORMAT). Each is
+    ~1 GB for the default target. A pack of another file of the same name is kept; nothing here
+    fails a load."""
+    for other in pack.parent.glob(f"{pack.name.rsplit('-', 1)[0]}-*.safetensors"):
+        if other == pack:
+            continue
+        try:
+            with open(other, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                meta = json.loads(f.read(n)).get("__metadata__", {}) if 0 < n < 1 << 26 else {}
+            if meta.get("source") == source or (meta and "format" not in meta):
+                other.unlink(missing_ok=True)
+        except (OSError, ValueError):
+            continue
 
 
 class GGUFTensors:
@@ -343,8 +362,11 @@ class GGUFTensors:
         pack.parent.mkdir(parents=True, exist_ok=True)
         tmp = pack.with_suffix(f".tmp{os.getpid()}")
         flat = torch.cat(records) if records else torch.zeros(0, dtype=torch.uint8)
-        save_file({"records": flat}, str(tmp), metadata={"arch": arch, "tensors": json.dumps(entries)})
+        source = str(self.path.resolve())
+        save_file({"records": flat}, str(tmp), metadata={"arch": arch, "tensors": json.dumps(entries), "source": source,
+                                                         "format": str(PACK_FORMAT)})
         os.replace(tmp, pack)  # whole or absent: a crash mid-write leaves no half pack
+        _remove_stale_packs(pack, source)
 
     def _name(self, hf_name: str) -> str | None:
         """The GGUF tensor behind a HF weight name when the kernels can multiply it, else None."""
