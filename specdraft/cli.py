@@ -109,8 +109,8 @@ def _add_bench(sub) -> None:
 
 
 def _add_train_head(sub) -> None:
-    t = sub.add_parser("train-drafter", help="train a drafter on the target's features: an EAGLE layer "
-                                             "(--method eagle), Medusa heads (--kind medusa) or the MLP head (--kind mlp)")
+    t = sub.add_parser("train-drafter", help="train a drafter on the target's features: --kind eagle (an EAGLE "
+                                             "layer), medusa, hydra, mtp or mlp (the MLP head)")
     t.set_defaults(func=train_from_args)
     add_train_args(t)
     add_model_args(t)
@@ -122,7 +122,8 @@ def _add_train_head(sub) -> None:
 
 
 def _add_export(sub) -> None:
-    e = sub.add_parser("export", help="write a trained EAGLE drafter in a serving engine's layout (vLLM speculators)")
+    e = sub.add_parser("export", help="write a trained drafter in a serving engine's layout: EAGLE for vLLM "
+                                        "(speculators) or SGLang, Medusa heads for vLLM")
     e.set_defaults(func=export_from_args)
     add_export_args(e)
 
