@@ -71,6 +71,9 @@ def test_components_get_the_target_s_outputs_of_their_own_nodes():
     assert a.choices == [[10, 11, 12]] and b.choices == [[10, 11, None]]
     f.take_topk([0, 1, 2], torch.tensor([[5, 6], [7, 8], [9, 4]]))
     assert a.tops == [([0, 1, 2], [[5, 6], [7, 8], [9, 4]])] and b.tops == [([0, 1, 2], [[5], [7], [9]])]
+    f.observe([0, 1, 7], 1)
+    f.take_outputs([13])  # a step without a draft (a plain forward): no node of theirs was checked
+    assert len(a.choices) == len(b.choices) == 1
 
 
 def test_matched_depth_follows_one_branch():

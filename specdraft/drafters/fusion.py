@@ -142,7 +142,7 @@ class Fusion(Drafter):
             # the component sees the step as its own: its first m guesses passed, and the next
             # committed token is the one the target chose where its proposal left the path
             c.observe(context[:len(context) - num_accepted + m], m)
-        self.proposals = []
+        self.proposals, self.where = [], []  # a step that drafts nothing hands no outputs on
 
 
 @register("fusion", needs_head=True)
