@@ -279,6 +279,15 @@ def _pack_path(path: Path) -> Path:
     return cache_root() / "packed" / f"{path.stem}-{key}.safetensors"
 
 
+def _pack_header(pack: Path) -> tuple[int, dict]:
+    """A pack's (a safetensors file's) header: its byte length and the parsed JSON."""
+    with open(pack, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        if not 0 < n < 1 << 26:
+            raise ValueError(f"{pack.name}: no safetensors header")
+        return n, json.loads(f.read(n))
+
+
 def _remove_stale_packs(pack: Path, source: str) -> None:
     """Removes the packs beside ``pack`` that no load can reach any more: those of the same GGUF
     file made before it was edited (their metadata names the same source), and those of the same
@@ -289,9 +298,7 @@ def _remove_stale_packs(pack: Path, source: str) -> None:
         if other == pack:
             continue
         try:
-            with open(other, "rb") as f:
-                n = int.from_bytes(f.read(8), "little")
-                meta = json.loads(f.read(n)).get("__metadata__", {}) if 0 < n < 1 << 26 else {}
+            meta = _pack_header(other)[1].get("__metadata__", {})
             if meta.get("source") == source or (meta and "format" not in meta):
                 other.unlink(missing_ok=True)
         except (OSError, ValueError):
@@ -314,9 +321,7 @@ class GGUFTensors:
         if not pack.is_file():
             self._write_pack(pack, progress)
         try:
-            with open(pack, "rb") as f:
-                n = int.from_bytes(f.read(8), "little")
-                header = json.loads(f.read(n))
+            n, header = _pack_header(pack)
             meta = header["__metadata__"]
             self.arch = meta["arch"]
             self._entries: dict[str, tuple] = {k: tuple(v) for k, v in json.loads(meta["tensors"]).items()}
