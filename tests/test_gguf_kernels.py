@@ -26,12 +26,12 @@ def ops():
         pytest.skip(str(e))
 
 
-def random_blocks(kind: str, out_f: int, in_f: int, seed: int) -> np.ndarray:
-    """[out, in/256 * block bytes] uint8: random quants, with small finite fp16 scales."""
+def random_blocks(kind: str, out_f: int, in_f: int, seed: int, scale: tuple[float, float] = (1e-3, 2e-2)) -> np.ndarray:
+    """[out, in/256 * block bytes] uint8: random quants, with finite fp16 scales drawn from ``scale``."""
     rng = np.random.default_rng(seed)
     nb = in_f // 256
     b = rng.integers(0, 256, size=(out_f, nb, BLOCK_BYTES[kind]), dtype=np.uint8)
-    scales = rng.uniform(1e-3, 2e-2, size=(out_f, nb, 2)).astype(np.float16).view(np.uint8).reshape(out_f, nb, 4)
+    scales = rng.uniform(*scale, size=(out_f, nb, 2)).astype(np.float16).view(np.uint8).reshape(out_f, nb, 4)
     if kind == "Q4_K":
         b[..., 0:4] = scales  # d, dmin
     else:

@@ -2,16 +2,15 @@
 damaged, and stacked projections (q, k; gate, up) read as views of the map, not copies."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
+from test_gguf_kernels import random_blocks
 
 from specdraft.errors import ModelFileError
 from specdraft.models import gguf_weights
 from specdraft.models.gguf_weights import GGUFLinear, GGUFTensors, unpack_q4k, unpack_q6k
 
 gguf = pytest.importorskip("gguf")
-BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210}
 H, INNER = 256, 512
 # (gguf name, HF name, kind, out, in): one block of a tiny qwen2, in the GGUF's own (sorted) order
 TENSORS = [("blk.0.attn_k.weight", "model.layers.0.self_attn.k_proj.weight", "Q4_K", 64, H),
@@ -22,17 +21,6 @@ TENSORS = [("blk.0.attn_k.weight", "model.layers.0.self_attn.k_proj.weight", "Q4
            ("blk.0.ffn_up.weight", "model.layers.0.mlp.up_proj.weight", "Q4_K", INNER, H)]
 
 
-def blocks(kind: str, out_f: int, in_f: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    b = rng.integers(0, 256, size=(out_f, in_f // 256, BLOCK_BYTES[kind]), dtype=np.uint8)
-    scales = rng.uniform(1e-3, 2e-2, size=(out_f, in_f // 256, 2)).astype(np.float16).view(np.uint8)
-    if kind == "Q4_K":
-        b[..., 0:4] = scales.reshape(out_f, -1, 4)
-    else:
-        b[..., 208:210] = scales.reshape(out_f, -1, 4)[..., :2]
-    return b.reshape(out_f, -1)
-
-
 @pytest.fixture()
 def gguf_file(tmp_path, monkeypatch):
     # packs in a fresh directory; the compiled kernels stay where they are
@@ -41,7 +29,7 @@ def gguf_file(tmp_path, monkeypatch):
     w = gguf.GGUFWriter(str(path), "qwen2")
     data = {}
     for i, (name, hf, kind, out_f, in_f) in enumerate(TENSORS):
-        data[hf] = (kind, blocks(kind, out_f, in_f, seed=i))
+        data[hf] = (kind, random_blocks(kind, out_f, in_f, seed=i))
         w.add_tensor(name, data[hf][1], raw_dtype=getattr(gguf.GGMLQuantizationType, kind))
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -5,7 +5,8 @@ Q4_K_M files use) and run through native kernels (specdraft/kernels/gguf_matmul.
 activations quantized to 8 bits per row and per 256 inputs, as llama.cpp computes them: the model
 computed is the GGUF model itself, not a re-quantization of a bf16 copy, and a one-token forward
 reads ~1.1 GB instead of w8a8's ~1.5 GB. Tensors of other types fall back to w8a8 (from the
-converted copy), layer by layer.
+converted copy), layer by layer. Qwen2 and Llama files ("llama": Llama 2 / 3, Mistral, ...): the
+latter's q / k rows, permuted by llama.cpp's converter for GGML's rope, are packed in HF order.
 
 Kernel layouts (see the C++ file): one record per super-block of 256 inputs, interleaving 8
 output rows per record (4 inputs of each of the 8 rows per 4 bytes, so that one 8-bit product
@@ -35,9 +36,28 @@ SUPPORTED = ("Q4_K", "Q6_K")
 _LAYER_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
                 "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
                 "mlp.down_proj": "ffn_down"}
-# Architectures whose GGUF rows are in Hugging Face's order (llama's q/k rows are permuted by the
-# converter for its rope layout; not supported here).
-_SAME_ROW_ORDER = ("qwen2",)
+# Architectures the kernels run -> whether llama.cpp's converter permuted their q / k rows: for a
+# "llama" file (Llama 2 / 3, Mistral, TinyLlama, ...) it interleaves each head's two rope halves
+# (GGML's rope pairs adjacent dims); Qwen2's rope is already GGML's NEOX form, rows as in HF.
+_ARCHS = {"qwen2": False, "llama": True}
+
+
+def _hf_row_order(rows: int, heads: int) -> np.ndarray:
+    """GGUF row of each HF row of a permuted q / k matrix ([rows] int64). The converter wrote
+    gguf[h, i, j] = hf[h, j, i] (h a head, j a rope half, i < head_dim / 2), so hf = gguf[order]."""
+    return np.arange(rows).reshape(heads, -1, 2).swapaxes(1, 2).reshape(-1)
+
+
+def _head_counts(reader, arch: str) -> dict[str, int]:
+    """GGUF q / k tensor suffix -> the heads its rows hold, from the file's metadata."""
+    def field(key: str) -> int | None:
+        f = reader.fields.get(f"{arch}.attention.{key}")
+        return None if f is None else int(f.parts[f.data[0]][0])
+
+    heads = field("head_count")
+    if heads is None:
+        raise ModelFileError(f"{arch} GGUF without {arch}.attention.head_count; re-create the file")
+    return {"attn_q": heads, "attn_k": field("head_count_kv") or heads}
 
 
 def gguf_name(hf_name: str) -> str | None:
@@ -333,8 +353,8 @@ class GGUFTensors:
             pack.unlink(missing_ok=True)
             raise ModelFileError(f"the packed copy of {self.path.name} in {pack.parent} was damaged and is "
                                  "removed; run the command again to rebuild it") from None
-        if self.arch not in _SAME_ROW_ORDER:
-            raise ModelFileError(f"weight format gguf supports {', '.join(_SAME_ROW_ORDER)} GGUF files, "
+        if self.arch not in _ARCHS:
+            raise ModelFileError(f"weight format gguf supports {', '.join(_ARCHS)} GGUF files, "
                                  f"{self.path.name} is {self.arch!r}; use --target-format w8a8")
 
     def _write_pack(self, pack: Path, progress: bool) -> None:
@@ -349,7 +369,8 @@ class GGUFTensors:
         field = reader.fields.get("general.architecture")
         arch = bytes(field.parts[field.data[0]]).decode() if field is not None else "?"
         records, entries, offset = [], {}, 0
-        if arch in _SAME_ROW_ORDER:  # others are refused on open, with the reason
+        if arch in _ARCHS:  # others are refused on open, with the reason
+            heads = _head_counts(reader, arch) if _ARCHS[arch] else {}
             status = console().status(f"packing {self.path.name} for the GGUF kernels (once)...")
             with status if progress else nullcontext():
                 for t in sorted(reader.tensors, key=lambda t: _pack_key(t.name)):
@@ -357,7 +378,10 @@ class GGUFTensors:
                     if kind not in SUPPORTED or int(t.shape[0]) % QK:
                         continue
                     in_f, out_f = (int(n) for n in t.shape[:2])  # ggml order: inputs first
-                    data = np.asarray(t.data).reshape(out_f, -1)
+                    data = np.asarray(t.data).reshape(out_f, -1)  # a row's blocks: the rows are independent
+                    role = t.name.split(".")[-2]
+                    if role in heads:
+                        data = data[_hf_row_order(out_f, heads[role])]
                     unpack = unpack_q4k if kind == "Q4_K" else unpack_q6k
                     chunk = 8192  # rows per unpack: bounds the temporaries for the output head
                     rec = torch.cat([unpack(data[i:i + chunk]) for i in range(0, out_f, chunk)])

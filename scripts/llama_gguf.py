@@ -1,0 +1,111 @@
+"""A Llama-architecture Q4_K_M GGUF that speaks, made on this machine from the packaged SmolLM2-135M
+(a "llama" model whose widths, 576, are not multiples of 256, so a K-quant file of it has no Q4_K
+projections): its widths padded to 768 with zeros, the same function, then written by llama.cpp's
+own converter and quantizer. It exercises the gguf weight format on a "llama" file (q / k rows
+permuted by the converter) end to end, with real text, against llama.cpp on the same file.
+
+    python scripts/llama_gguf.py OUT_DIR --converter PATH/convert_hf_to_gguf.py
+
+The converter is in llama.cpp's sources (llama-cpp-python's sdist has it under vendor/llama.cpp;
+pass its gguf-py on PYTHONPATH if the installed gguf is older); the quantizer is llama-cpp-python's
+llama_model_quantize. Writes OUT_DIR/hf (the padded model), OUT_DIR/padded-f16.gguf and
+OUT_DIR/padded-q4_k_m.gguf.
+
+Padding keeps the function: hidden 576 -> 768 and 9 query heads -> 12 (3 per key/value head -> 4;
+each group's fourth head has zero query and zero output columns, so what it attends to is never
+added), every new width zero in the embeddings and in each projection's rows or columns, so the
+residual stream is zero there; RMSNorm then divides by a mean over 768 widths instead of 576, so
+the norm weights take a factor sqrt(576 / 768) and eps 576 / 768 of itself.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+WIDTH = 768
+
+
+def pad_model(src: Path, out: Path) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(src)
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    H, hd, nh, nkv = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    per = nh // nkv
+    new_nh = WIDTH // hd
+    new_per = new_nh // nkv
+    assert new_per * nkv == new_nh and new_per >= per
+    # new query head of each old one: group g's heads first, the group's padding heads after
+    heads = torch.tensor([(h // per) * new_per + h % per for h in range(nh)])
+    rows = (heads[:, None] * hd + torch.arange(hd)).reshape(-1)  # [nh * hd] new q rows / o columns
+    norm = (H / WIDTH) ** 0.5
+
+    def pad_in(w):  # [out, H] -> [out, WIDTH]
+        return torch.cat([w, w.new_zeros(w.shape[0], WIDTH - H)], 1)
+
+    new = {}
+    for name, w in model.state_dict().items():
+        if name.endswith("norm.weight"):
+            w = torch.cat([w * norm, w.new_zeros(WIDTH - H)])
+        elif "embed_tokens" in name or name == "lm_head.weight":
+            w = pad_in(w)
+        elif "q_proj" in name:
+            q = w.new_zeros(new_nh * hd, WIDTH)
+            q[rows] = pad_in(w)
+            w = q
+        elif "k_proj" in name or "v_proj" in name or "gate_proj" in name or "up_proj" in name:
+            w = pad_in(w)
+        elif "o_proj" in name:
+            o = w.new_zeros(WIDTH, new_nh * hd)
+            o[:H, rows] = w
+            w = o
+        elif "down_proj" in name:
+            w = torch.cat([w, w.new_zeros(WIDTH - H, w.shape[1])])
+        new[name] = w
+    cfg.hidden_size, cfg.num_attention_heads, cfg.rms_norm_eps = WIDTH, new_nh, cfg.rms_norm_eps * H / WIDTH
+    padded = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    padded.load_state_dict(new, strict=False)  # a tied lm_head comes with the embeddings
+    check_same_function(model, padded)
+    padded.to(torch.bfloat16).save_pretrained(out)  # the source's own precision
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        if (src / f).exists():
+            shutil.copy(src / f, out / f)
+
+
+def check_same_function(model, padded) -> None:
+    ids = torch.tensor([[1, 504, 3458, 314, 260, 1345, 30, 2743, 28, 1023, 4710, 2]])
+    with torch.no_grad():
+        a, b = model(ids).logits[0], padded(ids).logits[0]
+    print(f"padded vs original logits: max |diff| {float((a - b).abs().max()):.3g} "
+          f"(logits' std {float(a.std()):.3g}), argmax agree {float((a.argmax(-1) == b.argmax(-1)).float().mean()):.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--converter", type=Path, required=True, help="llama.cpp's convert_hf_to_gguf.py")
+    ap.add_argument("--source", default="smollm2-135m", help="packaged Llama-family model to pad")
+    args = ap.parse_args()
+    from specdraft.models.packaged import resolve_model_dir
+
+    src = Path(resolve_model_dir(args.source))
+    hf, f16, q4 = args.out / "hf", args.out / "padded-f16.gguf", args.out / "padded-q4_k_m.gguf"
+    args.out.mkdir(parents=True, exist_ok=True)
+    pad_model(src, hf)
+    subprocess.run([sys.executable, str(args.converter), str(hf), "--outtype", "f16", "--outfile", str(f16)], check=True)
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+    if llama_cpp.llama_model_quantize(str(f16).encode(), str(q4).encode(), params) != 0:
+        sys.exit("llama_model_quantize failed")
+    print(f"wrote {q4}")
+
+
+if __name__ == "__main__":
+    main()

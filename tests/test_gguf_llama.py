@@ -1,0 +1,129 @@
+"""A Llama-family GGUF through the gguf weight format. llama.cpp's converter stores a "llama" file's
+q / k rows permuted (each head's two rope halves interleaved, for GGML's rope); the pack must put
+them back in Hugging Face's order, or every attention score is wrong. Here a tiny Llama's GGUF is
+written the way the converter writes one (its permutation, applied to the quantized rows: rows are
+independent), and the native forward over it must match the dense forward of the same weights."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_gguf_kernels import ops, random_blocks  # noqa: F401  (ops: the fixture that skips without kernels)
+
+from _tiny import save
+from specdraft.models import gguf_weights
+from specdraft.models.gguf_weights import GGUFTensors
+from specdraft.models.llama import LlamaModel
+
+gguf = pytest.importorskip("gguf")
+from gguf.quants import dequantize  # noqa: E402
+
+H, INNER, HEADS, KV_HEADS, LAYERS, VOCAB = 256, 512, 4, 2, 2, 96
+HD = H // HEADS
+# HF projection -> (GGUF name, kind, rows, heads its rows hold when the converter permutes them)
+PROJ = {"self_attn.q_proj": ("attn_q", "Q4_K", H, HEADS), "self_attn.k_proj": ("attn_k", "Q4_K", KV_HEADS * HD, KV_HEADS),
+        "self_attn.v_proj": ("attn_v", "Q6_K", KV_HEADS * HD, None), "self_attn.o_proj": ("attn_output", "Q4_K", H, None),
+        "mlp.gate_proj": ("ffn_gate", "Q4_K", INNER, None), "mlp.up_proj": ("ffn_up", "Q4_K", INNER, None),
+        "mlp.down_proj": ("ffn_down", "Q6_K", H, None)}
+# fp16 super-block scales giving weights of ~0.05, as in a trained model (Q6_K's int8 scales are larger)
+SCALES = {"Q4_K": (1e-4, 3e-4), "Q6_K": (5e-6, 1.5e-5)}
+
+
+def converter_permute(rows: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp convert_hf_to_gguf's LlamaModel.permute, written as it is there: [out, ...] rows in
+    HF order -> the order a "llama" GGUF stores."""
+    return rows.reshape(heads, 2, rows.shape[0] // heads // 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+
+
+@pytest.fixture(scope="module")
+def llama_dir_and_blocks(tmp_path_factory):
+    """A tiny Llama (GQA, untied) whose projections are random Q4_K / Q6_K blocks, saved dense (their
+    dequantized values) as a HF directory, and the blocks in HF row order by GGUF name."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=H, intermediate_size=INNER, num_hidden_layers=LAYERS,
+                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=128,
+                      rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
+                      pad_token_id=None)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    blocks, seed = {}, 0
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape))
+            elif "layers" not in name:
+                p.copy_(0.5 * torch.randn(p.shape))  # embeddings and output head: dense, from the HF dir
+        for i in range(LAYERS):
+            for hf, (gname, kind, rows, _) in PROJ.items():
+                seed += 1
+                b = random_blocks(kind, rows, model.get_parameter(f"model.layers.{i}.{hf}.weight").shape[1], seed,
+                                  scale=SCALES[kind])
+                w = dequantize(b, getattr(gguf.GGMLQuantizationType, kind)).reshape(rows, -1)
+                model.get_parameter(f"model.layers.{i}.{hf}.weight").copy_(torch.from_numpy(w.astype(np.float32)))
+                blocks[f"blk.{i}.{gname}.weight"] = (kind, b)
+    return save(model, tmp_path_factory.mktemp("llama") / "hf"), blocks
+
+
+def write_gguf(path, arch: str, blocks: dict) -> None:
+    """The projections as llama.cpp's converter writes them for ``arch``: q / k permuted for llama."""
+    heads = {f"blk.{i}.{g}.weight": h for i in range(LAYERS) for g, _, _, h in PROJ.values() if h}
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    for name, (kind, b) in blocks.items():
+        if arch == "llama" and name in heads:
+            b = converter_permute(b, heads[name])
+        w.add_tensor(name, b, raw_dtype=getattr(gguf.GGMLQuantizationType, kind))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def logits_agreement(directory, path) -> float:
+    """The least cosine similarity of a row of gguf and dense logits over a 12-token prompt."""
+    ids = torch.tensor([5, 17, 3, 88, 42, 42, 7, 60, 11, 2, 95, 30])
+    dense = LlamaModel.from_dir(directory, dtype=torch.float32, max_length=64).forward(ids).logits
+    native = LlamaModel.from_dir(directory, dtype=torch.float32, max_length=64, weight_format="gguf",
+                                 gguf=GGUFTensors(path, progress=False)).forward(ids).logits
+    return float(torch.nn.functional.cosine_similarity(native, dense, dim=-1).min())
+
+
+def test_llama_gguf_rows_come_back_in_hf_order(ops, llama_dir_and_blocks, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(gguf_weights, "cache_root", lambda: tmp_path / "cache")
+    directory, blocks = llama_dir_and_blocks
+    write_gguf(tmp_path / "tiny-llama.gguf", "llama", blocks)
+    t = GGUFTensors(tmp_path / "tiny-llama.gguf", progress=False)
+    for i in range(LAYERS):  # the packed records are those of the HF-order blocks, bit for bit
+        for hf, (gname, kind, _, _) in PROJ.items():
+            unpack = gguf_weights.unpack_q4k if kind == "Q4_K" else gguf_weights.unpack_q6k
+            assert torch.equal(t.get(f"model.layers.{i}.{hf}.weight").w, unpack(blocks[f"blk.{i}.{gname}.weight"][1]))
+    # the whole forward: only the activations' 8-bit steps apart from the dense weights' forward
+    # (0.998 here; the rows left as the file has them give 0.31, next test)
+    assert logits_agreement(directory, tmp_path / "tiny-llama.gguf") > 0.99
+
+
+def test_the_check_sees_unrestored_rows(ops, llama_dir_and_blocks, tmp_path, monkeypatch):  # noqa: F811
+    """The same permuted rows read as a qwen2 file (no permutation undone) give other logits: the
+    forward check above fails when the rows are not put back."""
+    monkeypatch.setattr(gguf_weights, "cache_root", lambda: tmp_path / "cache")
+    directory, blocks = llama_dir_and_blocks
+    path = tmp_path / "as-qwen2.gguf"
+    write_gguf(path, "llama", blocks)
+    raw = path.read_bytes().replace(b"llama", b"qwen2")  # same length: the header's strings keep their sizes
+    path.write_bytes(raw)
+    assert logits_agreement(directory, path) < 0.99
+
+
+def test_llama_gguf_without_head_count_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(gguf_weights, "cache_root", lambda: tmp_path / "cache")
+    path = tmp_path / "no-heads.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tensor("blk.0.attn_q.weight", random_blocks("Q4_K", 8, 256, 0), raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(gguf_weights.ModelFileError, match="head_count"):
+        GGUFTensors(path, progress=False)
