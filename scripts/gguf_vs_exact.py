@@ -1,0 +1,55 @@
+"""How far our gguf forward and llama.cpp's are from the GGUF file's exact model: the logits of one
+chat prompt from specdraft (weight format gguf: 8-bit activations), from llama.cpp (llama-cpp-python,
+the same file) and from transformers with the file's weights dequantized to fp32 (no activation
+rounding), compared row by row.
+
+    python scripts/gguf_vs_exact.py [MODEL] [--prompt TEXT]
+
+MODEL: a packaged name or a .gguf file (default: the default target). Needs llama-cpp-python.
+"""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+
+
+def compare(name: str, logits: torch.Tensor, exact: torch.Tensor) -> None:
+    d = (logits - exact).abs()
+    cos = torch.nn.functional.cosine_similarity(logits, exact, dim=-1)
+    top = (logits.argmax(-1) == exact.argmax(-1)).float().mean()
+    print(f"  {name} vs exact: |diff| mean {d.mean():.4f} max {d.max():.3f}; cosine min {cos.min():.5f}; "
+          f"top-1 agreement {top:.3f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", nargs="?", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--prompt", default="What is the capital of France? Answer in one sentence, then name three "
+                                        "famous landmarks there.")
+    args = ap.parse_args()
+    from llama_cpp import Llama
+    from transformers import AutoModelForCausalLM
+
+    from specdraft.models.packaged import gguf_file
+    from specdraft.pipeline import load_model
+
+    path = gguf_file(args.model)
+    lm = load_model(args.model, dtype="auto", weight_format="gguf", max_length=512)
+    ids = lm.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}], add_generation_prompt=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    ours = lm.model.forward(torch.tensor(ids)).logits.float()
+    llm = Llama(model_path=str(path), n_ctx=512, n_threads=2, logits_all=True, verbose=False)
+    llm.eval(ids)
+    theirs = torch.tensor(np.array(llm.scores[:len(ids)]), dtype=torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    with torch.no_grad():
+        exact = hf(torch.tensor([ids])).logits[0].float()
+    print(f"{path.name}: {len(ids)} prompt tokens; exact logits' std {float(exact.std()):.2f}")
+    compare("specdraft gguf", ours, exact)
+    compare("llama.cpp", theirs, exact)
+
+
+if __name__ == "__main__":
+    main()
