@@ -4,7 +4,11 @@ projections): its widths padded to 768 with zeros, the same function, then writt
 own converter and quantizer. It exercises the gguf weight format on a "llama" file (q / k rows
 permuted by the converter) end to end, with real text, against llama.cpp on the same file.
 
-    python scripts/llama_gguf.py OUT_DIR --converter PATH/convert_hf_to_gguf.py
+    python scripts/llama_gguf.py OUT_DIR --converter PATH/convert_hf_to_gguf.py [--llama3-rope N]
+
+--llama3-rope N gives the model Llama 3.1's RoPE scaling ("llama3": factor 8, low / high frequency
+factors 1 / 4) with N as its original context, which llama.cpp's converter writes as the file's
+rope_freqs tensor; a small N makes it bite at short positions (the model then speaks less well).
 
 The converter is in llama.cpp's sources (llama-cpp-python's sdist has it under vendor/llama.cpp;
 pass its gguf-py on PYTHONPATH if the installed gguf is older); the quantizer is llama-cpp-python's
@@ -30,7 +34,7 @@ import torch
 WIDTH = 768
 
 
-def pad_model(src: Path, out: Path) -> None:
+def pad_model(src: Path, out: Path, llama3_rope: int | None = None) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = AutoConfig.from_pretrained(src)
@@ -71,6 +75,11 @@ def pad_model(src: Path, out: Path) -> None:
     padded = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     padded.load_state_dict(new, strict=False)  # a tied lm_head comes with the embeddings
     check_same_function(model, padded)
+    if llama3_rope:
+        theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+        padded.config.rope_parameters = {"rope_type": "llama3", "rope_theta": theta, "factor": 8.0,
+                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                         "original_max_position_embeddings": llama3_rope}
     padded.to(torch.bfloat16).save_pretrained(out)  # the source's own precision
     for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
         if (src / f).exists():
@@ -90,13 +99,14 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--converter", type=Path, required=True, help="llama.cpp's convert_hf_to_gguf.py")
     ap.add_argument("--source", default="smollm2-135m", help="packaged Llama-family model to pad")
+    ap.add_argument("--llama3-rope", type=int, metavar="N", help="Llama 3.1 RoPE scaling, original context N")
     args = ap.parse_args()
     from specdraft.models.packaged import resolve_model_dir
 
     src = Path(resolve_model_dir(args.source))
     hf, f16, q4 = args.out / "hf", args.out / "padded-f16.gguf", args.out / "padded-q4_k_m.gguf"
     args.out.mkdir(parents=True, exist_ok=True)
-    pad_model(src, hf)
+    pad_model(src, hf, args.llama3_rope)
     subprocess.run([sys.executable, str(args.converter), str(hf), "--outtype", "f16", "--outfile", str(f16)], check=True)
     import llama_cpp
 

@@ -127,3 +127,49 @@ def test_llama_gguf_without_head_count_is_one_line(tmp_path, monkeypatch):
     w.close()
     with pytest.raises(gguf_weights.ModelFileError, match="head_count"):
         GGUFTensors(path, progress=False)
+
+
+def test_rope_freqs_of_a_gguf_are_read_and_divide_the_frequencies(tmp_path):
+    """Llama 3.1+ files carry their RoPE scaling as llama.cpp's per-frequency divisors (rope_freqs);
+    transformers' GGUF loader drops them, the converted copy keeps them for the native tables."""
+    from transformers import LlamaConfig
+
+    from specdraft.models.convert import rope_freq_factors
+    from specdraft.models.llama import rope_tables
+
+    factors = np.linspace(1.0, 8.0, HD // 2).astype(np.float32)
+    with_freqs, without = tmp_path / "freqs.gguf", tmp_path / "plain.gguf"
+    for path, extra in ((with_freqs, True), (without, False)):
+        w = gguf.GGUFWriter(str(path), "llama")
+        if extra:
+            w.add_tensor("rope_freqs.weight", factors)
+        w.add_tensor("blk.0.attn_norm.weight", np.ones(H, np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+    assert rope_freq_factors(with_freqs) == factors.tolist() and rope_freq_factors(without) is None
+
+    cfg = LlamaConfig(hidden_size=H, num_attention_heads=HEADS, rope_theta=10000.0)
+    cos, sin = rope_tables(cfg, 64)
+    cfg.rope_freq_factors = factors.tolist()
+    cos_f, sin_f = rope_tables(cfg, 64)
+    inv = 1.0 / (10000.0 ** (torch.arange(0, HD, 2, dtype=torch.float) / HD)) / torch.from_numpy(factors)
+    angle = torch.outer(torch.arange(64, dtype=torch.float), inv)
+    assert torch.allclose(cos_f, torch.cat([angle, angle], -1).cos(), atol=1e-6)
+    assert torch.allclose(sin_f, torch.cat([angle, angle], -1).sin(), atol=1e-6)
+    assert torch.equal(cos[:, 0], cos_f[:, 0])  # factor 1: the first frequency as without factors
+    assert not torch.allclose(cos, cos_f)
+
+
+@pytest.mark.parametrize(("fmt", "model_type", "kept"), [(2, "llama", True), (1, "qwen2", True), (1, "llama", False),
+                                                          (1, "mistral", False), (0, "qwen2", False)])
+def test_copies_converted_before_rope_factors_are_redone_for_llama_only(tmp_path, fmt, model_type, kept):
+    import json
+
+    from specdraft.models import convert
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
+    (tmp_path / "model.safetensors").write_bytes(b"x")
+    (tmp_path / convert.MARKER).write_text(json.dumps({"format": fmt, "sha256": "s"}))
+    assert convert.is_converted(tmp_path) is kept

@@ -22,7 +22,9 @@ from .files import first_line, step, umask
 from .join import file_sha256
 
 MARKER = "specdraft-source.json"  # written last: a model dir without it is incomplete
-MARKER_FORMAT = 1  # bump to force reconversion of every cached model after a format change
+MARKER_FORMAT = 2  # bump to force reconversion of every cached model after a format change
+# Older formats still good for models of other types: 1 lacked a Llama file's rope_freq_factors
+_STILL_GOOD = {1: ("llama", "mistral")}  # format -> model types it must be redone for
 GGUF_MAGIC = b"GGUF"
 
 
@@ -36,10 +38,15 @@ def read_marker(model_dir: Path) -> dict | None:
         marker = json.loads((model_dir / MARKER).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(marker, dict) or marker.get("format") != MARKER_FORMAT:
+    if not isinstance(marker, dict) or not all((model_dir / f).is_file() for f in ("config.json", "model.safetensors")):
         return None
-    if not all((model_dir / f).is_file() for f in ("config.json", "model.safetensors")):
-        return None
+    if marker.get("format") != MARKER_FORMAT:
+        redo = _STILL_GOOD.get(marker.get("format"))
+        try:
+            if redo is None or json.loads((model_dir / "config.json").read_text()).get("model_type") in redo:
+                return None
+        except (OSError, ValueError):
+            return None
     return marker
 
 
@@ -92,19 +99,39 @@ def _state_dict_for_saving(model) -> dict:
     return result
 
 
-def _config_dict(model) -> dict:
+def _config_dict(model, rope_freq_factors: list[float] | None = None) -> dict:
     """config.json contents for the converted copy.
 
     ``quantization_config`` must go: left in, transformers would treat the bf16 safetensors as
     packed GGUF weights. ``architectures`` is empty after a GGUF load; filling it in keeps tools
-    that dispatch on it (and AutoModelForCausalLM) happy.
+    that dispatch on it (and AutoModelForCausalLM) happy. ``rope_freq_factors`` (see
+    rope_freq_factors) is kept for the native runtime's RoPE tables.
     """
     cfg = model.config.to_dict()
     for key in ("quantization_config", "_name_or_path", "name_or_path"):
         cfg.pop(key, None)
     cfg["architectures"] = [type(model).__name__]
     cfg["dtype"] = "bfloat16"
+    if rope_freq_factors is not None:
+        cfg["rope_freq_factors"] = rope_freq_factors
     return cfg
+
+
+def rope_freq_factors(gguf_path: Path) -> list[float] | None:
+    """The per-frequency RoPE divisors a GGUF carries as its ``rope_freqs.weight`` tensor ([head_dim
+    / 2] float32; llama.cpp's converter writes Llama 3.1+'s "llama3" scaling that way, and llama.cpp
+    divides each rotation frequency by its factor), or None. transformers' GGUF loader drops the
+    tensor, so without it a converted Llama 3.1 / 3.2 would rotate as an unscaled model does."""
+    import gguf
+    import numpy as np
+
+    try:
+        tensor = next((t for t in gguf.GGUFReader(str(gguf_path)).tensors if t.name == "rope_freqs.weight"), None)
+    except Exception:  # an unreadable file fails its load with the reason, elsewhere
+        return None
+    if tensor is None or tensor.tensor_type.name != "F32":
+        return None
+    return [float(v) for v in np.asarray(tensor.data, dtype=np.float32).reshape(-1)]
 
 
 @contextmanager
@@ -158,7 +185,8 @@ def _load_gguf(gguf_path: Path, progress: bool, fix: str):
     return model, tokenizer
 
 
-def _save_copy(model, tokenizer, tmp: Path, out_dir: Path, gguf_name: str, progress: bool) -> None:
+def _save_copy(model, tokenizer, tmp: Path, out_dir: Path, gguf_name: str, progress: bool,
+               rope_factors: list[float] | None = None) -> None:
     """Write the safetensors weights, config, generation config and tokenizer into ``tmp``."""
     from safetensors.torch import save_file
 
@@ -170,7 +198,7 @@ def _save_copy(model, tokenizer, tmp: Path, out_dir: Path, gguf_name: str, progr
     try:
         with step("saving safetensors", progress):
             save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-            (tmp / "config.json").write_text(json.dumps(_config_dict(model), indent=2, sort_keys=True) + "\n")
+            (tmp / "config.json").write_text(json.dumps(_config_dict(model, rope_factors), indent=2, sort_keys=True) + "\n")
             model.generation_config.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
     except OSError as e:
@@ -204,7 +232,8 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True, sha256: 
     try:
         with _quiet_transformers():
             model, tokenizer = _load_gguf(gguf_path, progress, fix)
-            _save_copy(model, tokenizer, tmp, out_dir, gguf_path.name, progress)
+            factors = rope_freq_factors(gguf_path) if model.config.model_type in ("llama", "mistral") else None
+            _save_copy(model, tokenizer, tmp, out_dir, gguf_path.name, progress, factors)
             with step("verifying the converted copy", progress):
                 _verify_copy(tmp, model, tokenizer)
             del model

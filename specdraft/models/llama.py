@@ -87,6 +87,9 @@ def rope_tables(config, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config)
     else:
         raise ModelFileError(f"RoPE type {rope_type!r} is not supported by the native runtime; use --runtime hf")
+    factors = getattr(config, "rope_freq_factors", None)  # a GGUF's rope_freqs (models.convert)
+    if factors is not None:
+        inv_freq = inv_freq.float() / torch.tensor(factors, dtype=torch.float)
     pos = torch.arange(max_len, dtype=torch.float)
     freqs = torch.outer(pos, inv_freq.float())  # [max_len, hd/2]
     emb = torch.cat([freqs, freqs], dim=-1)  # [max_len, hd]
