@@ -14,13 +14,15 @@ MAX_POS = 256
 
 
 def make_config(kind: str = "qwen2", *, vocab: int = VOCAB, tie: bool = False, layers: int = 2):
-    from transformers import LlamaConfig, Qwen2Config
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
-    cls = {"qwen2": Qwen2Config, "llama": LlamaConfig}[kind]
+    cls = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}[kind]
+    # qwen3: q / k heads RMS-normalised, and heads wider than hidden / heads (as Qwen3-0.6B's 16 x 128 over 1024)
+    extra = {"head_dim": 32} if kind == "qwen3" else {}
     cfg = cls(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=MAX_POS,
               tie_word_embeddings=tie, rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=None,
-              pad_token_id=None)
+              pad_token_id=None, **extra)
     cfg._attn_implementation = "eager"  # the reference: plain math, no fused kernels
     return cfg
 

@@ -30,7 +30,9 @@ def models(tmp_path_factory):
     near = perturbed(target, seed=7, noise=0.01)  # a draft that mostly agrees with the target
     other = build_hf("qwen2", seed=1)  # an unrelated draft: mostly rejected
     llama_tied = build_hf("llama", seed=2, tie=True)
+    qwen3 = build_hf("qwen3", seed=3)
     return {
+        "qwen3": (qwen3, save(qwen3, root / "qwen3")),
         "target": (target, save(target, root / "target")),
         "near": (near, save(near, root / "near")),
         "other": (other, save(other, root / "other")),
@@ -88,7 +90,7 @@ def hf_logits(model, ids: list[int]) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------ runtime
 
-@pytest.mark.parametrize("name", ["target", "llama-tied"])
+@pytest.mark.parametrize("name", ["target", "llama-tied", "qwen3"])
 def test_native_logits_equal_transformers(models, name):
     hf, path = models[name]
     native = load_native(path)

@@ -140,6 +140,27 @@ def test_rope_cache(ops):
     assert kc[:, :start].abs().sum() == 0 and kc[:, start + T:].abs().sum() == 0  # nothing else written
 
 
+def test_rope_cache_with_head_norms(ops):
+    """Qwen3: each q / k head RMS-normalised over its hd values (own weights for q and k) before
+    RoPE; v as it comes."""
+    T, start, eps = 3, 10, 1e-6
+    g = torch.Generator().manual_seed(4)
+    qkv = 3 * torch.randn(T, (NH + 2 * NKV) * HD, generator=g)
+    cos, sin = torch.randn(T, HD, generator=g), torch.randn(T, HD, generator=g)
+    qn, kn = 1 + 0.3 * torch.randn(HD, generator=g), 1 + 0.3 * torch.randn(HD, generator=g)
+    kc, vc = torch.zeros(NKV, C, HD), torch.zeros(NKV, C, HD)
+    q = ops.rope_cache(qkv, cos, sin, kc, vc, start, NH, qn, kn, eps)
+    heads = qkv.view(T, NH + 2 * NKV, HD).transpose(0, 1)
+    qk = heads[:NH + NKV] * torch.rsqrt(heads[:NH + NKV].pow(2).mean(-1, keepdim=True) + eps)
+    qk = torch.cat([qk[:NH] * qn, qk[NH:] * kn])
+    rot = qk * cos + torch.roll(qk, HD // 2, -1) * sin
+    torch.testing.assert_close(q, rot[:NH])
+    torch.testing.assert_close(kc[:, start:start + T], rot[NH:])
+    assert torch.equal(vc[:, start:start + T], heads[NH + NKV:])
+    with pytest.raises(RuntimeError, match="together"):
+        ops.rope_cache(qkv, cos, sin, kc, vc, start, NH, qn, None, eps)
+
+
 def test_bad_shapes_are_refused(ops):
     k, v = cache(0)
     q = torch.randn(NH, 2, HD)
@@ -151,11 +172,11 @@ def test_bad_shapes_are_refused(ops):
         ops.rope_cache(torch.randn(2, (NH + 2 * NKV) * HD), torch.randn(2, HD), torch.randn(2, HD), k, v, C - 1, NH)
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+@pytest.mark.parametrize("kind", ["qwen2", "llama", "qwen3"])
 def test_fused_decoder_is_the_layer_loop_bit_for_bit(ops, tmp_path, kind):
     """kernels.Decoder runs every layer in one call; it must compute exactly what the Python
     loop over the same native steps computes: decode steps, blocks, a tree, and past the
-    32-row pass of the matrix kernels (qwen2 has q/k/v biases)."""
+    32-row pass of the matrix kernels (qwen2 has q/k/v biases, qwen3 q / k norms)."""
     from _tiny import build_hf, save
     from specdraft.models.llama import LlamaModel
 

@@ -24,10 +24,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("length"), pybind11::arg("mask") = pybind11::none());
     m.def("rms_quantize", &rms_quantize, "x [T, H], w [H], eps -> quantize_q8k(RMSNorm(x) * w)");
     m.def("swiglu_quantize", &swiglu_quantize, "gate_up [T, 2I] -> quantize_q8k(silu(gate) * up)");
-    m.def("rope_cache", &rope_cache, "qkv [T, (nh + 2 nkv) hd], cos, sin_signed [T, hd], k/v caches, start, nh -> q [nh, T, hd]; k, v stored");
+    m.def("rope_cache", &rope_cache, "qkv [T, (nh + 2 nkv) hd], cos, sin_signed [T, hd], k/v caches, start, nh[, q_norm, k_norm [hd], eps] -> q [nh, T, hd]; k, v stored",
+          pybind11::arg("qkv"), pybind11::arg("cos"), pybind11::arg("sin_signed"), pybind11::arg("k_cache"), pybind11::arg("v_cache"),
+          pybind11::arg("start"), pybind11::arg("num_heads"), pybind11::arg("q_norm") = pybind11::none(),
+          pybind11::arg("k_norm") = pybind11::none(), pybind11::arg("eps") = 0.0);
     // module_local: builds of other sources can load beside this one (scripts/kernel_ab.py)
     pybind11::class_<NativeDecoder>(m, "Decoder", pybind11::module_local())
-        .def(pybind11::init<pybind11::list, int64_t, double>(), "layers: [(ln1, ln2, k_cache, v_cache, qkv, o, gate_up, down)], num_heads, eps")
+        .def(pybind11::init<pybind11::list, int64_t, double>(), "layers: [(ln1, ln2, k_cache, v_cache, qkv, o, gate_up, down[, q_norm, k_norm])], num_heads, eps")
         .def("forward", &NativeDecoder::forward, "x [T, H], start, cos, sin_signed [T, hd], mask [T, start + T] or None -> x after every layer",
              pybind11::arg("x"), pybind11::arg("start"), pybind11::arg("cos"), pybind11::arg("sin_signed"), pybind11::arg("mask") = pybind11::none());
 }

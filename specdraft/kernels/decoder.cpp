@@ -9,7 +9,8 @@
 // result stays independent of the block it is computed in.
 //
 // Decoder(layers, num_heads, eps): layers is a list, one tuple per layer:
-//   (ln1 [H], ln2 [H], k_cache, v_cache [nkv, C, hd], qkv, o, gate_up, down)
+//   (ln1 [H], ln2 [H], k_cache, v_cache [nkv, C, hd], qkv, o, gate_up, down[, q_norm, k_norm [hd]])
+// (q_norm, k_norm: Qwen3's per-head RMSNorm of q and k, in rope_cache; None or absent elsewhere)
 // where each projection is (parts, bias or None) and parts a list of (kind: 4 = Q4_K, 6 = Q6_K,
 // records uint8 [ceil(out / 8), in' / 256 * REC], out) stacked along the outputs.
 // forward(x [T, H] f32, start, cos [T, hd], sin_signed [T, hd], mask [T, start + T] bool or None)
@@ -45,9 +46,13 @@ NativeDecoder::Projection read_projection(const py::handle& spec) {
 NativeDecoder::NativeDecoder(py::list layers, int64_t num_heads, double eps) : num_heads_(num_heads), eps_(eps) {
     for (const auto& item : layers) {
         auto t = item.cast<py::tuple>();
-        TORCH_CHECK(t.size() == 8, "a layer is (ln1, ln2, k_cache, v_cache, qkv, o, gate_up, down)");
+        TORCH_CHECK(t.size() == 8 || t.size() == 10, "a layer is (ln1, ln2, k_cache, v_cache, qkv, o, gate_up, down[, q_norm, k_norm])");
         Layer l{t[0].cast<torch::Tensor>(), t[1].cast<torch::Tensor>(), t[2].cast<torch::Tensor>(), t[3].cast<torch::Tensor>(),
-                read_projection(t[4]), read_projection(t[5]), read_projection(t[6]), read_projection(t[7])};
+                read_projection(t[4]), read_projection(t[5]), read_projection(t[6]), read_projection(t[7]), std::nullopt, std::nullopt};
+        if (t.size() == 10 && !t[8].is_none()) {
+            l.q_norm = t[8].cast<torch::Tensor>().contiguous();
+            l.k_norm = t[9].cast<torch::Tensor>().contiguous();
+        }
         TORCH_CHECK(l.gate_up.out % 2 == 0, "gate_up: [2I] outputs (gate | up)");
         layers_.push_back(std::move(l));
     }
@@ -84,7 +89,7 @@ torch::Tensor NativeDecoder::forward(torch::Tensor x, int64_t start, torch::Tens
     };
     for (auto& l : layers_) {
         torch::Tensor qkv = project(l.qkv, rms_quantize(x, l.ln1, eps_));
-        torch::Tensor q = rope_cache(qkv, cos, sin_signed, l.k, l.v, start, num_heads_);
+        torch::Tensor q = rope_cache(qkv, cos, sin_signed, l.k, l.v, start, num_heads_, l.q_norm, l.k_norm, eps_);
         torch::Tensor o = block_attention(q, l.k, l.v, start + T, mask);  // [T, nh, hd]
         add(project(l.o, quantize_q8k(o.view({T, -1}))));
         torch::Tensor gate_up = project(l.gate_up, rms_quantize(x, l.ln2, eps_));

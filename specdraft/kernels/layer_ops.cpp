@@ -64,8 +64,11 @@ std::vector<torch::Tensor> swiglu_quantize(torch::Tensor gate_up) {
 // RoPE (rotate-half convention, sin with its first half negated: x cos + roll(x, hd/2) sin) on
 // the q and k heads of qkv, k and v written to the caches at positions start .. start + T - 1.
 // qkv [T, (nh + 2 nkv) hd] f32; cos, sin_signed [T, hd]; caches [nkv, C, hd] -> q [nh, T, hd]
+// With q_norm, k_norm ([hd] f32 each; Qwen3) every q / k head is first RMS-normalised over its hd
+// values and scaled by them, as the norms' weights times x / sqrt(mean(x^2) + eps).
 torch::Tensor rope_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin_signed, torch::Tensor k_cache,
-                         torch::Tensor v_cache, int64_t start, int64_t num_heads) {
+                         torch::Tensor v_cache, int64_t start, int64_t num_heads,
+                         std::optional<torch::Tensor> q_norm, std::optional<torch::Tensor> k_norm, double eps) {
     TORCH_CHECK(qkv.dtype() == torch::kFloat32 && qkv.dim() == 2 && qkv.is_contiguous(), "qkv: contiguous float32 [T, n]");
     TORCH_CHECK(k_cache.dtype() == torch::kFloat32 && v_cache.dtype() == torch::kFloat32 && k_cache.dim() == 3 &&
                 k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes(),
@@ -75,6 +78,14 @@ torch::Tensor rope_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
     TORCH_CHECK(cos.dtype() == torch::kFloat32 && sin_signed.dtype() == torch::kFloat32 && cos.is_contiguous() &&
                 sin_signed.is_contiguous() && cos.numel() == T * hd && sin_signed.numel() == T * hd, "cos, sin: float32 [T, hd]");
     TORCH_CHECK(start >= 0 && start + T <= C, "cache overflow");
+    TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "q_norm and k_norm come together");
+    const float *pqn = nullptr, *pkn = nullptr;
+    if (q_norm) {
+        TORCH_CHECK(q_norm->dtype() == torch::kFloat32 && k_norm->dtype() == torch::kFloat32 && q_norm->is_contiguous() &&
+                    k_norm->is_contiguous() && q_norm->numel() == hd && k_norm->numel() == hd, "q_norm, k_norm: float32 [hd]");
+        pqn = q_norm->data_ptr<float>(), pkn = k_norm->data_ptr<float>();
+    }
+    std::vector<float> normed(pqn ? hd : 0);
     auto q = torch::empty({nh, T, hd}, torch::kFloat32);
     const float *pqkv = qkv.data_ptr<float>(), *pc = cos.data_ptr<float>(), *ps = sin_signed.data_ptr<float>();
     float *pq = q.data_ptr<float>(), *pk = k_cache.data_ptr<float>(), *pv = v_cache.data_ptr<float>();
@@ -83,6 +94,18 @@ torch::Tensor rope_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
         const float *row = pqkv + t * width, *c = pc + t * hd, *s = ps + t * hd;
         for (int64_t h = 0; h < nh + nkv; ++h) {  // q heads, then k heads
             const float* x = row + h * hd;
+            if (pqn) {  // the head's RMSNorm first
+                const float* w = h < nh ? pqn : pkn;
+                __m256 ss = _mm256_setzero_ps();
+                for (int64_t i = 0; i < hd; i += 8) {
+                    const __m256 v = _mm256_loadu_ps(x + i);
+                    ss = _mm256_fmadd_ps(v, v, ss);
+                }
+                const __m256 r = _mm256_set1_ps(1.0f / std::sqrt(simd::hsum(ss) / (float)hd + (float)eps));
+                for (int64_t i = 0; i < hd; i += 8)
+                    _mm256_storeu_ps(normed.data() + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(x + i), r)));
+                x = normed.data();
+            }
             float* out = h < nh ? pq + (h * T + t) * hd : pk + ((h - nh) * C + start + t) * hd;
             for (int64_t i = 0; i < hd; i += 8) {
                 const int64_t j = (i + half) % hd;  // roll(x, hd/2)[i] = x[(i + hd/2) mod hd]

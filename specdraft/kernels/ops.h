@@ -34,7 +34,9 @@ torch::Tensor block_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
 std::vector<torch::Tensor> rms_quantize(torch::Tensor x, torch::Tensor w, double eps);
 std::vector<torch::Tensor> swiglu_quantize(torch::Tensor gate_up);
 torch::Tensor rope_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin_signed, torch::Tensor k_cache,
-                         torch::Tensor v_cache, int64_t start, int64_t num_heads);
+                         torch::Tensor v_cache, int64_t start, int64_t num_heads,
+                         std::optional<torch::Tensor> q_norm = std::nullopt, std::optional<torch::Tensor> k_norm = std::nullopt,
+                         double eps = 0.0);
 
 // decoder.cpp: every decoder layer of a GGUF-weight model in one call (see there)
 class NativeDecoder {
@@ -46,7 +48,7 @@ public:
                           std::optional<torch::Tensor> mask);
 
 private:
-    struct Layer { torch::Tensor ln1, ln2, k, v; Projection qkv, o, gate_up, down; };
+    struct Layer { torch::Tensor ln1, ln2, k, v; Projection qkv, o, gate_up, down; std::optional<torch::Tensor> q_norm, k_norm; };
     static torch::Tensor project(const Projection& p, const std::vector<torch::Tensor>& xq);
     std::vector<Layer> layers_;
     int64_t num_heads_;

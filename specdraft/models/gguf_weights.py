@@ -38,8 +38,8 @@ _LAYER_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "sel
                 "mlp.down_proj": "ffn_down"}
 # Architectures the kernels run -> whether llama.cpp's converter permuted their q / k rows: for a
 # "llama" file (Llama 2 / 3, Mistral, TinyLlama, ...) it interleaves each head's two rope halves
-# (GGML's rope pairs adjacent dims); Qwen2's rope is already GGML's NEOX form, rows as in HF.
-_ARCHS = {"qwen2": False, "llama": True}
+# (GGML's rope pairs adjacent dims); Qwen2 / Qwen3's rope is already GGML's NEOX form, rows as in HF.
+_ARCHS = {"qwen2": False, "qwen3": False, "llama": True}
 
 
 def _hf_row_order(rows: int, heads: int) -> np.ndarray:

@@ -27,7 +27,7 @@ from .base import ModelOutput, check_taps
 from .gguf_weights import GGUFLinear, RequantizedWeights
 from .quant import fbgemm_available, make_linear
 
-SUPPORTED_TYPES = ("llama", "qwen2", "mistral")
+SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ class LlamaSpec:
     max_position: int
     tie_embeddings: bool
     attention_bias: bool  # Qwen2 has q/k/v biases; Llama may (attention_bias=true)
+    qk_norm: bool = False  # Qwen3: each q / k head RMS-normalised (weights [hd]) before RoPE
 
 
 def read_spec(config) -> LlamaSpec:
@@ -65,6 +66,7 @@ def read_spec(config) -> LlamaSpec:
         max_position=config.max_position_embeddings,
         tie_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         attention_bias=bias,
+        qk_norm=config.model_type == "qwen3",
     )
 
 
@@ -238,12 +240,13 @@ class LazyWeights(dict):
 class _Layer:
     """One decoder layer: norms and linear objects, with q/k/v and gate/up fused."""
 
-    __slots__ = ("down", "gate_up", "ln1", "ln2", "o", "qkv")
+    __slots__ = ("down", "gate_up", "ln1", "ln2", "o", "qk_norm", "qkv")
 
-    def __init__(self, ln1, ln2, qkv, o, gate_up, down):
+    def __init__(self, ln1, ln2, qkv, o, gate_up, down, qk_norm=None):
         self.ln1, self.ln2 = ln1, ln2  # [H]
         self.qkv, self.o = qkv, o  # H -> (nh + 2 nkv) hd, nh hd -> H
         self.gate_up, self.down = gate_up, down  # H -> 2I, I -> H
+        self.qk_norm = qk_norm  # (q_norm, k_norm) [hd] each (Qwen3), else None
 
 
 class LlamaModel:
@@ -320,7 +323,9 @@ class LlamaModel:
                    linear([a + "o_proj.weight"], None, "o"),
                    linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], None, "gate_up"),
                    linear([p + "mlp.down_proj.weight"], None, "down")]
-            self.layers.append(_Layer(w(p + "input_layernorm.weight"), w(p + "post_attention_layernorm.weight"), *lin))
+            qk_norm = (w(a + "q_norm.weight"), w(a + "k_norm.weight")) if s.qk_norm else None
+            self.layers.append(_Layer(w(p + "input_layernorm.weight"), w(p + "post_attention_layernorm.weight"), *lin,
+                                      qk_norm=qk_norm))
             for name in ("q_proj", "k_proj", "v_proj", "o_proj"):  # free the unfused copies as we go
                 weights.pop(a + name + ".weight", None)
             for name in ("gate_proj", "up_proj", "down_proj"):
@@ -351,7 +356,8 @@ class LlamaModel:
         part = slice(first, end)
         return self._ops.Decoder(
             [(l.ln1, l.ln2, kc, vc, l.qkv.native_spec(), l.o.native_spec(), l.gate_up.native_spec(),
-              l.down.native_spec()) for l, kc, vc in zip(self.layers[part], self.k_cache[part], self.v_cache[part])],
+              l.down.native_spec(), *(l.qk_norm or ()))
+             for l, kc, vc in zip(self.layers[part], self.k_cache[part], self.v_cache[part])],
             self.spec.num_heads, self.spec.rms_eps)
 
     def _segments(self, taps: tuple[int, ...]) -> list:
@@ -498,6 +504,9 @@ class LlamaModel:
             h = self._rms(x, layer.ln1)
             qkv = layer.qkv(h)  # [T, (nh + 2 nkv) hd]
             qk = qkv[:, :self._q_size + self._kv_size].view(T, s.num_heads + s.num_kv_heads, s.head_dim)
+            if layer.qk_norm is not None:  # Qwen3: each head normalised over its hd values
+                qk = torch.cat([self._rms(qk[:, :s.num_heads], layer.qk_norm[0]),
+                                self._rms(qk[:, s.num_heads:], layer.qk_norm[1])], 1)
             qk = _rotate(qk.transpose(0, 1), cos, sin)  # [nh + nkv, T, hd]: q and k rotated together
             q, k = qk[:s.num_heads], qk[s.num_heads:]  # [nh, T, hd], [nkv, T, hd]
             v = qkv[:, self._q_size + self._kv_size:].view(T, s.num_kv_heads, s.head_dim).transpose(0, 1)
@@ -545,7 +554,8 @@ class LlamaModel:
         for i, layer in enumerate(self.layers):
             kc, vc = self.k_cache[i], self.v_cache[i]
             qkv = layer.qkv.on_quantized(ops.rms_quantize(x, layer.ln1, s.rms_eps))  # [T, (nh + 2 nkv) hd]
-            q = ops.rope_cache(qkv, cos, sin, kc, vc, L0, s.num_heads)  # [nh, T, hd]
+            q = ops.rope_cache(qkv, cos, sin, kc, vc, L0, s.num_heads, *(layer.qk_norm or (None, None)),
+                               s.rms_eps)  # [nh, T, hd]
             o = ops.block_attention(q, kc, vc, L, mask)  # [T, nh, hd]
             x = x + layer.o(o.reshape(T, self._q_size))
             gate_up = layer.gate_up.on_quantized(ops.rms_quantize(x, layer.ln2, s.rms_eps))  # [T, 2I]

@@ -1,10 +1,17 @@
-"""A Llama-architecture Q4_K_M GGUF that speaks, made on this machine from the packaged SmolLM2-135M
+"""Q4_K_M GGUF files of other architectures than the default target's, made on this machine, for
+the gguf weight format's end-to-end checks against llama.cpp on the same file.
+
+Default: a Llama-architecture file that speaks, made from the packaged SmolLM2-135M
 (a "llama" model whose widths, 576, are not multiples of 256, so a K-quant file of it has no Q4_K
 projections): its widths padded to 768 with zeros, the same function, then written by llama.cpp's
 own converter and quantizer. It exercises the gguf weight format on a "llama" file (q / k rows
 permuted by the converter) end to end, with real text, against llama.cpp on the same file.
 
-    python scripts/llama_gguf.py OUT_DIR --converter PATH/convert_hf_to_gguf.py [--llama3-rope N]
+    python scripts/make_gguf.py OUT_DIR --converter PATH/convert_hf_to_gguf.py [--llama3-rope N]
+    python scripts/make_gguf.py OUT_DIR --converter ... --random qwen3
+
+--random qwen3: a random 4-layer Qwen3 (q / k norms; hidden 256, 4 heads of 128) with the default
+target's tokenizer; its text is noise, its logits still comparable with llama.cpp's.
 
 --llama3-rope N gives the model Llama 3.1's RoPE scaling ("llama3": factor 8, low / high frequency
 factors 1 / 4) with N as its original context, which llama.cpp's converter writes as the file's
@@ -86,6 +93,29 @@ def pad_model(src: Path, out: Path, llama3_rope: int | None = None) -> None:
             shutil.copy(src / f, out / f)
 
 
+def random_model(arch: str, out: Path) -> None:
+    """A random model of ``arch`` whose widths are multiples of 256, with the default target's tokenizer."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from specdraft.models.packaged import resolve_model_dir
+
+    tok = Path(resolve_model_dir("qwen2.5-coder-1.5b"))
+    base = AutoConfig.from_pretrained(tok)
+    cfg = AutoConfig.for_model(arch, vocab_size=base.vocab_size, hidden_size=256, intermediate_size=768,
+                               num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+                               max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                               bos_token_id=base.bos_token_id, eos_token_id=base.eos_token_id)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(1.0 + 0.2 * torch.randn(p.shape) if "norm" in name else 0.05 * torch.randn(p.shape))
+    model.to(torch.bfloat16).save_pretrained(out)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        if (tok / f).exists():
+            shutil.copy(tok / f, out / f)
+
+
 def check_same_function(model, padded) -> None:
     ids = torch.tensor([[1, 504, 3458, 314, 260, 1345, 30, 2743, 28, 1023, 4710, 2]])
     with torch.no_grad():
@@ -100,13 +130,17 @@ def main() -> None:
     ap.add_argument("--converter", type=Path, required=True, help="llama.cpp's convert_hf_to_gguf.py")
     ap.add_argument("--source", default="smollm2-135m", help="packaged Llama-family model to pad")
     ap.add_argument("--llama3-rope", type=int, metavar="N", help="Llama 3.1 RoPE scaling, original context N")
+    ap.add_argument("--random", metavar="ARCH", help="a random model of this transformers model type instead")
     args = ap.parse_args()
     from specdraft.models.packaged import resolve_model_dir
 
-    src = Path(resolve_model_dir(args.source))
-    hf, f16, q4 = args.out / "hf", args.out / "padded-f16.gguf", args.out / "padded-q4_k_m.gguf"
+    stem = args.random or "padded"
+    hf, f16, q4 = args.out / "hf", args.out / f"{stem}-f16.gguf", args.out / f"{stem}-q4_k_m.gguf"
     args.out.mkdir(parents=True, exist_ok=True)
-    pad_model(src, hf, args.llama3_rope)
+    if args.random:
+        random_model(args.random, hf)
+    else:
+        pad_model(Path(resolve_model_dir(args.source)), hf, args.llama3_rope)
     subprocess.run([sys.executable, str(args.converter), str(hf), "--outtype", "f16", "--outfile", str(f16)], check=True)
     import llama_cpp
 
