@@ -142,8 +142,9 @@ def test_all_expands_to_every_registered_method_and_peers_may_follow():
         parse_methods("everything")
 
 
-# methods `all` skips for a model with no trained drafter shipped and no --index
+# methods `all` skips for a model with no trained drafter shipped, no --index and no --draft
 NEED_TRAINED_OR_INDEX = {"head", "hybrid-head", "fusion", "retrieval", "eagle", "medusa", "hydra", "mtp"}
+NEED_DRAFT = {"draft-model", "hybrid"}  # another target than the default: the default draft's tokenizer may not fit
 
 
 def test_all_skips_methods_that_cannot_run_but_a_named_one_stays(tmp_path):
@@ -152,16 +153,16 @@ def test_all_skips_methods_that_cannot_run_but_a_named_one_stays(tmp_path):
 
     no_head = bench_args()
     methods, skipped = drop_unavailable(parse_methods("all,hf-generate"), "all,hf-generate", no_head)
-    assert set(skipped) == NEED_TRAINED_OR_INDEX and "pass --head DIR" in skipped["head"]
+    assert set(skipped) == NEED_TRAINED_OR_INDEX | NEED_DRAFT and "pass --head DIR" in skipped["head"]
+    assert "pass --draft" in skipped["draft-model"]
     assert "pass --eagle DIR" in skipped["eagle"] and "pass --medusa DIR" in skipped["medusa"]
     assert "pass --mtp DIR" in skipped["mtp"]
     assert "--index" in skipped["retrieval"]
     assert methods == [m for m in parse_methods("all,hf-generate") if m not in skipped]
     named, skipped = drop_unavailable(parse_methods("all,head"), "all,head", no_head)
-    assert "head" in named and set(skipped) == NEED_TRAINED_OR_INDEX - {"head"}  # asked for by name: it stays
-    with_head = bench_args("--head", str(tmp_path / "head"), "--eagle", str(tmp_path / "eagle"),
-                           "--medusa", str(tmp_path / "medusa"), "--hydra", str(tmp_path / "hydra"),
-                           "--mtp", str(tmp_path / "mtp"), "--index", str(tmp_path / "index"))
+    assert "head" in named and set(skipped) == (NEED_TRAINED_OR_INDEX | NEED_DRAFT) - {"head"}  # named: it stays
+    with_head = bench_args(*(a for n in ("draft", "head", "eagle", "medusa", "hydra", "mtp", "index")
+                             for a in (f"--{n}", str(tmp_path / n))))
     assert drop_unavailable(parse_methods("all"), "all", with_head) == (drafter_names(), {})
 
 

@@ -50,10 +50,13 @@ def unavailable(method: str, args) -> str | None:
         spec_from_args(method, args)
     except ParameterError as e:
         return str(e)
+    target = args.target or DEFAULT_TARGET
+    if needs_draft_model(method) and getattr(args, "draft", None) is None and target != DEFAULT_TARGET:
+        # the default draft shares the default target's tokenizer; another target's is unknown until it loads
+        return f"it needs a draft model sharing the tokenizer of {target!r} (pass --draft NAME|DIR|FILE.gguf)"
     kind = head_kind(method)
     if kind is None:
         return None
-    target = args.target or DEFAULT_TARGET
     option = "--head" if kind == "mlp" else f"--{kind}"
     if getattr(args, option[2:]) is None and shipped_head_dir(target, kind) is None:
         what = "a drafting head" if kind == "mlp" else f"a trained {kind} drafter"
