@@ -5,8 +5,8 @@ Q4_K_M files use) and run through native kernels (specdraft/kernels/gguf_matmul.
 activations quantized to 8 bits per row and per 256 inputs, as llama.cpp computes them: the model
 computed is the GGUF model itself, not a re-quantization of a bf16 copy, and a one-token forward
 reads ~1.1 GB instead of w8a8's ~1.5 GB. Tensors of other types fall back to w8a8 (from the
-converted copy), layer by layer. Qwen2 and Llama files ("llama": Llama 2 / 3, Mistral, ...): the
-latter's q / k rows, permuted by llama.cpp's converter for GGML's rope, are packed in HF order.
+converted copy), layer by layer. Qwen2, Qwen3 and Llama files ("llama": Llama 2 / 3, Mistral,
+...): the last's q / k rows, permuted by llama.cpp's converter for GGML's rope, are packed in HF order.
 
 Kernel layouts (see the C++ file): one record per super-block of 256 inputs, interleaving 8
 output rows per record (4 inputs of each of the 8 rows per 4 bytes, so that one 8-bit product
