@@ -173,3 +173,82 @@ def test_copies_converted_before_rope_factors_are_redone_for_llama_only(tmp_path
     (tmp_path / "model.safetensors").write_bytes(b"x")
     (tmp_path / convert.MARKER).write_text(json.dumps({"format": fmt, "sha256": "s"}))
     assert convert.is_converted(tmp_path) is kept
+
+
+def byte_level_alphabet() -> list[str]:
+    """GPT-2's printable stand-ins for the 256 bytes: a byte-level BPE vocabulary's first tokens."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    extra = iter(range(256, 512))
+    return [chr(b if b in keep else next(extra)) for b in range(256)]
+
+
+@pytest.fixture(scope="module")
+def llama_gguf_file(tmp_path_factory):
+    """A whole tiny "llama" GGUF as llama.cpp's converter writes one: metadata, a byte-level BPE
+    tokenizer, F32 embeddings / norms / output head, Q4_K / Q6_K projections with q / k permuted,
+    and Llama 3.1-style rope_freqs; returns (path, the rope factors)."""
+    tokens = [*byte_level_alphabet(), "Ġt", "he", "<|endoftext|>"]
+    vocab, factors = len(tokens), np.linspace(1.0, 4.0, HD // 2).astype(np.float32)
+    path = tmp_path_factory.mktemp("llama-file") / "tiny-llama.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny")
+    w.add_context_length(128)
+    w.add_embedding_length(H)
+    w.add_block_count(LAYERS)
+    w.add_feed_forward_length(INNER)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(HD)
+    w.add_vocab_size(vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * (vocab - 1) + [3])
+    w.add_token_merges(["Ġ t", "h e"])
+    w.add_bos_token_id(vocab - 1)
+    w.add_eos_token_id(vocab - 1)
+    rng = np.random.default_rng(0)
+    w.add_tensor("token_embd.weight", (0.5 * rng.standard_normal((vocab, H))).astype(np.float32))
+    w.add_tensor("output_norm.weight", (1 + 0.1 * rng.standard_normal(H)).astype(np.float32))
+    w.add_tensor("output.weight", (0.05 * rng.standard_normal((vocab, H))).astype(np.float32))
+    w.add_tensor("rope_freqs.weight", factors)
+    heads = {g: h for g, _, _, h in PROJ.values() if h}
+    for i in range(LAYERS):
+        for seed, (gname, kind, rows, _) in enumerate(PROJ.values()):
+            b = random_blocks(kind, rows, INNER if gname == "ffn_down" else H, 10 * i + seed, scale=SCALES[kind])
+            if gname in heads:
+                b = converter_permute(b, heads[gname])
+            w.add_tensor(f"blk.{i}.{gname}.weight", b, raw_dtype=getattr(gguf.GGMLQuantizationType, kind))
+        for norm in ("attn_norm", "ffn_norm"):
+            w.add_tensor(f"blk.{i}.{norm}.weight", (1 + 0.1 * rng.standard_normal(H)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path, factors
+
+
+def test_a_llama_gguf_file_runs_end_to_end(ops, llama_gguf_file, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """The file through the whole load (conversion, pack, runtime choice) and the CLI: it runs on
+    the GGUF kernels, keeps its RoPE divisors, and computes what its dense copy computes (the copy
+    un-permuted by transformers, the pack by us: a wrong order on either side would part them)."""
+    from transformers import AutoConfig
+
+    from specdraft.cli import main
+    from specdraft.models import packaged
+    from specdraft.pipeline import load_model
+
+    path, factors = llama_gguf_file
+    for module in (gguf_weights, packaged):  # the converted copy and the pack in a fresh place; the kernels stay
+        monkeypatch.setattr(module, "cache_root", lambda: tmp_path / "cache")
+    native = load_model(str(path), dtype="auto", weight_format="auto", max_length=64)
+    assert native.model.weight_format == "gguf"
+    assert AutoConfig.from_pretrained(native.path).rope_freq_factors == pytest.approx(factors.tolist())
+    dense = load_model(str(path), dtype="fp32", weight_format="dense", max_length=64)
+    ids = torch.tensor(native.tokenizer("the tether that the thin ten tie")["input_ids"])
+    a, b = native.model.forward(ids).logits, dense.model.forward(ids).logits
+    assert float(torch.nn.functional.cosine_similarity(a, b, dim=-1).min()) > 0.99
+    assert main(["generate", "--target", str(path), "--method", "suffix", "--max-new-tokens", "6", "--no-chat",
+                 "--color", "never", "the tether"]) == 0
