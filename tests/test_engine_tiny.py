@@ -656,3 +656,16 @@ def test_detokenizer_never_splits_a_multibyte_character():
     out = [detok.add(t) for t in "aé€b".encode()]
     assert out == ["a", "", "é", "", "", "€", "b"]
 
+
+
+def test_a_sliding_window_in_force_bounds_the_context():
+    """Within its window a sliding-window model attends as a full one; the runtime holds no more."""
+    from transformers import MistralConfig, Qwen2Config
+
+    from specdraft.models.llama import read_spec
+
+    assert read_spec(MistralConfig(sliding_window=32, max_position_embeddings=256)).max_position == 32
+    assert read_spec(MistralConfig(sliding_window=None, max_position_embeddings=256)).max_position == 256
+    off = Qwen2Config(sliding_window=16, use_sliding_window=False, max_position_embeddings=256)
+    on = Qwen2Config(sliding_window=16, use_sliding_window=True, max_window_layers=0, max_position_embeddings=256)
+    assert read_spec(off).max_position == 256 and read_spec(on).max_position == 16

@@ -63,11 +63,23 @@ def read_spec(config) -> LlamaSpec:
         num_kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
         head_dim=head_dim,
         rms_eps=config.rms_norm_eps,
-        max_position=config.max_position_embeddings,
+        max_position=_attention_span(config),
         tie_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         attention_bias=bias,
         qk_norm=config.model_type == "qwen3",
     )
+
+
+def _attention_span(config) -> int:
+    """Positions the native runtime may hold: the model's, or its sliding window where one is in
+    force (Mistral 7B v0.1: 4,096; a Qwen with use_sliding_window). Within the window sliding
+    attention is full attention, which is what the runtime computes; past it the outputs would
+    part from the model's, so a context stops there (a clear overflow, never a wrong token)."""
+    window = getattr(config, "sliding_window", None)
+    layers = getattr(config, "layer_types", None) or []
+    if window and (config.model_type == "mistral" or "sliding_attention" in layers):
+        return min(config.max_position_embeddings, int(window))
+    return config.max_position_embeddings
 
 
 def rope_tables(config, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
