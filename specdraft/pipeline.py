@@ -22,7 +22,7 @@ from .kernels import KernelUnavailable, gguf_ops
 from .metrics import SpecStats
 from .models.gguf_weights import gguf_source
 from .models.hf import HFModel
-from .models.llama import SUPPORTED_TYPES, LlamaModel
+from .models.llama import LlamaModel, not_native
 from .models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model_dir
 from .models.quant import WEIGHT_FORMATS, resolve_format
 from .prefix import DEFAULT_BUDGET, PrefixCache, reuses_exactly
@@ -98,7 +98,7 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
     except Exception as e:
         raise ModelFileError(f"cannot load config/tokenizer from {path} ({type(e).__name__}); "
                              "is it a complete Hugging Face model directory?") from None
-    native = runtime == "native" or (runtime == "auto" and config.model_type in SUPPORTED_TYPES)
+    native = runtime == "native" or (runtime == "auto" and not_native(config) is None)
     if head_vocab == "auto":
         vocab = getattr(config, "vocab_size", 0) or 0
         head_vocab = DEFAULT_DRAFT_VOCAB if vocab >= 2 * DEFAULT_DRAFT_VOCAB else None

@@ -669,3 +669,23 @@ def test_a_sliding_window_in_force_bounds_the_context():
     off = Qwen2Config(sliding_window=16, use_sliding_window=False, max_position_embeddings=256)
     on = Qwen2Config(sliding_window=16, use_sliding_window=True, max_window_layers=0, max_position_embeddings=256)
     assert read_spec(off).max_position == 256 and read_spec(on).max_position == 16
+
+
+def test_a_llama_the_runtime_cannot_compute_goes_to_transformers(tmp_path):
+    """MLP biases (or another activation than silu): the native runtime would drop them, so auto
+    picks the transformers adapter and --runtime native says why in one line."""
+    from specdraft.errors import ModelFileError
+    from specdraft.models.llama import LlamaModel, not_native
+
+    model = build_hf("llama", seed=4)
+    model.config.mlp_bias = True
+    assert "biases" in not_native(model.config)
+    model.config.mlp_bias, model.config.hidden_act = False, "gelu"
+    assert "activation" in not_native(model.config)
+    model.config.hidden_act = "silu"
+    assert not_native(model.config) is None
+    d = save(model, tmp_path / "m")
+    cfg = (d / "config.json").read_text().replace('"mlp_bias": false', '"mlp_bias": true')
+    (d / "config.json").write_text(cfg)
+    with pytest.raises(ModelFileError, match=r"biases.*; use --runtime hf"):
+        LlamaModel.from_dir(d, dtype=torch.float32)

@@ -30,6 +30,17 @@ from .quant import fbgemm_available, make_linear
 SUPPORTED_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
 
+def not_native(config) -> str | None:
+    """Why the native runtime cannot compute this model as transformers does, or None."""
+    if config.model_type not in SUPPORTED_TYPES:
+        return f"model type {config.model_type!r} is not native"
+    if getattr(config, "mlp_bias", False):
+        return "its MLP has biases, which the native runtime does not add"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"its MLP activation is {config.hidden_act!r}, the native runtime's is silu"
+    return None
+
+
 @dataclass(frozen=True)
 class LlamaSpec:
     """The few config fields the forward needs, read from config.json."""
@@ -424,8 +435,8 @@ class LlamaModel:
             config = AutoConfig.from_pretrained(path)
         except Exception as e:
             raise ModelFileError(f"cannot read {path}/config.json ({type(e).__name__}); is this a model directory?") from None
-        if config.model_type not in SUPPORTED_TYPES:
-            raise ModelFileError(f"model type {config.model_type!r} is not native; use --runtime hf")
+        if (why := not_native(config)) is not None:
+            raise ModelFileError(f"{why}; use --runtime hf")
         files = sorted(path.glob("*.safetensors"))
         if not files:
             raise ModelFileError(f"no *.safetensors weights in {path}; convert or re-download the model")
