@@ -12,6 +12,9 @@ permuted by the converter) end to end, with real text, against llama.cpp on the 
 
 --random qwen3: a random 4-layer Qwen3 (q / k norms; hidden 256, 4 heads of 128) with the default
 target's tokenizer; its text is noise, its logits still comparable with llama.cpp's.
+--random llama --shape llama-3.2-1b: a random model of Llama 3.2 1B's shapes (16 layers, hidden
+2048, 32 heads of 64 over 8 key/value heads, MLP 8192, tied embeddings) with the default target's
+tokenizer (151,936 ids against Llama 3's 128,256): for timing the forward of a common Llama.
 
 --llama3-rope N gives the model Llama 3.1's RoPE scaling ("llama3": factor 8, low / high frequency
 factors 1 / 4) with N as its original context, which llama.cpp's converter writes as the file's
@@ -93,18 +96,24 @@ def pad_model(src: Path, out: Path, llama3_rope: int | None = None) -> None:
             shutil.copy(src / f, out / f)
 
 
-def random_model(arch: str, out: Path) -> None:
-    """A random model of ``arch`` whose widths are multiples of 256, with the default target's tokenizer."""
+SHAPES = {
+    "tiny": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=128, tie_word_embeddings=False),
+    "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                         num_key_value_heads=8, head_dim=64, tie_word_embeddings=True, rope_theta=500000.0),
+}
+
+
+def random_model(arch: str, out: Path, shape: str = "tiny") -> None:
+    """A random model of ``arch`` and ``shape`` (widths multiples of 256), with the default target's tokenizer."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from specdraft.models.packaged import resolve_model_dir
 
     tok = Path(resolve_model_dir("qwen2.5-coder-1.5b"))
     base = AutoConfig.from_pretrained(tok)
-    cfg = AutoConfig.for_model(arch, vocab_size=base.vocab_size, hidden_size=256, intermediate_size=768,
-                               num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
-                               max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False,
-                               bos_token_id=base.bos_token_id, eos_token_id=base.eos_token_id)
+    cfg = AutoConfig.for_model(arch, vocab_size=base.vocab_size, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                               bos_token_id=base.bos_token_id, eos_token_id=base.eos_token_id, **SHAPES[shape])
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():
@@ -131,6 +140,7 @@ def main() -> None:
     ap.add_argument("--source", default="smollm2-135m", help="packaged Llama-family model to pad")
     ap.add_argument("--llama3-rope", type=int, metavar="N", help="Llama 3.1 RoPE scaling, original context N")
     ap.add_argument("--random", metavar="ARCH", help="a random model of this transformers model type instead")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="--random's sizes")
     args = ap.parse_args()
     from specdraft.models.packaged import resolve_model_dir
 
@@ -138,7 +148,7 @@ def main() -> None:
     hf, f16, q4 = args.out / "hf", args.out / f"{stem}-f16.gguf", args.out / f"{stem}-q4_k_m.gguf"
     args.out.mkdir(parents=True, exist_ok=True)
     if args.random:
-        random_model(args.random, hf)
+        random_model(args.random, hf, args.shape)
     else:
         pad_model(Path(resolve_model_dir(args.source)), hf, args.llama3_rope)
     subprocess.run([sys.executable, str(args.converter), str(hf), "--outtype", "f16", "--outfile", str(f16)], check=True)

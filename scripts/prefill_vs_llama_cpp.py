@@ -1,8 +1,9 @@
-"""Prefill speed and one-token decode of the default target: the native runtime against llama.cpp
-(llama-cpp-python) on the same GGUF file, 2 threads each, interleaved in rounds (this machine's
-phases hit both alike). Needs `pip install 'specdraft[llama-cpp]'`.
+"""Prefill speed and one-token decode of the default target (or MODEL: a packaged name or a .gguf
+file): the native runtime against llama.cpp (llama-cpp-python) on the same GGUF file, 2 threads
+each, interleaved in rounds (this machine's phases hit both alike). Needs `pip install
+'specdraft[llama-cpp]'`.
 
-    python scripts/prefill_vs_llama_cpp.py [ROUNDS]
+    python scripts/prefill_vs_llama_cpp.py [ROUNDS] [MODEL]
 """
 import statistics
 import sys
@@ -16,12 +17,13 @@ from specdraft.models.packaged import gguf_file
 from specdraft.pipeline import Speculator
 
 ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+MODEL = sys.argv[2] if len(sys.argv) > 2 else "qwen2.5-coder-1.5b"
 PROMPT_TOKENS = (128, 300, 700)
 STEPS = 16  # one-token forwards timed after each prefill
 
-sd = Speculator("qwen2.5-coder-1.5b", dtype="fp32", runtime="native", max_length=2048, load_draft=False)
+sd = Speculator(MODEL, dtype="fp32", runtime="native", max_length=2048, load_draft=False)
 ours = sd.target.model
-llm = Llama(model_path=str(gguf_file("qwen2.5-coder-1.5b")), n_ctx=2048, n_threads=2, n_threads_batch=2, verbose=False)
+llm = Llama(model_path=str(gguf_file(MODEL)), n_ctx=2048, n_threads=2, n_threads_batch=2, verbose=False)
 ids = sd.tokenizer((Path(__file__).parents[1] / "README.md").read_text())["input_ids"]
 
 
