@@ -219,3 +219,18 @@ def test_resolve_packaged_corrupt_part_names_fix(fake_package, cache):
 
 def test_aliases_name_the_defaults():
     assert packaged.ALIASES == {"default-target": "qwen2.5-coder-1.5b", "default-draft": "qwen2.5-coder-0.5b"}
+
+
+def test_safetensors_read_without_a_map_round_trips(tmp_path):
+    """The converted copy is checked tensor by tensor with plain reads (models.files)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from specdraft.models.files import read_safetensors, safetensors_header
+
+    tensors = {"a": torch.randn(3, 5).to(torch.bfloat16), "b": torch.arange(7, dtype=torch.float32),
+               "c": torch.zeros(0, 4), "d": torch.tensor([[1, 2], [3, 4]], dtype=torch.int64)}
+    save_file(tensors, str(tmp_path / "t.safetensors"), metadata={"format": "pt"})
+    got = dict(read_safetensors(tmp_path / "t.safetensors"))
+    assert set(got) == set(tensors) and all(torch.equal(got[k], v) and got[k].dtype == v.dtype for k, v in tensors.items())
+    assert safetensors_header(tmp_path / "t.safetensors")[1]["__metadata__"] == {"format": "pt"}

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import ModelFileError
-from .files import first_line, step, umask
+from .files import first_line, read_safetensors, safetensors_header, step, umask
 from .join import file_sha256
 
 MARKER = "specdraft-source.json"  # written last: a model dir without it is incomplete
@@ -248,26 +248,29 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True, sha256: 
 
 
 def _verify_copy(model_dir: Path, model, tokenizer) -> None:
-    """Reload the converted dir like any consumer would and compare it with the source model.
+    """Reread the converted dir as a consumer would and compare it with the source model, one
+    tensor at a time (a second whole model beside the first was the conversion's peak memory:
+    7.4 GB resident for the default target, against 5.5 GB for the load itself).
 
     Catches the classic conversion bugs: a dropped or untied ``lm_head``, a config that makes
     transformers expect packed weights, a tokenizer that encodes differently after saving.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
-    copy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
-    want, got = model.state_dict(), copy.state_dict()
-    if set(want) != set(got):
+    config = AutoConfig.from_pretrained(model_dir)
+    if getattr(config, "quantization_config", None) is not None:
+        raise ModelFileError("converted config still asks for packed GGUF weights; this is a specdraft bug")
+    want = _state_dict_for_saving(model)  # what the copy must hold: a tied head under the embeddings' name only
+    names = set(safetensors_header(model_dir / "model.safetensors")[1]) - {"__metadata__"}
+    if names != set(want):
         raise ModelFileError(f"converted copy has different tensors than the GGUF model "
-                             f"({sorted(set(want) ^ set(got))[:3]}); this is a specdraft bug")
-    for name, tensor in want.items():
-        if not torch.equal(tensor, got[name]):
+                             f"({sorted(names ^ set(want))[:3]}); this is a specdraft bug")
+    for name, tensor in read_safetensors(model_dir / "model.safetensors"):
+        if not torch.equal(tensor, want[name]):
             raise ModelFileError(f"converted tensor {name} differs from the GGUF; this is a specdraft bug")
-    if model.config.tie_word_embeddings:
-        tied = copy.get_output_embeddings().weight.data_ptr() == copy.get_input_embeddings().weight.data_ptr()
-        if not tied:
-            raise ModelFileError("converted copy lost its tied embeddings; this is a specdraft bug")
+    if model.config.tie_word_embeddings and not (config.tie_word_embeddings and "lm_head.weight" not in names):
+        raise ModelFileError("converted copy lost its tied embeddings; this is a specdraft bug")
     text = "def is_prime(n):\n    return n > 1  # ünïcödé <|im_start|>"
     if AutoTokenizer.from_pretrained(model_dir)(text)["input_ids"] != tokenizer(text)["input_ids"]:
         raise ModelFileError("converted tokenizer encodes differently from the GGUF's; this is a specdraft bug")

@@ -1,11 +1,14 @@
-"""Small helpers shared by the model-file modules (join, convert, packaged): the mode a
-published file gets, one-line error text, and the progress shown while copying or converting."""
+"""Small helpers shared by the model-file modules (join, convert, packaged, gguf_weights): the mode
+a published file gets, one-line error text, the progress shown while copying or converting, and a
+safetensors file's header and tensors read with plain reads."""
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from ..cache import console
 
@@ -49,3 +52,31 @@ def step(label: str, enabled: bool) -> Iterator[None]:
     with out.status(f"{label} ..."):
         yield
     out.print(f"[green]done[/] {label} ({time.perf_counter() - t0:.1f} s)")
+
+
+def safetensors_header(path: Path) -> tuple[int, dict]:
+    """A safetensors file's header: its byte length and the parsed JSON."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        if not 0 < n < 1 << 26:
+            raise ValueError(f"{path.name}: no safetensors header")
+        return n, json.loads(f.read(n))
+
+
+def read_safetensors(path: Path) -> Iterator[tuple[str, object]]:
+    """(name, tensor) of a safetensors file one at a time, read into memory of their own (no map:
+    a whole mapped file's pages would stay resident beside what the caller holds)."""
+    import torch
+
+    dtypes = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "I64": torch.int64,
+              "I32": torch.int32, "U8": torch.uint8, "I8": torch.int8, "BOOL": torch.bool}
+    n, header = safetensors_header(path)
+    with open(path, "rb") as f:
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            start, end = info["data_offsets"]
+            f.seek(8 + n + start)
+            data = bytearray(f.read(end - start))
+            tensor = torch.frombuffer(data, dtype=dtypes[info["dtype"]]) if data else torch.empty(0, dtype=dtypes[info["dtype"]])
+            yield name, tensor.reshape(info["shape"])

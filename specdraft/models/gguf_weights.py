@@ -28,6 +28,7 @@ from ..cache import cache_root, console
 from ..errors import ModelFileError
 from ..kernels import KernelUnavailable, gguf_ops
 from ..kernels.plan import use_forms
+from .files import safetensors_header
 from .packaged import gguf_file
 
 QK = 256  # inputs per super-block
@@ -299,15 +300,6 @@ def _pack_path(path: Path) -> Path:
     return cache_root() / "packed" / f"{path.stem}-{key}.safetensors"
 
 
-def _pack_header(pack: Path) -> tuple[int, dict]:
-    """A pack's (a safetensors file's) header: its byte length and the parsed JSON."""
-    with open(pack, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        if not 0 < n < 1 << 26:
-            raise ValueError(f"{pack.name}: no safetensors header")
-        return n, json.loads(f.read(n))
-
-
 def _remove_stale_packs(pack: Path, source: str) -> None:
     """Removes the packs beside ``pack`` that no load can reach any more: those of the same GGUF
     file made before it was edited (their metadata names the same source), and those of the same
@@ -318,7 +310,7 @@ def _remove_stale_packs(pack: Path, source: str) -> None:
         if other == pack:
             continue
         try:
-            meta = _pack_header(other)[1].get("__metadata__", {})
+            meta = safetensors_header(other)[1].get("__metadata__", {})
             if meta.get("source") == source or (meta and "format" not in meta):
                 other.unlink(missing_ok=True)
         except (OSError, ValueError):
@@ -341,7 +333,7 @@ class GGUFTensors:
         if not pack.is_file():
             self._write_pack(pack, progress)
         try:
-            n, header = _pack_header(pack)
+            n, header = safetensors_header(pack)
             meta = header["__metadata__"]
             self.arch = meta["arch"]
             self._entries: dict[str, tuple] = {k: tuple(v) for k, v in json.loads(meta["tensors"]).items()}
