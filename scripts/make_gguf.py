@@ -21,9 +21,10 @@ factors 1 / 4) with N as its original context, which llama.cpp's converter write
 rope_freqs tensor; a small N makes it bite at short positions (the model then speaks less well).
 
 The converter is in llama.cpp's sources (llama-cpp-python's sdist has it under vendor/llama.cpp;
-pass its gguf-py on PYTHONPATH if the installed gguf is older); the quantizer is llama-cpp-python's
-llama_model_quantize. Writes OUT_DIR/hf (the padded model), OUT_DIR/padded-f16.gguf and
-OUT_DIR/padded-q4_k_m.gguf.
+pass its gguf-py on PYTHONPATH if the installed gguf is older; it reads Llama tokenizers with
+`sentencepiece` installed); the quantizer is llama-cpp-python's llama_model_quantize. Writes
+OUT_DIR/hf (the model in HF form), OUT_DIR/NAME-f16.gguf and OUT_DIR/NAME-q4_k_m.gguf, NAME
+"padded" or the --random architecture.
 
 Padding keeps the function: hidden 576 -> 768 and 9 query heads -> 12 (3 per key/value head -> 4;
 each group's fourth head has zero query and zero output columns, so what it attends to is never
