@@ -1,13 +1,15 @@
 """The GGUF kernels of this checkout against those of another commit, in one process, round robin:
 
     python scripts/kernel_ab.py [--base REV|DIR] [--blocks 1,2,4,8,16] [--rounds 7] [--threads N] [--model]
+                                [--shapes Q4_K:2048x8192,...]
 
 Builds the kernel sources of REV (default HEAD, i.e. the last commit against the working tree;
 or a directory holding another version's kernel sources)
 under another module name, checks that both give the same bits on every product of the default
-target's shapes, then times every product over those shapes (~1 GB of random records) for each
+target's shapes (or --shapes KIND:OUTxIN,...), then times every product over those shapes (~1 GB
+of random records for the default target's) for each
 block of rows, the two builds alternating, so a slow phase of the machine hits both alike.
---model also times whole forwards of the default target at context 300 with each build's
+--model [MODEL] also times whole forwards of the default target (or MODEL) at context 300 with each build's
 native decoder over the same weights and caches. Prints medians in ms and base / this ratios.
 --threads 1 measures one core alone (on shared VMs the second vCPU's speed comes and goes).
 Both builds read this checkout's record layout: a base before 1915b89 (Q6_K records of 1696
@@ -63,8 +65,13 @@ def main() -> None:
     ap.add_argument("--blocks", default="1,2,4,8,16")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
-    ap.add_argument("--model", action="store_true", help="also whole forwards of the default target")
+    ap.add_argument("--model", nargs="?", const="qwen2.5-coder-1.5b", default=None, metavar="MODEL",
+                    help="also whole forwards of a model (default: the default target; or a GGUF file)")
+    ap.add_argument("--shapes", help="products to time instead of the default target's: KIND:OUTxIN, comma-separated")
     args = ap.parse_args()
+    shapes = DEFAULT_TARGET_SHAPES
+    if args.shapes:
+        shapes = [(k, *(int(n) for n in oi.split("x"))) for k, oi in (s.split(":") for s in args.shapes.split(","))]
     if args.threads:
         torch.set_num_threads(args.threads)
     blocks = [int(b) for b in args.blocks.split(",")]
@@ -79,10 +86,11 @@ def main() -> None:
         print(f"VNNI forms (both builds): {describe(builds['this'].vnni_forms())}")
     print(f"kernel path: {builds['this'].kernel_path()}; base {args.base}; {torch.get_num_threads()} threads")
     gen = torch.Generator().manual_seed(0)
-    weights = [random_records(k, o, i, gen) for k, o, i in DEFAULT_TARGET_SHAPES]
-    xq = {k: {i: builds["this"].quantize_q8k(torch.randn(k, i, generator=gen)) for i in (1536, 8960)} for k in blocks}
+    weights = [random_records(k, o, i, gen) for k, o, i in shapes]
+    xq = {k: {i: builds["this"].quantize_q8k(torch.randn(k, i, generator=gen)) for i in {s[2] for s in shapes}}
+          for k in blocks}
     for k in blocks:
-        for w in weights[:12] + weights[-1:]:
+        for w in (weights[:12] + weights[-1:] if shapes is DEFAULT_TARGET_SHAPES else weights):
             base, this = (product(builds[b], w, xq[k][w.in_features]) for b in ("base", "this"))
             if not torch.equal(base, this):
                 sys.exit(f"different bits: {w.kind} {w.out_features}x{w.in_features}, {k} rows")
@@ -91,7 +99,7 @@ def main() -> None:
     if args.model:
         from specdraft.pipeline import load_model
 
-        m = load_model("qwen2.5-coder-1.5b", dtype="auto", weight_format="auto", max_length=400).model
+        m = load_model(args.model, dtype="auto", weight_format="auto", max_length=400).model
         m.reset()
         m.forward(torch.randint(0, 32000, (300,), generator=gen), last_only=True)
         decoders = {}

@@ -125,6 +125,7 @@ struct EmuTiles {
 template <class Tiles>
 struct AmxRows {
     static constexpr bool HAS_Q6K = false;  // Q6_K stays on AVX-512 VNNI (see amx_matmul)
+    static constexpr bool TAKES_X_TILES = false;  // x row-major: a tile load reads rows at any stride
 
     // the weight tiles of super-block records r0, r1: wt[0] the high parts, wt[1] the low ones
     // (each 8 sub-blocks x 512 bytes: tile i = sub-blocks 2i, 2i + 1 at 1024 i)
@@ -165,21 +166,20 @@ struct AmxRows {
     }
 
     template <int NT>
-    KERNEL_TARGET static void q4k(const uint8_t* w0, const uint8_t* w1, const int8_t* qx, const float* xs,
-                                  const int32_t* msum, int64_t nb, int64_t in, int64_t t0, float* out, int64_t ldy,
+    KERNEL_TARGET static void q4k(const uint8_t* w0, const uint8_t* w1, const int8_t* x, int64_t xrow, int64_t xblk,
+                                  const float* xs, const int32_t* msum, int64_t nb, int64_t t0, float* out, int64_t ldy,
                                   int valid) {
         alignas(64) uint8_t wt[2][2][8 * 512];
         alignas(64) int32_t sums[2][2 * 256];
         alignas(64) float acc[NT * 16] = {};
         Tiles::configure(NT);
-        const int8_t* x = qx + t0 * in;
         for (int64_t b = 0; b < nb; ++b) {
             const uint8_t (*w)[8 * 512] = wt[b & 1];
             unpack(w0 + b * Q4K_REC, w1 + b * Q4K_REC, b + VNNI_PREFETCH<16> < nb ? 0 : nb * Q4K_REC, wt[b & 1]);
             // the tile loads and stores are asm that the compiler does not see touch memory
             __asm__ volatile("" ::: "memory");
             Tiles::zero();
-            for (int i = 0; i < 4; ++i) Tiles::product(x + b * 256 + 64 * i, in, w[0] + 1024 * i, w[1] + 1024 * i);
+            for (int i = 0; i < 4; ++i) Tiles::product(x + b * xblk + 64 * i, xrow, w[0] + 1024 * i, w[1] + 1024 * i);
             Tiles::store(sums[b & 1]);
             __asm__ volatile("" ::: "memory");
             if (b > 0) close<NT>(w0, w1, sums[(b - 1) & 1], msum, xs, nb, b - 1, t0, acc);

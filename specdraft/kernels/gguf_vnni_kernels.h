@@ -81,9 +81,12 @@ struct Q4kClose {
 // are group k's rows), out: y[t0, 8 g0]. Per sub-block of 32 inputs: 8 vpdpbusd a row give each
 // lane its sum q x (|.| <= 32 * 15 * 127, no 16-bit step), one vpmulld applies the row's scale.
 // msum[t, b, k]: sub-blocks 2k, 2k + 1's sums of x as two i16 (the mins' vpdpwssd operand).
+// x0: the tile's first row; row r's super-block b at x0 + r * xrow + b * xblk (row-major: in and
+// 256; tile-major: 256 and NT * 256, see matmul).
 template <class V, int NT>
-KERNEL_TARGET void q4k_rows(const uint8_t* w0, const uint8_t* w1, const int8_t* qx, const float* xs,
-                            const int32_t* msum, int64_t nb, int64_t in, int64_t t0, float* out, int64_t ldy, int valid) {
+KERNEL_TARGET void q4k_rows(const uint8_t* w0, const uint8_t* w1, const int8_t* x0, int64_t xrow, int64_t xblk,
+                            const float* xs, const int32_t* msum, int64_t nb, int64_t t0, float* out, int64_t ldy,
+                            int valid) {
     using I = typename V::I;
     using F = typename V::F;
     const I low4 = V::bytes(0x0F);
@@ -92,7 +95,7 @@ KERNEL_TARGET void q4k_rows(const uint8_t* w0, const uint8_t* w1, const int8_t* 
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *r0 = w0 + b * Q4K_REC, *r1 = w1 + b * Q4K_REC;
         const int64_t skip = b + VNNI_PREFETCH<NT> < nb ? 0 : (V::GROUPS - 1) * nb * Q4K_REC;  // past its end, a stream goes on in the next pair
-        const int8_t* xb = qx + t0 * in + b * 256;
+        const int8_t* xb = x0 + b * xblk;
         I sum[NT];
         for (int r = 0; r < NT; ++r) sum[r] = V::zero();
         for (int s = 0; s < 8; ++s) {  // sub-block s: inputs 32s .. 32s + 31
@@ -106,7 +109,7 @@ KERNEL_TARGET void q4k_rows(const uint8_t* w0, const uint8_t* w1, const int8_t* 
                 const I v = V::load32(r0 + 128 * s + 32 * c, r1 + 128 * s + 32 * c);
                 const I lo = V::and_(v, low4), hi = V::and_(V::srli16(v, 4), low4);
                 for (int r = 0; r < NT; ++r) {
-                    const int8_t* x = xb + r * in + 32 * s + 8 * c;
+                    const int8_t* x = xb + r * xrow + 32 * s + 8 * c;
                     dot[r] = V::dpbusd(dot[r], lo, V::bcast4(x));
                     dot[r] = V::dpbusd(dot[r], hi, V::bcast4(x + 4));
                 }
@@ -176,10 +179,12 @@ KERNEL_TARGET void q6k_rows(const uint8_t* w0, const uint8_t* w1, const uint8_t*
 template <class V>
 struct VnniRows {
     static constexpr bool HAS_Q6K = true;
+    static constexpr bool TAKES_X_TILES = true;  // q4k reads x row-major or tile-major (q4k_rows)
     template <int NT>
-    KERNEL_TARGET static void q4k(const uint8_t* w0, const uint8_t* w1, const int8_t* qx, const float* xs, const int32_t* msum,
-                                  int64_t nb, int64_t in, int64_t t0, float* out, int64_t ldy, int valid) {
-        q4k_rows<V, NT>(w0, w1, qx, xs, msum, nb, in, t0, out, ldy, valid);
+    KERNEL_TARGET static void q4k(const uint8_t* w0, const uint8_t* w1, const int8_t* x0, int64_t xrow, int64_t xblk,
+                                  const float* xs, const int32_t* msum, int64_t nb, int64_t t0, float* out, int64_t ldy,
+                                  int valid) {
+        q4k_rows<V, NT>(w0, w1, x0, xrow, xblk, xs, msum, nb, t0, out, ldy, valid);
     }
     template <int NT>
     KERNEL_TARGET static void q6k(const uint8_t* w0, const uint8_t* w1, const uint8_t* xt, const float* xst, int64_t nb,
@@ -202,18 +207,23 @@ void matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, c
         aux[u] = (int32_t)((uint32_t)(uint16_t)(bs[0] + bs[1]) | (uint32_t)(uint16_t)(bs[2] + bs[3]) << 16);
     }
     // Q6_K: x + 128 and xs tile-major, each tile of n rows (t0 .. t0 + n, as over_tiles cuts T)
-    // at xu + t0 * in as [nb][n][256] and at xst + t0 * nb as [nb][n]
-    std::vector<uint8_t> xu(kind == 6 ? T * in : 0);
+    // at xu + t0 * in as [nb][n][256] and at xst + t0 * nb as [nb][n]. Q4_K: x tile-major too
+    // (as it is) where its rows' stride is a multiple of 4 KB: row-major, a super-block's rows then
+    // fall into one L1 set each and evict one another (a 2048 x 8192 product at 16 rows: 53% of
+    // the vpdpbusd rate against 76-79% for other shapes); elsewhere row-major reads as fast.
+    const bool q4k_tiles = kind == 4 && Rows::TAKES_X_TILES && in % 4096 == 0 && T > 1;
+    std::vector<uint8_t> xu(kind == 6 || q4k_tiles ? T * in : 0);
     std::vector<float> xst(kind == 6 ? T * nb : 0);
-    if (kind == 6)
+    if (kind == 6 || q4k_tiles)
         over_tiles<TILE>(T, [&](auto nt, int64_t t0) {
             constexpr int n = decltype(nt)::value;
+            const uint8_t flip = kind == 6 ? 0x80 : 0;
             for (int64_t b = 0; b < nb; ++b)
                 for (int r = 0; r < n; ++r) {
                     const int8_t* src = qx + (t0 + r) * in + 256 * b;
                     uint8_t* dst = xu.data() + t0 * in + (b * n + r) * 256;
-                    for (int i = 0; i < 256; ++i) dst[i] = (uint8_t)src[i] ^ 0x80;
-                    xst[t0 * nb + b * n + r] = xs[(t0 + r) * nb + b];
+                    for (int i = 0; i < 256; ++i) dst[i] = (uint8_t)src[i] ^ flip;
+                    if (kind == 6) xst[t0 * nb + b * n + r] = xs[(t0 + r) * nb + b];
                 }
         });
     const int32_t* pa = aux.data();
@@ -224,8 +234,11 @@ void matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, c
             const uint8_t *w0 = pw + g0 * nb * rec, *w1 = pw + g1 * nb * rec;
             over_tiles<TILE>(T, [&](auto nt, int64_t t0) {
                 constexpr int n = decltype(nt)::value;
-                if (kind == 4)
-                    Rows::template q4k<n>(w0, w1, qx, xs, pa, nb, in, t0, y + g0 * GROUP, ldy, valid);
+                if (kind == 4 && q4k_tiles)
+                    Rows::template q4k<n>(w0, w1, (const int8_t*)xu.data() + t0 * in, 256, n * 256, xs, pa, nb, t0,
+                                          y + g0 * GROUP, ldy, valid);
+                else if (kind == 4)
+                    Rows::template q4k<n>(w0, w1, qx + t0 * in, in, 256, xs, pa, nb, t0, y + g0 * GROUP, ldy, valid);
                 else if constexpr (Rows::HAS_Q6K)
                     Rows::template q6k<n>(w0, w1, xu.data() + t0 * in, xst.data() + t0 * nb, nb, y + g0 * GROUP + t0 * ldy,
                                           ldy, valid);
