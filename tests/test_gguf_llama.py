@@ -2,7 +2,9 @@
 q / k rows permuted (each head's two rope halves interleaved, for GGML's rope); the pack must put
 them back in Hugging Face's order, or every attention score is wrong. Here a tiny Llama's GGUF is
 written the way the converter writes one (its permutation, applied to the quantized rows: rows are
-independent), and the native forward over it must match the dense forward of the same weights."""
+independent), and the native forward over it must match the dense forward of the same weights.
+Also: a Llama 3.1+ file's rope_freqs kept through conversion, converted copies of an older format
+redone for Llama only, and a whole tiny Llama GGUF (tokenizer and all) through the CLI."""
 from __future__ import annotations
 
 import numpy as np
