@@ -12,6 +12,18 @@
 #include "ops.h"
 #include "simd.h"
 
+// One row's RMSNorm: out[0 .. n) = w * (x / sqrt(mean(x^2) + eps)), n a multiple of 8, fixed order
+static inline void rms_row(const float* x, const float* w, int64_t n, double eps, float* out) {
+    __m256 ss = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        ss = _mm256_fmadd_ps(v, v, ss);
+    }
+    const __m256 r = _mm256_set1_ps(1.0f / std::sqrt(simd::hsum(ss) / (float)n + (float)eps));
+    for (int64_t i = 0; i < n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(x + i), r)));
+}
+
 // RMSNorm then 8-bit quantization for the next product: h = w * (x / sqrt(mean(x^2) + eps)).
 // x [T, H] f32, w [H] f32 -> quantize_q8k(h)
 std::vector<torch::Tensor> rms_quantize(torch::Tensor x, torch::Tensor w, double eps) {
@@ -23,17 +35,7 @@ std::vector<torch::Tensor> rms_quantize(torch::Tensor x, torch::Tensor w, double
     const float *px = x.data_ptr<float>(), *pw = w.data_ptr<float>();
     float* ph = h.data_ptr<float>();
     at::parallel_for(0, T, 4, [&](int64_t begin, int64_t end) {
-        for (int64_t t = begin; t < end; ++t) {
-            const float* xr = px + t * H;
-            __m256 ss = _mm256_setzero_ps();
-            for (int64_t i = 0; i < H; i += 8) {
-                const __m256 v = _mm256_loadu_ps(xr + i);
-                ss = _mm256_fmadd_ps(v, v, ss);
-            }
-            const __m256 r = _mm256_set1_ps(1.0f / std::sqrt(simd::hsum(ss) / (float)H + (float)eps));
-            for (int64_t i = 0; i < H; i += 8)
-                _mm256_storeu_ps(ph + t * H + i, _mm256_mul_ps(_mm256_loadu_ps(pw + i), _mm256_mul_ps(_mm256_loadu_ps(xr + i), r)));
-        }
+        for (int64_t t = begin; t < end; ++t) rms_row(px + t * H, pw, H, eps, ph + t * H);
     });
     return quantize_q8k(h);
 }
@@ -95,15 +97,7 @@ torch::Tensor rope_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
         for (int64_t h = 0; h < nh + nkv; ++h) {  // q heads, then k heads
             const float* x = row + h * hd;
             if (pqn) {  // the head's RMSNorm first
-                const float* w = h < nh ? pqn : pkn;
-                __m256 ss = _mm256_setzero_ps();
-                for (int64_t i = 0; i < hd; i += 8) {
-                    const __m256 v = _mm256_loadu_ps(x + i);
-                    ss = _mm256_fmadd_ps(v, v, ss);
-                }
-                const __m256 r = _mm256_set1_ps(1.0f / std::sqrt(simd::hsum(ss) / (float)hd + (float)eps));
-                for (int64_t i = 0; i < hd; i += 8)
-                    _mm256_storeu_ps(normed.data() + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(x + i), r)));
+                rms_row(x, h < nh ? pqn : pkn, hd, eps, normed.data());
                 x = normed.data();
             }
             float* out = h < nh ? pq + (h * T + t) * hd : pk + ((h - nh) * C + start + t) * hd;
