@@ -276,16 +276,18 @@ def test_cost_aware_head_stays_exact_and_cuts_drafts(target, trained):
             assert payoff.skipped > 0 and payoff.steps < e.stats.target_forwards
 
 
-def test_int8_head_step_follows_the_fp32_head(trained):
-    """The drafter runs the head's matrices in int8: its predicted features stay within a few
-    per cent of the fp32 head's (guesses only; the target still checks every one)."""
-    from specdraft.drafters.feature_head import Int8Head
+def test_quantized_head_step_follows_the_fp32_head(trained):
+    """The drafter runs the head's matrices quantized: its predicted features stay within a few
+    per cent of the fp32 head's update (guesses only; the target still checks every one). Q6_K
+    weights (a step of |max| / 31 per 16 weights) with 8-bit activations measured 1.9-3.1% here;
+    W8A8 two-pass under 2%."""
+    from specdraft.drafters.feature_head import QuantizedStep
 
     _, head, _ = trained
     torch.manual_seed(0)
     H = head.cfg.hidden_size
     f, e = torch.randn(5, H) * 3, torch.randn(5, H)
     with torch.inference_mode():
-        want, got = head(f, e), Int8Head(head)(f, e)
+        want, got = head(f, e), QuantizedStep(head)(f, e)
     assert got.shape == want.shape
-    assert ((got - want).norm(dim=-1) <= 0.02 * (want - f).norm(dim=-1)).all()  # the head's update, not f
+    assert ((got - want).norm(dim=-1) <= 0.05 * (want - f).norm(dim=-1)).all()  # the head's update, not f

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specdraft.kernels import KernelUnavailable, gguf_ops
-from specdraft.models.gguf_weights import GGUFLinear, QuantTensor, gguf_name, quantize_q4k, unpack_q4k, unpack_q6k
+from specdraft.models.gguf_weights import GGUFLinear, QuantTensor, gguf_name, quantize_q4k, quantize_q6k, unpack_q4k, unpack_q6k
 
 gguf = pytest.importorskip("gguf")
 from gguf.quants import dequantize  # noqa: E402
@@ -197,6 +197,38 @@ def test_quantize_q4k_round_trip_and_kernel(ops, in_f):
         nb = qx.shape[1] // 256
         xq = (qx.double().reshape(T, nb, 256) * xs.double()[..., None]).reshape(T, -1)[:, :in_f]
         expect = xq @ back.double().T
+        assert (lin(x).double() - expect).abs().max() <= 1e-5 * expect.abs().max()
+
+
+@pytest.mark.parametrize("in_f", [576, 512])
+def test_quantize_q6k_round_trip_and_kernel(ops, in_f):
+    """Drafters' matrices (models.small_linear): float weights -> Q6_K records. Each weight is
+    within half a stored quant step of its value (nothing clipped; the step is the sub-block's
+    |max| / 31 rounded up to a multiple of its super-block's unit), zero rows stay zero, and the
+    kernel multiplies the padded records as their dequantized copy."""
+    torch.manual_seed(0)
+    w = torch.randn(21, in_f) * torch.logspace(-3, 0, 21)[:, None]  # rows of very different scales
+    w[4] = 0.0
+    w[7, :64] += 3.0  # one sub-block far from zero: its super-block's unit grows
+    qt = quantize_q6k(w)
+    assert qt.kind == "Q6_K" and (qt.out_features, qt.in_features) == (21, in_f)
+    assert qt.w.shape == (3, -(-in_f // 256) * 1728)
+    back = qt.dequantize()
+    assert back.shape == w.shape and not back[4].any()
+    width = -(-in_f // 256) * 256
+    sub = torch.nn.functional.pad(w, (0, width - in_f)).reshape(21, -1, 16, 16)  # [o, super-block, sub-block, 16]
+    step = sub.abs().amax(-1) / 31
+    step_stored = step + step.amax(-1, keepdim=True) / 127 * 1.01  # rounded up by at most one unit
+    err = torch.nn.functional.pad(back - w, (0, width - in_f)).abs().reshape(21, -1, 16, 16)
+    assert (err <= step_stored[..., None] / 2 * 1.01 + 1e-7).all()
+    assert (back - w).norm() <= 0.03 * w.norm()
+    lin = GGUFLinear([qt], torch.arange(21.0))
+    for T in (1, 3):
+        x = torch.randn(T, in_f)
+        qx, xs, _ = ops.quantize_q8k(x)
+        nb = qx.shape[1] // 256
+        xq = (qx.double().reshape(T, nb, 256) * xs.double()[..., None]).reshape(T, -1)[:, :in_f]
+        expect = xq @ back.double().T + torch.arange(21.0).double()
         assert (lin(x).double() - expect).abs().max() <= 1e-5 * expect.abs().max()
 
 

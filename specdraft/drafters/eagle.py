@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..heads.eagle import attend
-from ..models.quant import W8A8Linear
+from ..models.small_linear import drafter_linear_of
 from .base import DrafterContext, register
 from .feature_head import FeatureHeadDrafter
 from .trees import node_depths, node_mask
@@ -41,10 +41,9 @@ class EagleDrafter(FeatureHeadDrafter):
         self.out = lambda h: rows(head.readout(h))  # (eagle3: rms(h) * g_out; the others: h)
 
     def build_step(self, head) -> dict:
-        """The layer's matrices (head.LINEARS) in int8 (per output channel) with ~14-bit
-        activations: guesses only, the target checks each, so their rounding never changes the output."""
-        return {name: W8A8Linear(lin.weight.detach().float(), None if lin.bias is None else lin.bias.detach(), passes=2)
-                for name, lin in ((n, getattr(head, n)) for n in head.LINEARS)}
+        """The layer's matrices (head.LINEARS) quantized (models.small_linear): guesses only, the
+        target checks each, so their rounding never changes the output."""
+        return {name: drafter_linear_of(getattr(head, name)) for name in head.LINEARS}
 
     def begin(self, prompt: list[int]) -> None:
         self.cached, self.pending, self.feature, self.root = 0, [], None, None

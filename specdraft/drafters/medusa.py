@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..models.quant import W8A8Linear
+from ..models.small_linear import drafter_linear_of
 from .base import DrafterContext, register
 from .feature_head import FeatureHeadDrafter
 from .trees import child_steps
@@ -21,8 +21,8 @@ class MedusaDrafter(FeatureHeadDrafter):
     name = "medusa"
 
     def build_step(self, head) -> list:
-        """The heads' blocks in int8 (per output channel), ~14-bit activations: guesses only."""
-        return [W8A8Linear(b.weight.detach().float(), b.bias.detach(), passes=2) for b in head.blocks]
+        """The heads' blocks quantized (models.small_linear): guesses only."""
+        return [drafter_linear_of(b) for b in head.blocks]
 
     def advance(self, nodes: list[int], ids: list[int], parents: list[int], feats: list[torch.Tensor]) -> torch.Tensor:
         d = child_steps(nodes, parents)  # the head each node's children come from

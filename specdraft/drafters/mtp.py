@@ -10,16 +10,16 @@ from __future__ import annotations
 import torch
 
 from .base import DrafterContext, register
-from .feature_head import FeatureHeadDrafter, Int8Head
+from .feature_head import FeatureHeadDrafter, QuantizedStep
 from .trees import child_steps
 
 
 class MTPDrafter(FeatureHeadDrafter):
     name = "mtp"
 
-    def build_step(self, head) -> list[Int8Head]:
-        """Every module's two matrices in int8 (per output channel): guesses only."""
-        return [Int8Head(module) for module in head.depths]
+    def build_step(self, head) -> list[QuantizedStep]:
+        """Every module's two matrices quantized (models.small_linear): guesses only."""
+        return [QuantizedStep(module) for module in head.depths]
 
     def advance(self, nodes: list[int], ids: list[int], parents: list[int], feats: list[torch.Tensor]) -> torch.Tensor:
         d = child_steps(nodes, parents)  # the module each node's children come from

@@ -185,10 +185,39 @@ def quantize_q4k(weight: torch.Tensor, chunk: int = 4096) -> QuantTensor:
     return QuantTensor("Q4_K", O, n_in, torch.cat(parts) if len(parts) > 1 else parts[0])
 
 
+def quantize_q6k(weight: torch.Tensor, chunk: int = 4096) -> QuantTensor:
+    """A float matrix [O, in] quantized to Q6_K in the kernel's records (drafters' own matrices,
+    models.small_linear): per sub-block of 16 inputs a signed 8-bit multiple of a per-super-block
+    float step, W ~= d sc (q - 32) with q in 0..63. The step rounds outwards (sc = ceil), so no
+    weight is clipped: each is within half a stored step of its value. Inputs are padded with zeros
+    to whole super-blocks of 256, as in quantize_q4k."""
+    O, n_in = weight.shape
+    width = -(-n_in // QK) * QK
+    parts = []
+    for i in range(0, O, chunk):  # rows per step: bounds the float temporaries
+        w = weight[i:i + chunk].float()
+        if width > n_in:
+            w = torch.nn.functional.pad(w, (0, width - n_in))
+        w = w.reshape(w.shape[0], width // QK, 16, 16)  # [o, b, s, 16]
+        step = w.abs().amax(-1) / 31  # [o, b, s] the quant step a sub-block needs (q - 32 in -31..31)
+        d = step.amax(-1) / 127  # [o, b] the 8-bit scales' unit
+        sc = torch.where(d[..., None] > 0, step / d[..., None].clamp(min=1e-30), 0.0).ceil().clamp(0, 127)
+        unit = (d[..., None] * sc)[..., None]  # [o, b, s, 1] the quant step as stored
+        q = torch.where(unit > 0, w / unit.clamp(min=1e-30), 0.0).round().clamp(-32, 31) + 32
+        parts.append(_q6k_records(q.to(torch.uint8).reshape(w.shape[0], width // QK, QK).numpy(),
+                                  sc.to(torch.int8).numpy(), d.numpy()))
+    return QuantTensor("Q6_K", O, n_in, torch.cat(parts) if len(parts) > 1 else parts[0])
+
+
 def unpack_q6k(blocks: np.ndarray) -> torch.Tensor:
     """[O, nb * 210] uint8 Q6_K rows -> [ceil(O / 8), nb * 1728] records, each one super-block of
     8 output rows interleaved as gguf_matmul.cpp reads them."""
-    q, sc, d = _groups(*_q6k_fields(blocks))
+    return _q6k_records(*_q6k_fields(blocks))
+
+
+def _q6k_records(q: np.ndarray, sc: np.ndarray, d: np.ndarray) -> torch.Tensor:
+    """Q6_K fields (as _q6k_fields returns them) -> the kernel's records [ceil(O / 8), nb * 1728]."""
+    q, sc, d = _groups(q, sc, d)
     G, _, nb = d.shape
     lo = (q & 0xF).reshape(G, 8, nb, 32, 2, 4)  # [g, o, b, c, nibble, i]: input 8c + 4 nibble + i
     ql = lo[..., 0, :] | (lo[..., 1, :] << 4)  # [g, o, b, c, i]

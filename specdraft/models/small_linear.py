@@ -1,0 +1,38 @@
+"""The drafters' own matrices (the MLP head's step and fusion, EAGLE's layer, Medusa / Hydra
+blocks, MTP modules): one linear layer kind for all of them, the fastest one that runs here.
+
+A drafter's matrices are small (the shipped head's: 3072 -> 2048, 2048 -> 1536, 6144 -> 1536) and
+run on one to a few rows a step, so what a call costs is reading the weights plus per-call work.
+Where the native GGUF kernels build, each matrix is re-quantized to Q6_K (6.56 bits a weight,
+within half a step of each weight) and runs through them, activations quantized per 256 inputs
+(quantize_q8k, in native code). Elsewhere: W8A8Linear (FBGEMM, int8 per output channel, two
+passes of ~7-bit activations).
+
+Measured on the AVX2 EPYC (Zen 3), one row, `python scripts/drafter_linear.py`: 3072 -> 2048
+0.55 ms in W8A8 two-pass against ~0.15 in Q6_K; the shipped head's first guesses agree with the
+target as often either way (BENCHMARKS.md). Guesses only: the target checks each, so their
+rounding never changes the output. Rows are computed independently in both kinds.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..kernels import KernelUnavailable, gguf_ops
+from .gguf_weights import GGUFLinear, quantize_q6k
+from .quant import W8A8Linear
+
+
+def drafter_linear(weight: torch.Tensor, bias: torch.Tensor | None = None):
+    """A callable x [B, in] float32 -> [B, out] float32 computing x W^T + b (weight [out, in])."""
+    weight = weight.detach().float()
+    bias = None if bias is None else bias.detach().float()
+    try:
+        gguf_ops()
+    except KernelUnavailable:
+        return W8A8Linear(weight, bias, passes=2)
+    return GGUFLinear([quantize_q6k(weight)], bias)
+
+
+def drafter_linear_of(module: torch.nn.Linear):
+    """drafter_linear of an nn.Linear's weight and bias."""
+    return drafter_linear(module.weight, module.bias)
