@@ -32,7 +32,7 @@ from .errors import ContextLengthError
 from .metrics import SpecStats
 from .policy import DraftPolicy
 from .prefix import PrefixCache
-from .sampling import make_generator, next_token
+from .sampling import argmax, make_generator, next_token
 from .verify import verify, verify_tree
 
 DRAFT = "draft"  # an accepted draft token
@@ -216,7 +216,7 @@ class Engine:
                     if prefix is not None:
                         held_rows.append(committed)
                 if self.drafter.wants_outputs:  # the target's choice after every proposed node sent, right or not
-                    self.drafter.take_outputs(_by_proposed_node(out.logits.argmax(-1).tolist(), sent))
+                    self.drafter.take_outputs(_by_proposed_node(argmax(out.logits).tolist(), sent))
                 if self.drafter.output_topk:  # its runners-up after every row, right or not
                     self.drafter.take_topk(ids.tolist(), out.logits.topk(self.drafter.output_topk, -1).indices)
                 if len(draft):

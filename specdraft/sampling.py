@@ -6,6 +6,7 @@ through one explicit ``torch.Generator``.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .config import SamplingConfig
@@ -21,6 +22,18 @@ def make_generator(seed: int | None) -> torch.Generator:
     return g
 
 
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """The index of each row's largest logit: [..., V] -> [...] int64, the first one on ties and
+    the first NaN if there is one, as ``torch.argmax`` gives them.
+
+    NumPy's argmax is vectorised where torch's CPU argmax is not: over the default target's
+    151,936 logits 0.03 ms a row against 0.23-0.5 ms (AVX2 EPYC), which a greedy step pays for
+    every row it checks."""
+    if logits.device.type != "cpu" or logits.dtype not in (torch.float32, torch.float64) or logits.requires_grad:
+        return logits.argmax(-1)
+    return torch.from_numpy(np.asarray(np.argmax(logits.numpy(), -1), dtype=np.int64))
+
+
 def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     """[N, V] logits -> [N, V] float32 probabilities after temperature, top-k and top-p.
 
@@ -32,7 +45,7 @@ def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor
     """
     logits = logits.float()
     if cfg.greedy:
-        return one_hot(logits.argmax(-1), logits.shape[-1])
+        return one_hot(argmax(logits), logits.shape[-1])
     logits = logits / cfg.temperature
     if cfg.top_k and cfg.top_k < logits.shape[-1]:
         kth = torch.topk(logits, cfg.top_k, dim=-1).values[..., -1:]  # [N, 1]
@@ -98,5 +111,5 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 def next_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator) -> int:
     """Choose one token from [V] logits: argmax when greedy, else a seeded draw from p."""
     if cfg.greedy:
-        return int(logits.argmax())
+        return int(argmax(logits))
     return int(sample(probs_from_logits(logits[None], cfg), generator)[0])

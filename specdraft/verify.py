@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import SamplingConfig
-from .sampling import probs_from_logits, sample
+from .sampling import argmax, probs_from_logits, sample
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class Verdict:
 def verify_greedy(target_logits: torch.Tensor, draft: list[int]) -> Verdict:
     """target_logits [K+1, V]: row i predicts the token after draft[:i]."""
     K = len(draft)
-    best = target_logits.argmax(-1).tolist()  # [K+1]
+    best = argmax(target_logits).tolist()  # [K+1]
     n = 0
     while n < K and best[n] == draft[n]:
         n += 1
@@ -126,7 +126,7 @@ def verify_tree(target_logits: torch.Tensor, draft: list[int], parents: list[int
     path: list[int] = []
     node = -1  # the root: the last committed token
     if cfg.greedy:
-        best = target_logits.argmax(-1).tolist()  # [N+1]
+        best = argmax(target_logits).tolist()  # [N+1]
         while True:
             nxt = next((c for c in kids[node + 1] if draft[c] == best[node + 1]), None)
             if nxt is None:

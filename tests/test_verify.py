@@ -10,11 +10,24 @@ from hypothesis import strategies as st
 
 from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdraft.errors import ParameterError, SpecdraftError
-from specdraft.sampling import make_generator, next_token, probs_from_logits
+from specdraft.sampling import argmax, make_generator, next_token, probs_from_logits
 from specdraft.verify import Verdict, verify, verify_greedy, verify_sampling
 
 V = 8
 SAMPLE = SamplingConfig(temperature=1.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([-math.inf, -1.0, 0.0, -0.0, 0.5, 2.0, math.inf, math.nan]),
+                         min_size=1, max_size=12), min_size=1, max_size=4).filter(lambda r: len({len(x) for x in r}) == 1),
+       st.sampled_from([torch.float32, torch.float64]))
+def test_argmax_is_torchs(rows, dtype):
+    """sampling.argmax (NumPy's) picks what torch.argmax picks: the first of tied maxima, the
+    first NaN, every shape from one row to a block."""
+    x = torch.tensor(rows, dtype=dtype)
+    assert torch.equal(argmax(x), x.argmax(-1))
+    assert int(argmax(x[0])) == int(x[0].argmax())
+    assert argmax(x).dtype == torch.int64
 
 
 def peaked(rows: list[int], V: int = V, high: float = 10.0) -> torch.Tensor:

@@ -47,7 +47,7 @@ import torch
 from ..config import SamplingConfig, SpecConfig
 from ..costs import PassRates
 from ..errors import ParameterError
-from ..sampling import probs_from_logits, sample
+from ..sampling import argmax, probs_from_logits, sample
 from .trees import BEAM, TOPK, Expand, GrownTree, grow_tree
 
 
@@ -151,7 +151,7 @@ def choose(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Gene
     the guess's probability when greedy and ``confidence`` is asked for, else 1.0)."""
 
     if sampling.greedy:
-        tok = int(logits.argmax())
+        tok = int(argmax(logits))
         return tok, None, float(torch.softmax(logits.float(), -1)[tok]) if confidence else 1.0
     q = probs_from_logits(logits[None].float(), sampling)  # [1, V]
     return int(sample(q, generator)[0]), q[0], 1.0
