@@ -32,7 +32,7 @@ from .errors import ContextLengthError
 from .metrics import SpecStats
 from .policy import DraftPolicy
 from .prefix import PrefixCache
-from .sampling import argmax, make_generator, next_token
+from .sampling import argmax, make_generator, next_token, topk_indices
 from .verify import verify, verify_tree
 
 DRAFT = "draft"  # an accepted draft token
@@ -144,7 +144,7 @@ class Engine:
             new = [next_token(out.logits[-1], sampling, generator)]
             verified += new
             if self.drafter.output_topk:  # the target's runners-up after the last prompt token
-                self.drafter.take_topk(prompt_ids[-1:], out.logits[-1:].topk(self.drafter.output_topk, -1).indices)
+                self.drafter.take_topk(prompt_ids[-1:], topk_indices(out.logits[-1:], self.drafter.output_topk))
             if features:  # every prompt row (the kept ones first); the last one chose the first new token
                 prompt_rows = _features(out, slice(None))
                 if kept_rows is not None:
@@ -218,7 +218,7 @@ class Engine:
                 if self.drafter.wants_outputs:  # the target's choice after every proposed node sent, right or not
                     self.drafter.take_outputs(_by_proposed_node(argmax(out.logits).tolist(), sent))
                 if self.drafter.output_topk:  # its runners-up after every row, right or not
-                    self.drafter.take_topk(ids.tolist(), out.logits.topk(self.drafter.output_topk, -1).indices)
+                    self.drafter.take_topk(ids.tolist(), topk_indices(out.logits, self.drafter.output_topk))
                 if len(draft):
                     self.drafter.learn(DraftPolicy.judged(sent, path))
                 if draft.parents is None:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdraft.errors import ParameterError, SpecdraftError
-from specdraft.sampling import argmax, make_generator, next_token, probs_from_logits
+from specdraft.sampling import argmax, make_generator, next_token, probs_from_logits, topk_indices
 from specdraft.verify import Verdict, verify, verify_greedy, verify_sampling
 
 V = 8
@@ -28,6 +28,23 @@ def test_argmax_is_torchs(rows, dtype):
     assert torch.equal(argmax(x), x.argmax(-1))
     assert int(argmax(x[0])) == int(x[0].argmax())
     assert argmax(x).dtype == torch.int64
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 9), st.integers(2000, 3000), st.integers(0, 2**31 - 1), st.booleans())
+def test_topk_indices_has_torchs_values(T, k, V, seed, coarse):
+    """sampling.topk_indices finds each row's k largest values, largest first, through the chunks
+    with the largest maxima; rows with many equal values (coarse) and a padded last chunk too."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, V, generator=g)
+    if coarse:
+        x = x.mul(2).round()  # a handful of distinct values: ties everywhere
+    got = topk_indices(x, k, chunk=16)
+    assert got.shape == (T, k) and got.dtype == torch.int64
+    assert torch.equal(x.gather(1, got), x.topk(k, -1).values)
+    assert all(len(set(row)) == k for row in got.tolist())  # k distinct positions
+    if not coarse:
+        assert torch.equal(got, x.topk(k, -1).indices)
 
 
 def peaked(rows: list[int], V: int = V, high: float = 10.0) -> torch.Tensor:
