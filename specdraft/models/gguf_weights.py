@@ -228,9 +228,11 @@ def _q6k_records(q: np.ndarray, sc: np.ndarray, d: np.ndarray) -> torch.Tensor:
     rec[..., 1024:1536] = qh.transpose(0, 2, 3, 1, 4).reshape(G, nb, 512)  # [g, b, s, o, i]
     rec[..., 1536:1664] = sc.transpose(0, 2, 3, 1).view(np.uint8).reshape(G, nb, 128)  # [g, b, s, o]
     rec[..., 1664:1696] = _f32_bytes(d)
-    out = torch.from_numpy(rec)
-    set_q6k_offsets(out)
-    return out.reshape(G, -1)
+    # set_q6k_offsets' per-row int32 from these fields directly (it re-derives them from records)
+    qsum = q.reshape(G, 8, nb, 16, 16).sum(-1, dtype=np.int64) - 32 * 16  # [g, o, b, s] sum (q - 32)
+    off = (128 * (sc.astype(np.int64) * qsum).sum(-1)).astype(np.int32)  # [g, o, b]
+    rec[..., 1696:1728] = off.transpose(0, 2, 1).copy().view(np.uint8).reshape(G, nb, 32)
+    return torch.from_numpy(rec).reshape(G, -1)
 
 
 def _q6k_quants(rec: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
