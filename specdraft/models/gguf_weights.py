@@ -153,6 +153,18 @@ def _q4k_records(q: np.ndarray, sc: np.ndarray, mn: np.ndarray, d: np.ndarray, d
     return torch.from_numpy(rec.reshape(G, -1))
 
 
+def _row_chunks(weight: torch.Tensor, chunk: int, sub: int):
+    """weight [O, in] -> float32 pieces of up to ``chunk`` rows (bounding the quantizers' float
+    temporaries), inputs zero-padded to whole super-blocks: [rows, nb, 256 / sub, sub] each."""
+    n_in = weight.shape[1]
+    width = -(-n_in // QK) * QK
+    for i in range(0, weight.shape[0], chunk):
+        w = weight[i:i + chunk].float()
+        if width > n_in:
+            w = torch.nn.functional.pad(w, (0, width - n_in))
+        yield w.reshape(w.shape[0], width // QK, QK // sub, sub)
+
+
 def quantize_q4k(weight: torch.Tensor, chunk: int = 4096) -> QuantTensor:
     """A float matrix [O, in] quantized to Q4_K in the kernel's records, for models without a GGUF
     file of their own (weight format "q4k"): per sub-block of 32 inputs a step and a minimum, both
@@ -160,13 +172,8 @@ def quantize_q4k(weight: torch.Tensor, chunk: int = 4096) -> QuantTensor:
     0..15). Inputs are padded with zeros to whole super-blocks of 256 (quantize_q8k pads the
     activations alike), so any width that is a multiple of 32 works (Qwen2.5-0.5B: 896)."""
     O, n_in = weight.shape
-    width = -(-n_in // QK) * QK
     parts = []
-    for i in range(0, O, chunk):  # rows per step: bounds the float temporaries
-        w = weight[i:i + chunk].float()
-        if width > n_in:
-            w = torch.nn.functional.pad(w, (0, width - n_in))
-        w = w.reshape(w.shape[0], width // QK, 8, 32)  # [o, b, s, 32]
+    for w in _row_chunks(weight, chunk, 32):  # [o, b, s, 32]
         # Both 6-bit factors round outwards (the stored minimum at or below the true one, the
         # stored step at or above what the rest of the range needs), so no weight is clipped:
         # each is within half a stored step of its value.
@@ -179,7 +186,7 @@ def quantize_q4k(weight: torch.Tensor, chunk: int = 4096) -> QuantTensor:
         sc = torch.where(d[..., None] > 0, step / d[..., None].clamp(min=1e-30), 0.0).ceil().clamp(0, 63)
         unit = (d[..., None] * sc)[..., None]  # [o, b, s, 1] the quant step as stored
         q = torch.where(unit > 0, (w + base) / unit.clamp(min=1e-30), 0.0)
-        q = q.round().clamp(0, 15).to(torch.uint8).reshape(w.shape[0], width // QK, QK)
+        q = q.round().clamp(0, 15).to(torch.uint8).reshape(w.shape[0], w.shape[1], QK)
         parts.append(_q4k_records(q.numpy(), sc.to(torch.uint8).numpy(), mn.to(torch.uint8).numpy(),
                                   d.numpy(), dmin.numpy()))
     return QuantTensor("Q4_K", O, n_in, torch.cat(parts) if len(parts) > 1 else parts[0])
@@ -192,19 +199,14 @@ def quantize_q6k(weight: torch.Tensor, chunk: int = 4096) -> QuantTensor:
     weight is clipped: each is within half a stored step of its value. Inputs are padded with zeros
     to whole super-blocks of 256, as in quantize_q4k."""
     O, n_in = weight.shape
-    width = -(-n_in // QK) * QK
     parts = []
-    for i in range(0, O, chunk):  # rows per step: bounds the float temporaries
-        w = weight[i:i + chunk].float()
-        if width > n_in:
-            w = torch.nn.functional.pad(w, (0, width - n_in))
-        w = w.reshape(w.shape[0], width // QK, 16, 16)  # [o, b, s, 16]
+    for w in _row_chunks(weight, chunk, 16):  # [o, b, s, 16]
         step = w.abs().amax(-1) / 31  # [o, b, s] the quant step a sub-block needs (q - 32 in -31..31)
         d = step.amax(-1) / 127  # [o, b] the 8-bit scales' unit
         sc = torch.where(d[..., None] > 0, step / d[..., None].clamp(min=1e-30), 0.0).ceil().clamp(0, 127)
         unit = (d[..., None] * sc)[..., None]  # [o, b, s, 1] the quant step as stored
         q = torch.where(unit > 0, w / unit.clamp(min=1e-30), 0.0).round().clamp(-32, 31) + 32
-        parts.append(_q6k_records(q.to(torch.uint8).reshape(w.shape[0], width // QK, QK).numpy(),
+        parts.append(_q6k_records(q.to(torch.uint8).reshape(w.shape[0], w.shape[1], QK).numpy(),
                                   sc.to(torch.int8).numpy(), d.numpy()))
     return QuantTensor("Q6_K", O, n_in, torch.cat(parts) if len(parts) > 1 else parts[0])
 
