@@ -32,5 +32,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     pybind11::class_<NativeDecoder>(m, "Decoder", pybind11::module_local())
         .def(pybind11::init<pybind11::list, int64_t, double>(), "layers: [(ln1, ln2, k_cache, v_cache, qkv, o, gate_up, down[, q_norm, k_norm])], num_heads, eps")
         .def("forward", &NativeDecoder::forward, "x [T, H], start, cos, sin_signed [T, hd], mask [T, start + T] or None -> x after every layer",
-             pybind11::arg("x"), pybind11::arg("start"), pybind11::arg("cos"), pybind11::arg("sin_signed"), pybind11::arg("mask") = pybind11::none());
+             pybind11::arg("x"), pybind11::arg("start"), pybind11::arg("cos"), pybind11::arg("sin_signed"), pybind11::arg("mask") = pybind11::none())
+        .def("step_seconds", &NativeDecoder::step_seconds, "seconds in each step kind (step_names) since the last clear, over layers and forwards")
+        .def("clear_step_seconds", &NativeDecoder::clear_step_seconds, "zero the step times")
+        .def_property_readonly_static("step_names", [](pybind11::object) {
+            return std::vector<std::string>(std::begin(NativeDecoder::STEP_NAMES), std::end(NativeDecoder::STEP_NAMES));
+        });
 }

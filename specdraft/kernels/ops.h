@@ -46,6 +46,12 @@ public:
     NativeDecoder(pybind11::list layers, int64_t num_heads, double eps);
     torch::Tensor forward(torch::Tensor x, int64_t start, torch::Tensor cos, torch::Tensor sin_signed,
                           std::optional<torch::Tensor> mask);
+    // seconds spent in each step kind since construction or the last clear, summed over layers and
+    // forwards, as STEP_NAMES orders them: where a forward's time goes (scripts/forward_steps.py)
+    static constexpr const char* STEP_NAMES[8] = {"rms_quantize", "qkv", "rope_cache", "attention",
+                                                  "o", "gate_up", "swiglu_quantize", "down"};
+    std::vector<double> step_seconds() const { return std::vector<double>(steps_, steps_ + 8); }
+    void clear_step_seconds() { std::fill(steps_, steps_ + 8, 0.0); }
 
 private:
     struct Layer { torch::Tensor ln1, ln2, k, v; Projection qkv, o, gate_up, down; std::optional<torch::Tensor> q_norm, k_norm; };
@@ -53,4 +59,5 @@ private:
     std::vector<Layer> layers_;
     int64_t num_heads_;
     double eps_;
+    double steps_[8] = {};  // see step_seconds; a residual add counts with the product before it
 };
