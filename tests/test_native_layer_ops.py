@@ -49,6 +49,22 @@ def test_attention_matches_reference_and_decoding(ops, T, L):
         assert torch.equal(one[0], got[t])
 
 
+def test_attention_flushes_denormal_terms_and_restores_the_float_mode(ops):
+    """A key at the exp's clamp (e^-87 ~ 1.6e-38) times a small value is a denormal term; the
+    kernel flushes it (Intel cores take a microcode assist per denormal operation), so the row's
+    output is exactly 0, and the caller's float mode is what it was (denormals still made after)."""
+    k = torch.zeros(NKV, C, HD)
+    v = torch.zeros(NKV, C, HD)
+    k[:, 1, 0] = -120.0  # q . k / sqrt(hd) = -120: e^(s - max) clamped to e^-87
+    v[:, 1, :] = 1e-3  # e^-87 * 1e-3 ~ 1.6e-41: denormal
+    q = torch.zeros(NH, 1, HD)
+    q[:, 0, 0] = HD ** 0.5
+    out = ops.block_attention(q, k, v, 2)
+    assert torch.equal(out, torch.zeros_like(out))
+    tiny = torch.tensor([1e-37], dtype=torch.float32) * torch.tensor([1e-3], dtype=torch.float32)
+    assert tiny.item() != 0.0  # this thread's MXCSR restored: torch still makes denormals
+
+
 def test_tree_rows_equal_decoding_their_path(ops):
     """A tree node sees the prefix and its ancestors at scattered cache slots; its row must equal
     decoding its path with those keys next to the prefix (what the cache holds after compaction)."""
@@ -201,3 +217,27 @@ def test_fused_decoder_is_the_layer_loop_bit_for_bit(ops, tmp_path, kind):
         model.fused = True
         model.forward(ids, tree_mask=tree_mask)
         assert torch.equal(model.k_cache[1][:, start:start + T], cache)  # the same keys were written
+
+
+def test_decoder_times_its_steps(ops, tmp_path):
+    """kernels.Decoder adds each step's seconds per kind (scripts/forward_steps.py reads them): every
+    kind timed, together no more than the forward, and cleared to zeros."""
+    import time
+
+    from _tiny import build_hf, save
+    from specdraft.models.llama import LlamaModel
+
+    model = LlamaModel.from_dir(save(build_hf("qwen2", seed=5), tmp_path / "m"), dtype=torch.float32,
+                                max_length=64, weight_format="q4k")
+    decoder = model._decoder
+    assert list(decoder.step_names) == ["rms_quantize", "qkv", "rope_cache", "attention", "o", "gate_up",
+                                        "swiglu_quantize", "down"]
+    decoder.clear_step_seconds()
+    assert decoder.step_seconds() == [0.0] * 8
+    t0 = time.perf_counter()
+    model.forward(torch.arange(6))
+    wall = time.perf_counter() - t0
+    steps = decoder.step_seconds()
+    assert len(steps) == 8 and all(s > 0 for s in steps) and sum(steps) <= wall
+    decoder.clear_step_seconds()
+    assert decoder.step_seconds() == [0.0] * 8
