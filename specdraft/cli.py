@@ -13,7 +13,7 @@ import sys
 import torch
 
 from .bench.arguments import add_bench_args
-from .bench.forward_cost import OnKernelPath, forward_costs, same_logits
+from .bench.forward_cost import OnKernelPath, forward_costs, forward_steps, same_logits
 from .bench.harness import run_bench
 from .bench.kernel_cost import kernel_costs, kernel_paths
 from .bench.machine import gguf_kernel_forms, gguf_kernel_path
@@ -146,6 +146,10 @@ def _add_calibrate(sub) -> None:
     c.add_argument("--paths", default=None, metavar="PATHS",
                    help="time the model's whole forward on each of these GGUF kernel ISA paths, interleaved "
                         "(comma-separated, or 'all' this CPU has), and check that their logits agree bit for bit")
+    c.add_argument("--steps", action="store_true",
+                   help="where each forward goes instead: ms in each kind of native layer step (summed over the "
+                        "layers) and in the output head and the rest, per block (and per path with --paths); "
+                        "a model on the GGUF kernels")
     c.add_argument("--json", dest="json_out", default=None, help="also write {tokens, seconds, ...} here")
 
 
@@ -254,13 +258,17 @@ def _cmd_calibrate(args) -> int:
     if not blocks or min(blocks) < 1 or args.context < 1 or args.repeats < 1:
         raise ParameterError("blocks, context and repeats must be >= 1")
     if args.kernels:
+        if args.steps:
+            raise ParameterError("--steps breaks a model's forward into its steps: not with --kernels")
         return _calibrate_kernels(args, blocks)
     candidates = _calibrate_candidates(args.format, args.dtype)
-    if args.paths and len(candidates) > 1:
-        raise ParameterError("--paths times one weight format on several kernel paths: give one --format")
+    if (args.paths or args.steps) and len(candidates) > 1:
+        raise ParameterError(f"{'--paths' if args.paths else '--steps'} times one weight format: give one --format")
     name = args.model or DEFAULT_TARGET
     models = {label: load_model(name, dtype=dt, weight_format=fmt, max_length=args.context + max(blocks) + 1).model
               for label, fmt, dt in candidates}
+    if args.steps:
+        return _calibrate_steps(args, blocks, name, next(iter(models.values())))
     if args.paths:
         return _calibrate_paths(args, blocks, name, next(iter(models.values())))
     costs = forward_costs(models, blocks=blocks, context=args.context, repeats=args.repeats)
@@ -322,6 +330,34 @@ def _calibrate_paths(args, blocks: tuple[int, ...], name: str, model) -> int:
                        "max_abs_logit_diff": differ}, f, indent=1)
             f.write("\n")
     return 0 if len(agree) == len(paths) else 1
+
+
+def _calibrate_steps(args, blocks: tuple[int, ...], name: str, model) -> int:
+    """calibrate --steps: where a forward goes, step by step, per block (and per ISA path)."""
+    if getattr(model, "step_seconds", lambda: None)() is None:
+        raise ParameterError(f"--steps needs a model whose layers run natively (GGUF kernels, fp32); this one runs "
+                             f"{getattr(model, 'weight_format', 'hf')}")
+    ops, named = kernel_paths(args.paths or "all", "--paths")
+    before = ops.kernel_path()
+    paths = named if args.paths else [before]
+    try:
+        got = forward_steps({p: OnKernelPath(model, ops, p) for p in paths}, blocks=blocks, context=args.context,
+                            repeats=args.repeats)
+    finally:
+        ops.set_kernel_path(before)
+    print(f"{name}, weight format {model.weight_format}, {torch.get_num_threads()} threads, context {args.context}: "
+          f"ms a forward in each step (medians of {args.repeats})")
+    cols = [(p, i) for i in range(len(blocks)) for p in paths]
+    print(f"{'step':<20s}" + "".join(f"{f'{p} x{blocks[i]}':>20s}" for p, i in cols))
+    for step in got[paths[0]]["steps"]:
+        print(f"{step:<20s}" + "".join(f"{got[p]['steps'][step][i] * 1000:20.2f}" for p, i in cols))
+    print(f"{'whole forward':<20s}" + "".join(f"{got[p]['seconds'][i] * 1000:20.2f}" for p, i in cols))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"model": name, "weight_format": model.weight_format, "context": args.context,
+                       "threads": torch.get_num_threads(), "paths": got}, f, indent=1)
+            f.write("\n")
+    return 0
 
 
 def _calibrate_kernels(args, blocks: tuple[int, ...]) -> int:

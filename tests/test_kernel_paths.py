@@ -174,6 +174,30 @@ def test_calibrate_paths_times_the_whole_forward_on_every_path(ops, capsys, tmp_
         assert out.count("bit for bit") == len(ops.kernel_paths()) - 1
 
 
+def test_calibrate_steps_breaks_each_forward_into_its_steps(ops, capsys, tmp_path):
+    """calibrate --steps: per path and block, ms in each kind of native layer step and in the rest,
+    which add up to the whole forward; the path in use left as it was."""
+    from test_cli_errors import call
+
+    from _tiny import make_cli_model
+    from specdraft.bench.forward_cost import REST
+
+    model, out_json, before = make_cli_model(tmp_path / "tiny"), tmp_path / "steps.json", ops.kernel_path()
+    rc, out, err = call(["calibrate", "--model", str(model), "--format", "q4k", "--context", "8", "--blocks", "1,3",
+                         "--repeats", "1", "--steps", "--paths", "all", "--json", str(out_json)], capsys)
+    assert rc == 0, err
+    report = json.loads(out_json.read_text())
+    assert list(report["paths"]) == ops.kernel_paths()
+    steps = ["rms_quantize", "qkv", "rope_cache", "attention", "o", "gate_up", "swiglu_quantize", "down", REST]
+    for r in report["paths"].values():
+        assert r["tokens"] == [1, 3] and list(r["steps"]) == steps
+        assert all(v > 0 for name in steps[:-1] for v in r["steps"][name])
+        for i in range(2):  # with one repeat the medians are the one run's parts: they add up
+            assert sum(r["steps"][n][i] for n in steps) == pytest.approx(r["seconds"][i], rel=1e-9)
+    assert ops.kernel_path() == before
+    assert "attention" in out and "whole forward" in out
+
+
 def test_same_logits_reports_a_path_that_differs():
     from types import SimpleNamespace
 
@@ -199,6 +223,9 @@ def test_same_logits_reports_a_path_that_differs():
     (["--format", "q4k", "--paths", "avx2,avx2"], "twice"),
     (["--format", "dense", "--paths", "all"], "GGUF kernels"),
     (["--format", "q4k,dense", "--paths", "all"], "one --format"),
+    (["--format", "dense", "--steps"], "natively"),
+    (["--format", "q4k,dense", "--steps"], "one weight format"),
+    (["--kernels", "all", "--steps"], "not with --kernels"),
 ])
 def test_calibrate_paths_bad_arguments_give_one_line(ops, capsys, tmp_path, args, contains):
     from test_cli_errors import assert_one_line_error, call

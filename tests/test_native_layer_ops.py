@@ -220,7 +220,7 @@ def test_fused_decoder_is_the_layer_loop_bit_for_bit(ops, tmp_path, kind):
 
 
 def test_decoder_times_its_steps(ops, tmp_path):
-    """kernels.Decoder adds each step's seconds per kind (scripts/forward_steps.py reads them): every
+    """kernels.Decoder adds each step's seconds per kind (calibrate --steps reads them): every
     kind timed, together no more than the forward, and cleared to zeros."""
     import time
 

@@ -16,17 +16,23 @@ import torch
 DEFAULT_BLOCKS = (1, 2, 4, 8, 16, 32)
 
 
-def forward_costs(models: dict[str, object], blocks=DEFAULT_BLOCKS, context: int = 300, repeats: int = 5,
-                  warmup: int = 2) -> dict[str, dict[str, list]]:
-    """{label: {"tokens": [k...], "seconds": [median forward time...]}} for CausalLMs by label,
-    every model fed the same random tokens."""
+def prefilled(models: dict[str, object], blocks, context: int) -> dict[int, torch.Tensor]:
+    """Every model's cache filled with the same ``context`` random tokens; the same random new
+    tokens for each block size k: {k: ids [k]}."""
     gen = torch.Generator().manual_seed(0)
     vocab = min(min(m.vocab_size for m in models.values()), 32000)
     prefix = torch.randint(0, vocab, (context,), generator=gen)
     for m in models.values():
         m.reset()
         m.forward(prefix, last_only=True)
-    ids = {k: torch.randint(0, vocab, (k,), generator=gen) for k in blocks}
+    return {k: torch.randint(0, vocab, (k,), generator=gen) for k in blocks}
+
+
+def forward_costs(models: dict[str, object], blocks=DEFAULT_BLOCKS, context: int = 300, repeats: int = 5,
+                  warmup: int = 2) -> dict[str, dict[str, list]]:
+    """{label: {"tokens": [k...], "seconds": [median forward time...]}} for CausalLMs by label,
+    every model fed the same random tokens."""
+    ids = prefilled(models, blocks, context)
     times: dict[tuple[str, int], list[float]] = {(label, k): [] for label in models for k in blocks}
     for r in range(warmup + repeats):  # round robin over blocks too: a phase of the machine hits every ratio alike
         for k in blocks:
@@ -38,6 +44,39 @@ def forward_costs(models: dict[str, object], blocks=DEFAULT_BLOCKS, context: int
                     times[label, k].append(time.perf_counter() - t0)
     out = {label: {"tokens": list(blocks), "seconds": [statistics.median(times[label, k]) for k in blocks]}
            for label in models}
+    for m in models.values():
+        m.rollback(context)
+    return out
+
+
+REST = "output head + rest"  # forward_steps: a forward's time outside the native layers
+
+
+def forward_steps(models: dict[str, object], blocks=DEFAULT_BLOCKS, context: int = 300, repeats: int = 5,
+                  warmup: int = 2) -> dict[str, dict[str, list]]:
+    """Where a forward goes: {label: {"tokens": [k...], "seconds": [median whole forward...],
+    "steps": {step: [median seconds in it...]}}} for models whose layers run natively (step_seconds
+    not None): each kind of the native decoder's steps summed over its layers, and REST, the
+    forward less those (embedding, final norm, output head, Python). Timed as forward_costs does
+    (round robin over blocks and models); each entry is the median over the repeats on its own."""
+    ids = prefilled(models, blocks, context)
+    runs: dict[tuple[str, int], list[dict[str, float]]] = {(label, k): [] for label in models for k in blocks}
+    for r in range(warmup + repeats):
+        for k in blocks:
+            for label, m in models.items():
+                m.rollback(context)
+                m.clear_step_seconds()
+                t0 = time.perf_counter()
+                m.forward(ids[k])
+                total = time.perf_counter() - t0
+                steps = m.step_seconds()
+                if r >= warmup:
+                    runs[label, k].append({**steps, REST: total - sum(steps.values()), "forward": total})
+    out = {}
+    for label in models:
+        names = list(runs[label, blocks[0]][0])
+        med = {n: [statistics.median(run[n] for run in runs[label, k]) for k in blocks] for n in names}
+        out[label] = {"tokens": list(blocks), "seconds": med.pop("forward"), "steps": med}
     for m in models.values():
         m.rollback(context)
     return out
@@ -70,6 +109,12 @@ class OnKernelPath:
     def forward(self, ids: torch.Tensor, **kw):
         self.ops.set_kernel_path(self.path)
         return self.model.forward(ids, **kw)
+
+    def step_seconds(self) -> dict[str, float] | None:
+        return self.model.step_seconds()
+
+    def clear_step_seconds(self) -> None:
+        self.model.clear_step_seconds()
 
 
 def same_logits(models: dict[str, object], context: int, tokens: int) -> dict[str, float]:

@@ -47,7 +47,7 @@ public:
     torch::Tensor forward(torch::Tensor x, int64_t start, torch::Tensor cos, torch::Tensor sin_signed,
                           std::optional<torch::Tensor> mask);
     // seconds spent in each step kind since construction or the last clear, summed over layers and
-    // forwards, as STEP_NAMES orders them: where a forward's time goes (scripts/forward_steps.py)
+    // forwards, as STEP_NAMES orders them: where a forward's time goes (specdraft calibrate --steps)
     static constexpr const char* STEP_NAMES[8] = {"rms_quantize", "qkv", "rope_cache", "attention",
                                                   "o", "gate_up", "swiglu_quantize", "down"};
     std::vector<double> step_seconds() const { return std::vector<double>(steps_, steps_ + 8); }

@@ -453,6 +453,19 @@ class LlamaModel:
                    weight_format=weight_format, head_vocab=head_vocab,
                    quantized=gguf if weight_format in ("gguf", "q4k") else None)
 
+    def step_seconds(self) -> dict[str, float] | None:
+        """Seconds the native decoder spent in each kind of step (rms_quantize, qkv, rope_cache,
+        attention, o, gate_up, swiglu_quantize, down), summed over layers and forwards since
+        clear_step_seconds; forwards with taps run other decoders and are not counted. None where
+        the layers do not run natively."""
+        if self._decoder is None:
+            return None
+        return dict(zip(self._decoder.step_names, self._decoder.step_seconds(), strict=True))
+
+    def clear_step_seconds(self) -> None:
+        if self._decoder is not None:
+            self._decoder.clear_step_seconds()
+
     # ----------------------------------------------------------------------------- cache
     def rollback(self, length: int) -> None:
         """Forget cache positions >= length. O(1): later writes overwrite the stale entries."""
