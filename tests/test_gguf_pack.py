@@ -81,6 +81,30 @@ def test_a_damaged_pack_is_removed_with_one_line(gguf_file):
     assert GGUFTensors(path, progress=False).has_kernel(TENSORS[0][1])  # made again
 
 
+def test_a_full_disk_while_packing_is_one_line_and_leaves_nothing(gguf_file, monkeypatch):
+    """safetensors reports a full disk as its own error type, not OSError: still one line, with
+    the fix, and no half-written pack left in the cache; with room again the pack is made."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    path, _ = gguf_file
+    pack = gguf_weights._pack_path(path)
+    real = safetensors.torch.save_file
+
+    def full_disk(tensors, filename, metadata=None):
+        with open(filename, "wb") as f:
+            f.write(b"\0" * 100)  # what a write cut short leaves
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    with pytest.raises(ModelFileError, match=r"No space left on device.*free disk space") as e:
+        GGUFTensors(path, progress=False)
+    assert "\n" not in str(e.value)
+    assert not any(pack.parent.iterdir())  # neither the pack nor its temporary file
+    monkeypatch.setattr(safetensors.torch, "save_file", real)
+    assert GGUFTensors(path, progress=False).has_kernel(TENSORS[0][1]) and pack.exists()
+
+
 def test_an_edited_gguf_is_packed_again(gguf_file):
     path, _ = gguf_file
     before = gguf_weights._pack_path(path)

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import ModelFileError
-from .files import first_line, read_safetensors, safetensors_header, step, umask
+from .files import first_line, read_safetensors, safetensors_header, save_safetensors, step, umask
 from .join import file_sha256
 
 MARKER = "specdraft-source.json"  # written last: a model dir without it is incomplete
@@ -188,8 +188,6 @@ def _load_gguf(gguf_path: Path, progress: bool, fix: str):
 def _save_copy(model, tokenizer, tmp: Path, out_dir: Path, gguf_name: str, progress: bool,
                rope_factors: list[float] | None = None) -> None:
     """Write the safetensors weights, config, generation config and tokenizer into ``tmp``."""
-    from safetensors.torch import save_file
-
     state = _state_dict_for_saving(model)
     bad = [n for n, t in state.items() if not t.is_floating_point()]
     if bad:  # packed blocks slipped through: the copy would be garbage
@@ -197,7 +195,7 @@ def _save_copy(model, tokenizer, tmp: Path, out_dir: Path, gguf_name: str, progr
                              f"fix: upgrade transformers and gguf")
     try:
         with step("saving safetensors", progress):
-            save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            save_safetensors(state, tmp / "model.safetensors", {"format": "pt"})  # a full disk: ModelFileError
             (tmp / "config.json").write_text(json.dumps(_config_dict(model, rope_factors), indent=2, sort_keys=True) + "\n")
             model.generation_config.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)

@@ -1,6 +1,7 @@
 """Small helpers shared by the model-file modules (join, convert, packaged, gguf_weights): the mode
-a published file gets, one-line error text, the progress shown while copying or converting, and a
-safetensors file's header and tensors read with plain reads."""
+a published file gets, one-line error text, the progress shown while copying or converting, a
+safetensors file written into the cache (a full disk a one-line error), and a safetensors file's
+header and tensors read with plain reads."""
 from __future__ import annotations
 
 import json
@@ -11,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..cache import console
+from ..errors import ModelFileError
 
 
 def umask() -> int:
@@ -52,6 +54,20 @@ def step(label: str, enabled: bool) -> Iterator[None]:
     with out.status(f"{label} ..."):
         yield
     out.print(f"[green]done[/] {label} ({time.perf_counter() - t0:.1f} s)")
+
+
+def save_safetensors(tensors: dict, path: Path, metadata: dict[str, str]) -> None:
+    """safetensors' save_file into the model cache; a write that fails (a full disk: safetensors
+    raises its own error type, not OSError) removes what it left and is a one-line ModelFileError."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, str(path), metadata=metadata)
+    except (OSError, SafetensorError) as e:
+        Path(path).unlink(missing_ok=True)
+        raise ModelFileError(f"cannot write {Path(path).name} in {Path(path).parent}: {first_line(e)}; "
+                             f"fix: free disk space or point SPECDRAFT_CACHE elsewhere") from None
 
 
 def safetensors_header(path: Path) -> tuple[int, dict]:

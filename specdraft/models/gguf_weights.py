@@ -28,7 +28,7 @@ from ..cache import cache_root, console
 from ..errors import ModelFileError
 from ..kernels import KernelUnavailable, gguf_ops
 from ..kernels.plan import use_forms
-from .files import safetensors_header
+from .files import safetensors_header, save_safetensors
 from .packaged import gguf_file
 
 QK = 256  # inputs per super-block
@@ -385,7 +385,6 @@ class GGUFTensors:
     def _write_pack(self, pack: Path, progress: bool) -> None:
         """Parse the GGUF, unpack every Q4_K / Q6_K matrix into records, write them to ``pack``."""
         import gguf
-        from safetensors.torch import save_file
 
         try:
             reader = gguf.GGUFReader(str(self.path))
@@ -417,8 +416,8 @@ class GGUFTensors:
         tmp = pack.with_suffix(f".tmp{os.getpid()}")
         flat = torch.cat(records) if records else torch.zeros(0, dtype=torch.uint8)
         source = str(self.path.resolve())
-        save_file({"records": flat}, str(tmp), metadata={"arch": arch, "tensors": json.dumps(entries), "source": source,
-                                                         "format": str(PACK_FORMAT)})
+        save_safetensors({"records": flat}, tmp, {"arch": arch, "tensors": json.dumps(entries), "source": source,
+                                                  "format": str(PACK_FORMAT)})
         os.replace(tmp, pack)  # whole or absent: a crash mid-write leaves no half pack
         _remove_stale_packs(pack, source)
 
