@@ -10,7 +10,7 @@ import pytest
 
 from specdraft.bench import harness
 from specdraft.bench.errors import BenchError
-from specdraft.bench.machine import CPU_FLAGS, cpu_info, gguf_kernel_path, machine_line
+from specdraft.bench.machine import CPU_FLAGS, cpu_info, gguf_kernel_path, machine_line, rates_line, vector_rates
 from specdraft.bench.methods import drop_unavailable, parse_methods
 from specdraft.bench.mismatches import analyse_mismatches
 from specdraft.bench.peers import strip_eos
@@ -503,6 +503,43 @@ def test_machine_line_names_cpu_flags_and_kernel_path():
     assert line.startswith("machine: AMD EPYC 9B45 (4 logical CPUs; flags: avx2, avx512f, avx512_vnni)")
     assert "GGUF kernel path: avx512-vnni" in line
     assert "GGUF kernel path: none" in machine_line(dict(info, gguf_kernel_path=None))
+    numbered = dict(info, cpu=dict(info["cpu"], model="AMD EPYC", family=25, model_number=1, stepping=1))
+    assert machine_line(numbered).startswith("machine: AMD EPYC (family 25 model 1 stepping 1; 4 logical CPUs;")
+
+
+def test_cpu_info_gives_the_family_and_model_numbers_where_proc_cpuinfo_has_them(monkeypatch):
+    import builtins
+    import io
+
+    text = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n" \
+           "model name\t: AMD EPYC 9B45\nstepping\t: 1\nflags\t\t: fpu avx2 avx512f avx512_vnni\n\n" \
+           "processor\t: 1\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC 9B45\n"
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda path, *a, **k: io.StringIO(text) if path == "/proc/cpuinfo"
+                        else real_open(path, *a, **k))
+    info = cpu_info()
+    assert (info["model"], info["family"], info["model_number"], info["stepping"]) == ("AMD EPYC 9B45", 26, 2, 1)
+    assert info["vector_flags"] == ["avx2", "avx512f", "avx512_vnni"]
+
+
+def test_vector_rates_are_none_without_the_probe_and_said_in_one_line(monkeypatch):
+    from specdraft.bench import machine
+    from specdraft.kernels import KernelUnavailable
+
+    def unavailable():
+        raise KernelUnavailable("no compiler")
+
+    monkeypatch.setattr(machine, "gguf_ops", unavailable)
+    assert vector_rates() is None
+    monkeypatch.setattr(machine, "gguf_ops", lambda: object())  # a build without issue_rates()
+    assert vector_rates() is None
+    monkeypatch.setattr(machine, "gguf_ops", lambda: type("Ops", (), {"issue_rates": lambda self, s: [8.8e9, 4.7e9]})())
+    assert vector_rates() == dict(vpaddw=8.8, vpmaddubsw=4.7)
+    assert rates_line([]) is None
+    line = rates_line([dict(at="start", vpaddw=8.8, vpmaddubsw=4.7), dict(at="after 2 runs", vpaddw=4.1, vpmaddubsw=2.4),
+                       dict(at="end", vpaddw=6.5, vpmaddubsw=4.5)])
+    assert line == ("vector units (one core, G instructions/s): vpaddw 8.8 at the start, 6.5 at the end, 4.1-8.8 "
+                    "over 3 probes; vpmaddubsw 4.7 at the start, 4.5 at the end, 2.4-4.7 over 3 probes")
 
 
 # ----------------------------------------------------------------------------- sampled runs on a tiny model
@@ -552,6 +589,25 @@ def test_bench_records_the_vnni_forms_as_the_run_took_them(tiny_dir, tmp_path, c
     report, err = bench_tiny(tiny_dir, tmp_path, capsys, "forms", "--methods", "none")
     assert report["config"]["machine"]["gguf_kernel_forms"] == said
     assert f"VNNI forms in this run: {said}" in err.replace("\n", "")
+
+
+def test_bench_probes_the_machine_phase_through_the_run(tiny_dir, tmp_path, capsys, no_kernel_build, monkeypatch):
+    """A probe at the start, after each prompt's round (interleaved) and at the end, in the JSON
+    report, on stderr and in the Markdown report with the machine's line."""
+    from specdraft.bench import harness
+
+    rates = iter(range(100))
+    monkeypatch.setattr(harness, "vector_rates", lambda: dict(vpaddw=float(next(rates)), vpmaddubsw=1.0))
+    md = tmp_path / "phase.md"
+    report, err = bench_tiny(tiny_dir, tmp_path, capsys, "phase", "--methods", "none,prompt-lookup",
+                             "--markdown", str(md))
+    probes = report["config"]["machine"]["vector_rates"]
+    assert [p["at"] for p in probes] == ["start", "after 2 runs", "after 4 runs", "end"]
+    assert [p["vpaddw"] for p in probes] == [0.0, 1.0, 2.0, 3.0]
+    said = "vpaddw 0.0 at the start, 3.0 at the end, 0.0-3.0 over 4 probes"
+    assert said in err.replace("\n", "")
+    text = md.read_text()
+    assert text.startswith("## Overall\n\nmachine: ") and said in text
 
 
 def test_sampled_bench_runs_every_method_and_marks_exactness_not_applicable(tiny_dir, tmp_path, capsys,

@@ -241,6 +241,19 @@ def test_bad_inputs_are_refused(ops):
         ops.q6k_matmul(*xq, qt.w, qt.out_features)
 
 
+def test_issue_rates_probe_the_vector_units_on_every_cpu(ops):
+    """The bench's phase probe: two positive rates (no CPU-specific figure asserted), about the time
+    asked for, and a bad duration refused."""
+    import time
+
+    t0 = time.perf_counter()
+    paddw, maddubs = ops.issue_rates(0.02)
+    assert time.perf_counter() - t0 < 1.0
+    assert paddw > 1e8 and maddubs > 1e8  # instructions per second
+    with pytest.raises(RuntimeError, match="seconds"):
+        ops.issue_rates(0.0)
+
+
 def test_gguf_names():
     assert gguf_name("model.layers.3.mlp.up_proj.weight") == "blk.3.ffn_up.weight"
     assert gguf_name("model.layers.0.self_attn.o_proj.weight") == "blk.0.attn_output.weight"

@@ -64,7 +64,7 @@ from ..pipeline import resolve_dtype
 from .chart import draw
 from .endpoint import run_endpoint
 from .errors import BenchError
-from .machine import gguf_kernel_forms, machine_info, machine_line, peak_rss_mb
+from .machine import gguf_kernel_forms, machine_info, machine_line, peak_rss_mb, rates_line, vector_rates
 from .methods import ALL, BASELINE, drop_unavailable, is_peer, parse_methods
 from .mismatches import analyse_mismatches
 from .peers import PEERS
@@ -256,10 +256,20 @@ def run_bench(args) -> int:
 
     config = dict(run_config(args, methods, sampling, speculator, peers), skipped_methods=skipped)
     console.print(machine_line(config["machine"]))
+    # the machine's phase through the run: a probe now, after each save (each prompt or method) and at the end
+    probes = config["machine"]["vector_rates"] = []
+
+    def probe(at: str) -> None:
+        rates = vector_rates()
+        if rates is not None:
+            probes.append(dict(at=at, **rates))
+
+    probe("start")
 
     def save(records, rss, mismatches=None, complete=False) -> list[dict]:
         """Write the JSON report; partial (no mismatch analysis yet) until the run completes.
         A sampled run has no exactness and no mismatch analysis: ``exact`` and ``mismatches`` stay null."""
+        probe("end" if complete else f"after {len(records)} runs")
         if sampling.greedy:
             mark_exactness(records)
         results = aggregate(records, methods, categories)
@@ -284,7 +294,8 @@ def run_bench(args) -> int:
     results = save(records, rss, mismatches, complete=True)
     turns = by_turn(records, methods, later)
     if args.markdown is not None:
-        write_text(args.markdown, markdown_report(results, methods, categories, sampling, turns))
+        write_text(args.markdown, markdown_report(results, methods, categories, sampling, turns,
+                                                  notes=(machine_line(config["machine"]), rates_line(probes))))
     if args.chart is not None:
         title = f"{speculator.target.name}, {len(prompts)} prompts, {args.max_new_tokens} new tokens"
         draw(results, args.chart, title if sampling.greedy else f"{title}, temperature {sampling.temperature:g}")
@@ -292,6 +303,8 @@ def run_bench(args) -> int:
     print_tables(Console(width=None if sys.stdout.isatty() else 160), results, methods, categories, sampling, turns)
     if config["machine"].get("gguf_kernel_forms"):
         console.print(f"GGUF kernels' VNNI forms in this run: {config['machine']['gguf_kernel_forms']}")
+    if rates_line(probes):
+        console.print(rates_line(probes))
     where = report_location(args.json_out)
     if not sampling.greedy:
         console.print(f"exactness and mismatch analysis: {NOT_APPLICABLE}; {where}")

@@ -23,20 +23,21 @@ def peak_rss_mb() -> float:
 
 
 def cpu_info() -> dict:
-    """CPU model and which of :data:`CPU_FLAGS` it has (from /proc/cpuinfo on Linux)."""
-    model, flags = None, set()
+    """CPU model, family / model number / stepping (a name such as "AMD EPYC" covers several
+    generations) and which of :data:`CPU_FLAGS` it has (from /proc/cpuinfo on Linux)."""
+    first: dict[str, str] = {}  # the first processor's fields
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                if key.strip() == "model name" and model is None:
-                    model = value.strip()
-                elif key.strip() == "flags" and not flags:
-                    flags = set(value.split())
+                first.setdefault(key.strip(), value.strip())
     except OSError:
         pass  # not Linux: platform's answer is the best we have
-    model = model or platform.processor() or "unknown"
-    return dict(model=model, logical_cpus=os.cpu_count(), vector_flags=[f for f in CPU_FLAGS if f in flags])
+    flags = set(first.get("flags", "").split())
+    numbers = {k: int(first[name]) for k, name in (("family", "cpu family"), ("model_number", "model"),
+                                                   ("stepping", "stepping")) if first.get(name, "").isdigit()}
+    return dict(model=first.get("model name") or platform.processor() or "unknown", **numbers,
+                logical_cpus=os.cpu_count(), vector_flags=[f for f in CPU_FLAGS if f in flags])
 
 
 def gguf_kernel_path() -> str | None:
@@ -56,6 +57,34 @@ def gguf_kernel_forms() -> str | None:
     return forms_note() if path in PATHS_WITH_FORMS else None
 
 
+def vector_rates(seconds: float = 0.02) -> dict | None:
+    """How fast this core issues ``vpaddw`` and ``vpmaddubsw`` now, in G instructions/s (the
+    kernels' probe.cpp, ~``seconds``): the machine's phase. Shared VMs run minutes-long phases in
+    which a neighbour takes part of the vector units (AVX2 EPYC: ``vpaddw`` ~9 G/s free, ~4
+    shared), and a check of several tokens, bound by them, costs more. None where the kernels are
+    unavailable or too old to probe."""
+    try:
+        ops = gguf_ops()
+    except KernelUnavailable:
+        return None
+    if not hasattr(ops, "issue_rates"):
+        return None
+    paddw, maddubs = ops.issue_rates(seconds)
+    return dict(vpaddw=round(paddw / 1e9, 2), vpmaddubsw=round(maddubs / 1e9, 2))
+
+
+def rates_line(probes: list[dict]) -> str | None:
+    """The run's probes (``vector_rates`` with ``at``) in one line, or None without any."""
+    if not probes:
+        return None
+    parts = []
+    for op in ("vpaddw", "vpmaddubsw"):
+        values = [p[op] for p in probes]
+        parts.append(f"{op} {values[0]:.1f} at the start, {values[-1]:.1f} at the end, "
+                     f"{min(values):.1f}-{max(values):.1f} over {len(values)} probes")
+    return "vector units (one core, G instructions/s): " + "; ".join(parts)
+
+
 def machine_info() -> dict:
     return dict(torch=torch.__version__, transformers=transformers.__version__, python=platform.python_version(),
                 platform=platform.platform(), cpu=cpu_info(), gguf_kernel_path=gguf_kernel_path(),
@@ -66,7 +95,9 @@ def machine_info() -> dict:
 def machine_line(info: dict) -> str:
     """``machine_info()`` in one line for the run's header."""
     cpu = info["cpu"]
-    return (f"machine: {cpu['model']} ({cpu['logical_cpus']} logical CPUs; flags: "
+    numbers = " ".join(f"{name} {cpu[key]}" for key, name in (("family", "family"), ("model_number", "model"),
+                                                              ("stepping", "stepping")) if key in cpu)
+    return (f"machine: {cpu['model']} ({numbers + '; ' if numbers else ''}{cpu['logical_cpus']} logical CPUs; flags: "
             f"{', '.join(cpu['vector_flags']) or 'none of ' + ', '.join(CPU_FLAGS)}); "
             f"GGUF kernel path: {info['gguf_kernel_path'] or 'none'}"
             f"{' (' + info['gguf_kernel_forms'] + ')' if info.get('gguf_kernel_forms') else ''}; torch {info['torch']}, "

@@ -40,11 +40,15 @@ def speedup_grid(results: list[dict], methods: list[str], categories: list[str],
 
 # ---------------------------------------------------------------------------- Markdown
 def markdown_report(results: list[dict], methods: list[str], categories: list[str],
-                    sampling: SamplingConfig = GREEDY, turns: tuple[list[dict], list[str]] = ([], [])) -> str:
-    """``turns``: rows and labels by turn (bench.turns.by_turn), a table of their own when given."""
+                    sampling: SamplingConfig = GREEDY, turns: tuple[list[dict], list[str]] = ([], []),
+                    notes: tuple[str | None, ...] = ()) -> str:
+    """``turns``: rows and labels by turn (bench.turns.by_turn), a table of their own when given;
+    ``notes``: lines said before the tables (the machine, its phase; None skipped)."""
     overall = [r for r in results if r["category"] == "overall"]
     note = sampling_note(sampling)
+    said = [line for line in notes if line]
     lines = ["## Overall", "", *([note[0].upper() + note[1:] + ".", ""] if note else []),
+             *([" ".join(f"{n}." if not n.endswith(".") else n for n in said), ""] if said else []),
              _md_row(OVERALL_COLUMNS), _md_rule(len(OVERALL_COLUMNS))]
     lines += [_md_row(overall_cells(r, sampling)) for r in overall]
     header = ["method", *categories, "overall"]

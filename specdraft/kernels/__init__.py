@@ -9,7 +9,9 @@
   SPECDRAFT_KERNEL_PATH=avx2|avx-vnni|avx512-vnni|amx-int8|auto;
 - block_attention: attention.cpp (its inner loops in AVX-512 in attention_avx512.cpp, on the AVX-512 paths);
   rms_quantize, swiglu_quantize, rope_cache: layer_ops.cpp;
-- Decoder, every layer in one call: decoder.cpp.
+- Decoder, every layer in one call: decoder.cpp;
+- issue_rates: probe.cpp, how fast this core issues the kernels' vector instructions now (the
+  machine's phase, which the bench records).
 
 The build takes ~1 minute once per source/torch version; the result lives under ``<cache>/ext/``.
 """
@@ -28,7 +30,7 @@ from ..cache import cache_root, console
 
 HERE = Path(__file__).parent
 SOURCES = [HERE / n for n in ("gguf_matmul.cpp", "gguf_vnni.cpp", "gguf_avxvnni.cpp", "gguf_amx.cpp", "attention.cpp",
-                              "attention_avx512.cpp", "layer_ops.cpp", "decoder.cpp", "bindings.cpp")]
+                              "attention_avx512.cpp", "layer_ops.cpp", "decoder.cpp", "probe.cpp", "bindings.cpp")]
 HEADERS = [HERE / "ops.h", HERE / "simd.h", HERE / "gguf_common.h", HERE / "gguf_forms.h", HERE / "gguf_vnni_kernels.h",
            HERE / "gguf_zmm.h",
            HERE / "attention_avx512.h"]

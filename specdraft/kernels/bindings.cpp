@@ -8,6 +8,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("kernel_path", &kernel_path, "the ISA path the Q4_K / Q6_K kernels take: avx2, avx-vnni, avx512-vnni or amx-int8");
     m.def("set_kernel_path", &set_kernel_path, "force a kernel path (avx2, avx-vnni, avx512-vnni, amx-int8) or auto (the best this CPU has)");
     m.def("kernel_paths", &kernel_paths, "the kernel paths this CPU can run");
+    m.def("issue_rates", &issue_rates, "[vpaddw, vpmaddubsw] ymm instructions per second on this thread, timed for ~seconds in all (the machine's phase)",
+          pybind11::arg("seconds") = 0.02);
     m.def("amx_emulated", &gguf::amx_emulated, "whether the amx-int8 path runs its tiles emulated (tests)");
     m.def("amx_min_rows", &gguf::amx_min_rows, "rows of x from which the amx-int8 path takes the tiles (fewer: AVX-512 VNNI)");
     m.def("set_amx_min_rows", &gguf::set_amx_min_rows, "set those rows (n <= 0: SPECDRAFT_AMX_MIN_ROWS or the built-in default)");
