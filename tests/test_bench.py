@@ -481,7 +481,12 @@ def test_cpu_info_names_the_model_and_only_known_flags():
     assert list(info["vector_flags"]) == [f for f in CPU_FLAGS if f in info["vector_flags"]]  # in CPU_FLAGS' order
 
 
-def test_kernel_path_is_none_when_the_kernels_are_unavailable_or_too_old(monkeypatch):
+@pytest.mark.parametrize("fact, attribute, method, expected", [
+    (gguf_kernel_path, "kernel_path", lambda self: "avx512-vnni", "avx512-vnni"),
+    (vector_rates, "issue_rates", lambda self, seconds: [8.8e9, 4.7e9], dict(vpaddw=8.8, vpmaddubsw=4.7)),
+])
+def test_kernel_facts_are_none_when_the_kernels_are_unavailable_or_too_old(monkeypatch, fact, attribute, method,
+                                                                           expected):
     from specdraft.bench import machine
     from specdraft.kernels import KernelUnavailable
 
@@ -489,11 +494,11 @@ def test_kernel_path_is_none_when_the_kernels_are_unavailable_or_too_old(monkeyp
         raise KernelUnavailable("no compiler")
 
     monkeypatch.setattr(machine, "gguf_ops", unavailable)
-    assert gguf_kernel_path() is None
-    monkeypatch.setattr(machine, "gguf_ops", lambda: object())  # a build without kernel_path()
-    assert gguf_kernel_path() is None
-    monkeypatch.setattr(machine, "gguf_ops", lambda: type("Ops", (), {"kernel_path": lambda self: "avx512-vnni"})())
-    assert gguf_kernel_path() == "avx512-vnni"
+    assert fact() is None
+    monkeypatch.setattr(machine, "gguf_ops", lambda: object())  # a build without the function
+    assert fact() is None
+    monkeypatch.setattr(machine, "gguf_ops", lambda: type("Ops", (), {attribute: method})())
+    assert fact() == expected
 
 
 def test_machine_line_names_cpu_flags_and_kernel_path():
@@ -522,19 +527,7 @@ def test_cpu_info_gives_the_family_and_model_numbers_where_proc_cpuinfo_has_them
     assert info["vector_flags"] == ["avx2", "avx512f", "avx512_vnni"]
 
 
-def test_vector_rates_are_none_without_the_probe_and_said_in_one_line(monkeypatch):
-    from specdraft.bench import machine
-    from specdraft.kernels import KernelUnavailable
-
-    def unavailable():
-        raise KernelUnavailable("no compiler")
-
-    monkeypatch.setattr(machine, "gguf_ops", unavailable)
-    assert vector_rates() is None
-    monkeypatch.setattr(machine, "gguf_ops", lambda: object())  # a build without issue_rates()
-    assert vector_rates() is None
-    monkeypatch.setattr(machine, "gguf_ops", lambda: type("Ops", (), {"issue_rates": lambda self, s: [8.8e9, 4.7e9]})())
-    assert vector_rates() == dict(vpaddw=8.8, vpmaddubsw=4.7)
+def test_the_runs_probes_are_said_in_one_line():
     assert rates_line([]) is None
     line = rates_line([dict(at="start", vpaddw=8.8, vpmaddubsw=4.7), dict(at="after 2 runs", vpaddw=4.1, vpmaddubsw=2.4),
                        dict(at="end", vpaddw=6.5, vpmaddubsw=4.5)])
