@@ -531,7 +531,7 @@ def test_the_runs_probes_are_said_in_one_line():
     assert rates_line([]) is None
     line = rates_line([dict(at="start", vpaddw=8.8, vpmaddubsw=4.7), dict(at="after 2 runs", vpaddw=4.1, vpmaddubsw=2.4),
                        dict(at="end", vpaddw=6.5, vpmaddubsw=4.5)])
-    assert line == ("vector units (one core, G instructions/s): vpaddw 8.8 at the start, 6.5 at the end, 4.1-8.8 "
+    assert line == ("Vector units (one core, G instructions/s): vpaddw 8.8 at the start, 6.5 at the end, 4.1-8.8 "
                     "over 3 probes; vpmaddubsw 4.7 at the start, 4.5 at the end, 2.4-4.7 over 3 probes")
 
 

@@ -82,7 +82,7 @@ def rates_line(probes: list[dict]) -> str | None:
         values = [p[op] for p in probes]
         parts.append(f"{op} {values[0]:.1f} at the start, {values[-1]:.1f} at the end, "
                      f"{min(values):.1f}-{max(values):.1f} over {len(values)} probes")
-    return "vector units (one core, G instructions/s): " + "; ".join(parts)
+    return "Vector units (one core, G instructions/s): " + "; ".join(parts)
 
 
 def machine_info() -> dict:
