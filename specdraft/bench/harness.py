@@ -293,9 +293,10 @@ def run_bench(args) -> int:
                                         lambda line: console.print(f"[yellow]warning:[/] {line}"))
     results = save(records, rss, mismatches, complete=True)
     turns = by_turn(records, methods, later)
+    phase = rates_line(probes)
     if args.markdown is not None:
         write_text(args.markdown, markdown_report(results, methods, categories, sampling, turns,
-                                                  notes=(machine_line(config["machine"]), rates_line(probes))))
+                                                  notes=(machine_line(config["machine"]), phase)))
     if args.chart is not None:
         title = f"{speculator.target.name}, {len(prompts)} prompts, {args.max_new_tokens} new tokens"
         draw(results, args.chart, title if sampling.greedy else f"{title}, temperature {sampling.temperature:g}")
@@ -303,8 +304,8 @@ def run_bench(args) -> int:
     print_tables(Console(width=None if sys.stdout.isatty() else 160), results, methods, categories, sampling, turns)
     if config["machine"].get("gguf_kernel_forms"):
         console.print(f"GGUF kernels' VNNI forms in this run: {config['machine']['gguf_kernel_forms']}")
-    if rates_line(probes):
-        console.print(rates_line(probes))
+    if phase:
+        console.print(phase)
     where = report_location(args.json_out)
     if not sampling.greedy:
         console.print(f"exactness and mismatch analysis: {NOT_APPLICABLE}; {where}")

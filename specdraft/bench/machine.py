@@ -15,6 +15,8 @@ from ..kernels.plan import PATHS_WITH_FORMS, forms_note
 # The CPU flags that decide which kernels run and how fast: AVX2 (the GGUF kernels' baseline),
 # AVX-512 with VNNI (their int8 dot-product path), native bf16, and AMX.
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
+# cpu_info's numbers: (its key, /proc/cpuinfo's field, the word machine_line says)
+CPU_NUMBERS = (("family", "cpu family", "family"), ("model_number", "model", "model"), ("stepping", "stepping", "stepping"))
 
 
 def peak_rss_mb() -> float:
@@ -34,8 +36,7 @@ def cpu_info() -> dict:
     except OSError:
         pass  # not Linux: platform's answer is the best we have
     flags = set(first.get("flags", "").split())
-    numbers = {k: int(first[name]) for k, name in (("family", "cpu family"), ("model_number", "model"),
-                                                   ("stepping", "stepping")) if first.get(name, "").isdigit()}
+    numbers = {key: int(first[field]) for key, field, _ in CPU_NUMBERS if first.get(field, "").isdigit()}
     return dict(model=first.get("model name") or platform.processor() or "unknown", **numbers,
                 logical_cpus=os.cpu_count(), vector_flags=[f for f in CPU_FLAGS if f in flags])
 
@@ -95,8 +96,7 @@ def machine_info() -> dict:
 def machine_line(info: dict) -> str:
     """``machine_info()`` in one line for the run's header."""
     cpu = info["cpu"]
-    numbers = " ".join(f"{name} {cpu[key]}" for key, name in (("family", "family"), ("model_number", "model"),
-                                                              ("stepping", "stepping")) if key in cpu)
+    numbers = " ".join(f"{word} {cpu[key]}" for key, _, word in CPU_NUMBERS if key in cpu)
     return (f"machine: {cpu['model']} ({numbers + '; ' if numbers else ''}{cpu['logical_cpus']} logical CPUs; flags: "
             f"{', '.join(cpu['vector_flags']) or 'none of ' + ', '.join(CPU_FLAGS)}); "
             f"GGUF kernel path: {info['gguf_kernel_path'] or 'none'}"

@@ -14,10 +14,10 @@ void gguf_matmul_into(int64_t kind, const int8_t* qx, const float* xs, const int
                       const torch::Tensor& w, int64_t O, float* y, int64_t ldy);
 // the ISA path those kernels take ("avx2", "avx-vnni", "avx512-vnni", "amx-int8"), force one ("auto": the best), those this CPU has
 std::string kernel_path();
-// probe.cpp: [vpaddw, vpmaddubsw] instructions per second on the calling thread, timed for ~seconds in all
-std::vector<double> issue_rates(double seconds);
 void set_kernel_path(const std::string& name);
 std::vector<std::string> kernel_paths();
+// probe.cpp: [vpaddw, vpmaddubsw] instructions per second on the calling thread, timed for ~seconds in all
+std::vector<double> issue_rates(double seconds);
 // the amx-int8 path with its tile registers emulated (tests of the AMX kernel's logic where AVX-512 VNNI runs)
 void set_amx_emulated(bool on);
 // the active path is an AVX-512 one (avx512-vnni, amx-int8): the other kernels may take their AVX-512 loops
