@@ -1,0 +1,74 @@
+"""Draft settings of one method against each other and against plain decoding, interleaved prompt by
+prompt (the order reversed every other prompt, so the machine's phases hit every setting alike):
+
+    python scripts/policy_ab.py [--prompts N] [--max-new-tokens 128] SETTING...
+
+A SETTING is NAME=METHOD[:k=K][:trees=0|1], e.g. ``head=head head-k1=head:k=1:trees=0``; ``none``
+is always run. On the first prompt of each of the N first Spec-Bench dev categories it prints the
+running seconds per setting and the machine's vector issue rates (the phase), then per setting:
+speed over ``none`` with and without the prefill, and tokens per target forward.
+`specdraft bench` compares methods; this compares how one method's drafts are sized.
+"""
+from __future__ import annotations
+
+import argparse
+
+from specdraft.bench.machine import vector_rates
+from specdraft.bench.prompts import load_prompts, prompts_path
+from specdraft.config import GenerationConfig, SpecConfig
+from specdraft.pipeline import Speculator
+
+
+def setting(text: str) -> tuple[str, SpecConfig]:
+    """NAME=METHOD[:k=K][:trees=0|1] -> (NAME, its SpecConfig)."""
+    name, _, rest = text.partition("=")
+    method, *opts = rest.split(":")
+    kw = {}
+    for opt in opts:
+        key, _, value = opt.partition("=")
+        if key == "k":
+            kw["k"] = int(value)
+        elif key == "trees":
+            kw["trees"] = value not in ("0", "false", "no")
+        else:
+            raise SystemExit(f"unknown option {key!r} in {text!r}: k=K or trees=0|1")
+    return name, SpecConfig(method=method, **kw)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("settings", nargs="+")
+    ap.add_argument("--prompts", type=int, default=13, help="the first prompt of this many categories")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    args = ap.parse_args()
+    settings = dict([("none", SpecConfig(method="none")), *(setting(s) for s in args.settings)])
+    sd = Speculator(load_draft=any(s.method in ("draft-model", "hybrid") for s in settings.values()), progress=False)
+    chosen, seen = [], set()
+    for p in load_prompts(prompts_path(None)):
+        if p.category not in seen:
+            seen.add(p.category)
+            chosen.append(p)
+    chosen = chosen[:args.prompts]
+    gen = GenerationConfig(max_new_tokens=args.max_new_tokens)
+    total = dict.fromkeys(settings, 0.0)
+    decode = dict.fromkeys(settings, 0.0)
+    forwards = dict.fromkeys(settings, 0)
+    tokens = dict.fromkeys(settings, 0)
+    for spec in settings.values():  # warm every drafter up once
+        sd.generate("hello", spec=spec, gen=GenerationConfig(max_new_tokens=8))
+    print(f"phase at start: {vector_rates()}")
+    for i, p in enumerate(chosen):
+        for name in (list(settings) if i % 2 == 0 else list(reversed(settings))):
+            s = sd.generate(p.text, spec=settings[name], gen=gen).stats
+            total[name] += s.time_total
+            decode[name] += s.time_total - s.time_prefill
+            forwards[name] += s.target_forwards
+            tokens[name] += s.new_tokens
+        print(p.category, {n: round(t, 1) for n, t in total.items()}, vector_rates(), flush=True)
+    for name in settings:
+        print(f"{name:12s} {total['none'] / total[name]:.3f}x  decode {decode['none'] / decode[name]:.3f}x  "
+              f"tokens/forward {tokens[name] / forwards[name]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
