@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 from specdraft.bench.machine import vector_rates
-from specdraft.bench.prompts import load_prompts, prompts_path
+from specdraft.bench.prompts import load_prompts, prompts_path, select_prompts
 from specdraft.config import GenerationConfig, SpecConfig
 from specdraft.pipeline import Speculator
 
@@ -43,12 +43,7 @@ def main() -> None:
     args = ap.parse_args()
     settings = dict([("none", SpecConfig(method="none")), *(setting(s) for s in args.settings)])
     sd = Speculator(load_draft=any(s.method in ("draft-model", "hybrid") for s in settings.values()), progress=False)
-    chosen, seen = [], set()
-    for p in load_prompts(prompts_path(None)):
-        if p.category not in seen:
-            seen.add(p.category)
-            chosen.append(p)
-    chosen = chosen[:args.prompts]
+    chosen = select_prompts(load_prompts(prompts_path(None)), per_category=1)[:args.prompts]
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens)
     total = dict.fromkeys(settings, 0.0)
     decode = dict.fromkeys(settings, 0.0)
