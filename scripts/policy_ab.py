@@ -5,8 +5,10 @@ prompt (the order reversed every other prompt, so the machine's phases hit every
 
 A SETTING is NAME=METHOD[:k=K][:trees=0|1], e.g. ``head=head head-k1=head:k=1:trees=0``; ``none``
 is always run. On the first prompt of each of the N first Spec-Bench dev categories it prints the
-running seconds per setting and the machine's vector issue rates (the phase), then per setting:
-speed over ``none`` with and without the prefill, and tokens per target forward.
+running seconds per setting and the machine's vector issue rates (the phase), then the prefill's
+share of ``none``'s time and per setting: speed over ``none`` with and without the prefill, tokens
+per target forward, and where a step goes: ms drafting and checking per target forward, the share
+of forwards that checked a draft and the nodes a checked draft had.
 `specdraft bench` compares methods; this compares how one method's drafts are sized.
 """
 from __future__ import annotations
@@ -49,6 +51,10 @@ def main() -> None:
     decode = dict.fromkeys(settings, 0.0)
     forwards = dict.fromkeys(settings, 0)
     tokens = dict.fromkeys(settings, 0)
+    drafting = dict.fromkeys(settings, 0.0)  # seconds
+    checking = dict.fromkeys(settings, 0.0)
+    drafts = dict.fromkeys(settings, 0)  # forwards that checked a draft
+    nodes = dict.fromkeys(settings, 0)  # draft nodes checked
     for spec in settings.values():  # warm every drafter up once
         sd.generate("hello", spec=spec, gen=GenerationConfig(max_new_tokens=8))
     print(f"phase at start: {vector_rates()}")
@@ -58,11 +64,19 @@ def main() -> None:
             total[name] += s.time_total
             decode[name] += s.time_total - s.time_prefill
             forwards[name] += s.target_forwards
-            tokens[name] += s.new_tokens
+            tokens[name] += s.step_tokens  # committed by the forwards after the prefill, as the bench counts
+            drafting[name] += s.time_draft
+            checking[name] += s.time_verify
+            drafts[name] += s.drafts
+            nodes[name] += s.draft_tokens
         print(p.category, {n: round(t, 1) for n, t in total.items()}, vector_rates(), flush=True)
+    print(f"prefill and first token: {1 - decode['none'] / total['none']:.0%} of none's time")
     for name in settings:
+        fw = forwards[name]
         print(f"{name:12s} {total['none'] / total[name]:.3f}x  decode {decode['none'] / decode[name]:.3f}x  "
-              f"tokens/forward {tokens[name] / forwards[name]:.2f}")
+              f"tokens/forward {tokens[name] / fw:.2f}  per forward: draft {1e3 * drafting[name] / fw:.2f} ms, "
+              f"check {1e3 * checking[name] / fw:.2f} ms  drafted {drafts[name] / fw:.0%} of forwards, "
+              f"{nodes[name] / max(drafts[name], 1):.2f} nodes a draft")
 
 
 if __name__ == "__main__":
