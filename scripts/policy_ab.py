@@ -14,11 +14,16 @@ of forwards that checked a draft and the nodes a checked draft had.
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 
 from specdraft.bench.machine import vector_rates
 from specdraft.bench.prompts import load_prompts, prompts_path, select_prompts
 from specdraft.config import GenerationConfig, SpecConfig
 from specdraft.pipeline import Speculator
+
+# the SpecStats fields summed over a setting's runs
+SUMMED = ("time_total", "time_prefill", "time_draft", "time_verify", "target_forwards", "step_tokens", "drafts",
+          "draft_tokens")
 
 
 def setting(text: str) -> tuple[str, SpecConfig]:
@@ -47,37 +52,26 @@ def main() -> None:
     sd = Speculator(load_draft=any(s.method in ("draft-model", "hybrid") for s in settings.values()), progress=False)
     chosen = select_prompts(load_prompts(prompts_path(None)), per_category=1)[:args.prompts]
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens)
-    total = dict.fromkeys(settings, 0.0)
-    decode = dict.fromkeys(settings, 0.0)
-    forwards = dict.fromkeys(settings, 0)
-    tokens = dict.fromkeys(settings, 0)
-    drafting = dict.fromkeys(settings, 0.0)  # seconds
-    checking = dict.fromkeys(settings, 0.0)
-    drafts = dict.fromkeys(settings, 0)  # forwards that checked a draft
-    nodes = dict.fromkeys(settings, 0)  # draft nodes checked
+    # per setting, the runs' SpecStats summed field by field (tokens: step_tokens, the forwards'
+    # tokens after the prefill, as the bench counts them)
+    sums = {name: Counter() for name in settings}
     for spec in settings.values():  # warm every drafter up once
         sd.generate("hello", spec=spec, gen=GenerationConfig(max_new_tokens=8))
     print(f"phase at start: {vector_rates()}")
     for i, p in enumerate(chosen):
         for name in (list(settings) if i % 2 == 0 else list(reversed(settings))):
             s = sd.generate(p.text, spec=settings[name], gen=gen).stats
-            total[name] += s.time_total
-            decode[name] += s.time_total - s.time_prefill
-            forwards[name] += s.target_forwards
-            tokens[name] += s.step_tokens  # committed by the forwards after the prefill, as the bench counts
-            drafting[name] += s.time_draft
-            checking[name] += s.time_verify
-            drafts[name] += s.drafts
-            nodes[name] += s.draft_tokens
-        print(p.category, {n: round(t, 1) for n, t in total.items()}, vector_rates(), flush=True)
-    print(f"prefill and first token: {1 - decode['none'] / total['none']:.0%} of none's time")
-    for name in settings:
-        fw = forwards[name]
-        print(f"{name:12s} {total['none'] / total[name]:.3f}x  decode {decode['none'] / decode[name]:.3f}x  "
-              f"tokens/forward {tokens[name] / fw:.2f}  per forward: draft {1e3 * drafting[name] / fw:.2f} ms, "
-              f"check {1e3 * checking[name] / fw:.2f} ms  drafted {drafts[name] / fw:.0%} of forwards, "
-              f"{nodes[name] / max(drafts[name], 1):.2f} nodes a draft")
-
+            sums[name].update({f: getattr(s, f) for f in SUMMED})
+        print(p.category, {n: round(c["time_total"], 1) for n, c in sums.items()}, vector_rates(), flush=True)
+    base = sums["none"]
+    decode = {n: c["time_total"] - c["time_prefill"] for n, c in sums.items()}
+    print(f"prefill and first token: {1 - decode['none'] / base['time_total']:.0%} of none's time")
+    for name, c in sums.items():
+        fw = c["target_forwards"]
+        print(f"{name:12s} {base['time_total'] / c['time_total']:.3f}x  decode {decode['none'] / decode[name]:.3f}x  "
+              f"tokens/forward {c['step_tokens'] / fw:.2f}  per forward: draft {1e3 * c['time_draft'] / fw:.2f} ms, "
+              f"check {1e3 * c['time_verify'] / fw:.2f} ms  drafted {c['drafts'] / fw:.0%} of forwards, "
+              f"{c['draft_tokens'] / max(c['drafts'], 1):.2f} nodes a draft")
 
 if __name__ == "__main__":
     main()
