@@ -17,6 +17,7 @@ The build takes ~1 minute once per source/torch version; the result lives under 
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -54,11 +55,21 @@ def build_dir(label: str, code: bytes) -> Path:
 
 
 def build_kernels(sources: list[Path], build: Path, module: str):
-    """The extension of these sources, compiled into build (once) as module_<key>."""
+    """The extension of these sources, compiled into build (once) as module_<key>.
+
+    torch's loader guards a build directory with a lock file that only the process holding it
+    removes, and waits for it without end: a build killed half way (Ctrl-C, a timeout) would hang
+    every later start, silently. So the loader runs under an OS lock of our own (released by the
+    kernel when its holder dies, however it dies), and any torch lock file found while holding it
+    was left by a process that is gone."""
     from torch.utils import cpp_extension
 
-    return cpp_extension.load(name=f"{module}_{build.name.rsplit('-', 1)[1]}", sources=[str(p) for p in sources],
-                              extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(build), verbose=False)
+    with open(build / "build.flock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # another process building here: wait for it (it may be a minute)
+        (build / "lock").unlink(missing_ok=True)
+        return cpp_extension.load(name=f"{module}_{build.name.rsplit('-', 1)[1]}", sources=[str(p) for p in sources],
+                                  extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(build),
+                                  verbose=False)
 
 
 @lru_cache(maxsize=1)
