@@ -134,6 +134,44 @@ def test_rows_are_independent_of_the_block(ops, kind):
 
 
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_a_product_split_over_threads_gives_every_row_once(ops, kind, threads):
+    """Products of 2+ rows hand the threads a share each and the rest in chunks as they free up
+    (gguf_common.h balanced_for): every output row computed exactly once (y starts uninitialised),
+    the same bits as one row at a time, for any thread count, including a record partly padding."""
+    qt, ref = quant_tensor(kind, 8 * 97 + 5, 512, seed=4)  # 98 groups of 8: a share each, then chunks
+    lin = GGUFLinear([qt])
+    x = torch.randn(5, 512)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        got = lin(x)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(got, torch.cat([lin(x[i:i + 1]) for i in range(5)]))
+    qx, xs, _ = ops.quantize_q8k(x)
+    xq = (qx.double().reshape(5, 2, 256) * xs.double()[..., None]).reshape(5, 512)
+    expect = xq @ ref.double().T
+    assert (got.double() - expect).abs().max() <= 1e-5 * expect.abs().max()
+
+
+def test_a_build_killed_half_way_does_not_hang_the_next_start(ops):
+    """torch's loader waits without end on a lock file a killed build left behind; the kernels'
+    loader clears it under an OS lock of its own (specdraft.kernels.build_kernels)."""
+    import subprocess
+    import sys
+
+    from specdraft.kernels import HEADERS, SOURCES, build_dir
+
+    build = build_dir("gguf_matmul", b"".join(p.read_bytes() for p in SOURCES + HEADERS))
+    (build / "lock").touch()  # as a build killed between taking torch's lock and releasing it leaves it
+    r = subprocess.run([sys.executable, "-c", "from specdraft.kernels import gguf_ops; print(gguf_ops().kernel_path())"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() in ops.kernel_paths() and not (build / "lock").exists()
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
 def test_first_rows_and_dequantize_rows(ops, kind):
     """Any number of first rows, also one that ends inside a Q4_K record of 8 interleaved rows."""
     qt, ref = quant_tensor(kind, 64, 256, seed=4)

@@ -183,12 +183,18 @@ void check_x(const torch::Tensor& qx, const torch::Tensor& xs, const torch::Tens
 template <int REC, typename Rows>
 void matmul_rows(const uint8_t* pw, int64_t groups, int64_t T, int64_t in, int64_t O, float* py, int64_t ldy, Rows rows) {
     const int64_t nb = in / 256;
-    at::parallel_for(0, groups, 2, [&](int64_t begin, int64_t end) {
+    auto body = [&](int64_t begin, int64_t end) {
         for (int64_t g = begin; g < end; ++g)
             gguf::over_tiles<TILE>(T, [&](auto nt, int64_t t0) {
                 rows(nt, pw + g * nb * REC, nb, in, t0, py + g * GROUP, ldy, std::min<int64_t>(GROUP, O - g * GROUP));
             });
-    });
+    };
+    // one row is bound by memory, and the shared tail's chunks restart the prefetchers' streams
+    // (AVX2 EPYC, `python scripts/kernel_ab.py --rounds 21`: 0.98x at one row, 1.02-1.21x at 2-32)
+    if (T == 1)
+        at::parallel_for(0, groups, 2, body);
+    else
+        gguf::balanced_for(groups, 2, body);
 }
 
 // Q4_K's sub-block sums of x for the mins, two sub-blocks a word as q4k_rows's vpmaddwd reads them:
