@@ -161,9 +161,9 @@ def test_a_build_killed_half_way_does_not_hang_the_next_start(ops):
     import subprocess
     import sys
 
-    from specdraft.kernels import HEADERS, SOURCES, build_dir
+    from specdraft.kernels import gguf_build_dir
 
-    build = build_dir("gguf_matmul", b"".join(p.read_bytes() for p in SOURCES + HEADERS))
+    build = gguf_build_dir()
     (build / "lock").touch()  # as a build killed between taking torch's lock and releasing it leaves it
     r = subprocess.run([sys.executable, "-c", "from specdraft.kernels import gguf_ops; print(gguf_ops().kernel_path())"],
                        capture_output=True, text=True, timeout=600)

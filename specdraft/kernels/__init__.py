@@ -72,6 +72,11 @@ def build_kernels(sources: list[Path], build: Path, module: str):
                                   verbose=False)
 
 
+def gguf_build_dir() -> Path:
+    """Where the kernels of these sources (and this torch, these flags) are built and cached."""
+    return build_dir("gguf_matmul", b"".join(p.read_bytes() for p in SOURCES + HEADERS))
+
+
 @lru_cache(maxsize=1)
 def gguf_ops():
     if not cpu_supports_avx2():
@@ -85,8 +90,7 @@ def gguf_ops():
         pass
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         raise KernelUnavailable("the GGUF kernels need a C++ compiler (apt install g++)")
-    code = b"".join(p.read_bytes() for p in SOURCES + HEADERS)
-    build = build_dir("gguf_matmul", code)
+    build = gguf_build_dir()
     # a status line on a terminal only, erased when done: never a line of a log or an error
     building = console().status("building the GGUF kernels (once, about a minute)...") \
         if not any(build.glob("*.so")) else nullcontext()
