@@ -119,7 +119,7 @@ class Engine:
         prefix = self.prefix
         verified = list(prompt_ids)  # the prompt and every token a verdict committed: the cache holds a prefix of it
         held_rows: list[torch.Tensor] = []  # with a prefix cache: feature rows of the cache's positions, in order
-        features, tap_key = False, ()
+        features, tap_key, rows_kept = False, (), False
         t_start = time.perf_counter()
         try:
             # Prefill: the cache takes the prompt (past what it holds already, when the previous
@@ -131,26 +131,30 @@ class Engine:
             # model without taps serves every other drafter)
             taps = {"taps": self.drafter.feature_layers} if features and self.drafter.feature_layers else {}
             tap_key = tuple(taps.get("taps", ()))
+            # every prompt row's features, or the last row's alone (the prefill then skips the
+            # other rows' last-layer attention and MLP); a prefix cache holds rows for the first kind
+            rows_kept = features and self.drafter.prompt_features
             # the held prefix that covers most of the prompt, put into the cache (until this
             # generation records what the cache then holds, nothing is live)
-            kept, kept_rows = prefix.prepare(prompt_ids, features, tap_key) if prefix is not None else (0, None)
+            kept, kept_rows = prefix.prepare(prompt_ids, rows_kept, tap_key) if prefix is not None else (0, None)
             if kept:
                 self.target.rollback(kept)
             else:
                 self.target.reset()
             stats.cached_prompt_tokens = kept
+            last_row = {"hidden_last_only": True} if features and not rows_kept else {}
             out = self.target.forward(torch.tensor(prompt_ids[kept:], dtype=torch.int64), last_only=True,
-                                      need_hidden=features, **taps)
+                                      need_hidden=features, **taps, **last_row)
             new = [next_token(out.logits[-1], sampling, generator)]
             verified += new
             if self.drafter.output_topk:  # the target's runners-up after the last prompt token
                 self.drafter.take_topk(prompt_ids[-1:], topk_indices(out.logits[-1:], self.drafter.output_topk))
-            if features:  # every prompt row (the kept ones first); the last one chose the first new token
+            if features:  # every prompt row (the kept ones first), or the last; the last one chose the first new token
                 prompt_rows = _features(out, slice(None))
                 if kept_rows is not None:
                     prompt_rows = torch.cat([kept_rows, prompt_rows])
                 self.drafter.take_features(prompt_rows)
-                if prefix is not None:
+                if prefix is not None and rows_kept:
                     held_rows.append(prompt_rows)
             origins = [TARGET]
             stats.time_prefill = time.perf_counter() - t_start
@@ -213,7 +217,7 @@ class Engine:
                 if features:  # the committed rows; the last one chose the newest token
                     committed = _features(out, rows)
                     self.drafter.take_features(committed)
-                    if prefix is not None:
+                    if prefix is not None and rows_kept:
                         held_rows.append(committed)
                 if self.drafter.wants_outputs:  # the target's choice after every proposed node sent, right or not
                     self.drafter.take_outputs(_by_proposed_node(argmax(out.logits).tolist(), sent))
@@ -240,7 +244,7 @@ class Engine:
             stats.new_tokens = len(generated)
             stats.time_total = time.perf_counter() - t_start
             if prefix is not None:  # the cache's positions hold verified[:length] (record() checks the count)
-                prefix.record(verified[:self.target.length], torch.cat(held_rows) if features and held_rows else None,
+                prefix.record(verified[:self.target.length], torch.cat(held_rows) if rows_kept and held_rows else None,
                               tap_key)
         if pending:  # generation ended on a partial stop string that never completed
             yield Piece(generated[-1] if generated else -1, pending, TARGET)

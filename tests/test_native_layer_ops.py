@@ -241,3 +241,40 @@ def test_decoder_times_its_steps(ops, tmp_path):
     assert len(steps) == 8 and all(s > 0 for s in steps) and sum(steps) <= wall
     decoder.clear_step_seconds()
     assert decoder.step_seconds() == [0.0] * 8
+
+
+# the loop path; in pieces of 80, 80, 70 (each the loop's) and of 80, 80, 30 (the last the fused decoder's)
+@pytest.mark.parametrize("T,block", [(70, None), (230, 80), (190, 80)])
+def test_prefill_of_the_last_row_alone_keeps_its_bits_and_every_rows_cache(ops, tmp_path, monkeypatch, T, block):
+    """A prefill whose caller reads the last row only (last_only, and hidden_last_only with
+    need_hidden) runs the last layer's attention and MLP for that row alone: its logits, hidden
+    state and taps are bitwise those of the full prefill, every row's keys and values are cached
+    as before, and the decode step after it computes the same logits."""
+    from _tiny import build_hf, save
+    from specdraft.models import llama
+    from specdraft.models.llama import LlamaModel
+
+    if block is not None:
+        monkeypatch.setattr(llama, "PREFILL_BLOCK", block)
+    model = LlamaModel.from_dir(save(build_hf("qwen2", seed=7), tmp_path / "m"), dtype=torch.float32,
+                                max_length=256, weight_format="q4k")
+    g = torch.Generator().manual_seed(4)
+    prompt, nxt = torch.randint(0, 96, (T,), generator=g), torch.randint(0, 96, (1,), generator=g)
+    last = len(model.layers) - 1
+
+    def run(**kw):
+        model.reset()
+        out = model.forward(prompt, need_hidden=True, taps=(0,), **kw)
+        caches = [c[:, :T].clone() for c in (model.k_cache[last], model.v_cache[last])]
+        return out, caches, model.forward(nxt).logits
+
+    full, full_cache, full_next = run()
+    for kw in ({"last_only": True, "hidden_last_only": True}, {"last_only": True}):
+        got, cache, after = run(**kw)
+        assert torch.equal(got.logits, full.logits[-1:])
+        rows = slice(-1, None) if kw.get("hidden_last_only") else slice(None)
+        assert torch.equal(got.hidden, full.hidden[rows]) and torch.equal(got.taps, full.taps[rows])
+        assert all(torch.equal(a, b) for a, b in zip(cache, full_cache))
+        assert torch.equal(after, full_next)
+    model.reset()  # without hidden states, too
+    assert torch.equal(model.forward(prompt, last_only=True).logits, full.logits[-1:])

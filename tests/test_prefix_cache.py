@@ -90,6 +90,28 @@ def test_a_feature_drafter_gets_the_rows_of_a_whole_prefill(target):
     assert e.stats.cached_prompt_tokens == 0
 
 
+class LastRowProbe(FeatureProbe):
+    """A feature drafter that reads the prompt's last row alone (as the trained heads do)."""
+
+    prompt_features = False
+
+
+def test_a_last_row_drafter_gets_the_last_row_and_any_record_serves_it(target):
+    long_prompt = (PROMPT * 5)[:75]  # past the fused decoder's blocks: the prefill's loop path
+    every, last = FeatureProbe(), LastRowProbe()
+    reference = tokens(engine(target, "probe", None, every), long_prompt)
+    assert tokens(engine(target, "probe", None, last), long_prompt) == reference
+    assert every.rows[0].shape[0] == len(long_prompt) and last.rows[0].shape[0] == 1
+    assert torch.equal(last.rows[0], every.rows[0][-1:])
+    assert all(torch.equal(a, b) for a, b in zip(last.rows[1:], every.rows[1:]))
+    plain = PrefixCache(target)  # a record without feature rows serves it, with the same rows
+    tokens(engine(target, prefix=plain), long_prompt)
+    kept = LastRowProbe()
+    e = engine(target, "probe", plain, kept)
+    assert tokens(e, long_prompt + reference + [3, 4]) == tokens(engine(target), long_prompt + reference + [3, 4])
+    assert e.stats.cached_prompt_tokens > len(long_prompt) and kept.rows[0].shape[0] == 1
+
+
 def test_anyone_elses_reset_voids_the_record(target):
     cache = PrefixCache(target)
     tokens(engine(target, prefix=cache), PROMPT)

@@ -70,6 +70,10 @@ class Drafter:
 
     name = "none"
     uses_features = False  # True: the engine calls take_features after every target forward
+    # after the prefill, take_features gets every prompt row (True) or the last one alone, the
+    # row that chose the first new token (False: the target then skips its last layer's
+    # attention and MLP for the other rows, as plain decoding's prefill does)
+    prompt_features = True
     wants_outputs = False  # True: the engine calls take_outputs after every verification
     output_topk = 0  # K > 0: the engine calls take_topk with the target's top K after every row it scores
     feature_layers: tuple[int, ...] = ()  # target layers whose outputs take_features also gets

@@ -27,6 +27,7 @@ from .trees import node_depths, node_mask
 
 class EagleDrafter(FeatureHeadDrafter):
     name = "eagle"
+    prompt_features = True  # every prompt row's feature fills its layer's cache
 
     def __init__(self, target, head, *, min_confidence: float = 0.0, trees: bool = False):
         super().__init__(target, head, min_confidence=min_confidence, trees=trees)

@@ -82,6 +82,7 @@ class QuantizedStep:
 class FeatureHeadDrafter(RatedGuesses):
     name = "head"
     uses_features = True
+    prompt_features = False  # a draft starts from the newest committed row alone
 
     def __init__(self, target, head, *, min_confidence: float = 0.0, trees: bool = False):
         super().__init__()  # rates: the head's confidences -> how often such guesses passed

@@ -78,6 +78,7 @@ class Fusion(Drafter):
     def __init__(self, components: list[Drafter], trees: bool = True):
         self.components = components
         self.uses_features = any(c.uses_features for c in components)
+        self.prompt_features = any(c.prompt_features for c in components if c.uses_features)
         readers = {c.feature_layers for c in components if c.uses_features}
         if len(readers) > 1:
             raise ValueError("fused prophets must read the same target layers")

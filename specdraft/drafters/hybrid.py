@@ -30,6 +30,7 @@ class Hybrid(Drafter):
     def __init__(self, model, *, model_k: int, ngram_max: int, ngram_min: int):
         self.model = model  # the model prophet: DraftModel or FeatureHeadDrafter
         self.uses_features = model.uses_features
+        self.prompt_features = model.prompt_features
         self.feature_layers = model.feature_layers
         self.model_k = model_k  # draft length when the draft model drafts
         self.lookup = PromptLookup(ngram_max, ngram_min)  # the copies, rated as prompt-lookup rates them

@@ -51,6 +51,7 @@ class CausalLM(Protocol):
         last_only: bool = False,  # compute logits only for the last row (prefill)
         need_hidden: bool = False,  # also return the final-norm hidden states [T, H] (every row)
         taps: tuple[int, ...] = (),  # with need_hidden: also these layers' outputs (ModelOutput.taps)
+        hidden_last_only: bool = False,  # with last_only and need_hidden: hidden states and taps of the last row alone
     ) -> ModelOutput: ...
 
     def rollback(self, length: int) -> None: ...

@@ -51,7 +51,7 @@ class HFModel:
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, *, positions=None, tree_mask=None, last_only: bool = False,
-                need_hidden: bool = False, taps: tuple[int, ...] = ()) -> ModelOutput:
+                need_hidden: bool = False, taps: tuple[int, ...] = (), hidden_last_only: bool = False) -> ModelOutput:
         if tree_mask is not None:
             raise NotImplementedError("the transformers adapter verifies chains only")
         if self.cache is None:
@@ -66,4 +66,6 @@ class HFModel:
         # hidden_states[i + 1] is layer i's output (the last one normed, so a tap on it is refused)
         tapped = torch.stack([out.hidden_states[i + 1][0] for i in check_taps(taps, len(out.hidden_states) - 1)], 1) \
             if need_hidden and taps else None
+        if last_only and hidden_last_only and hidden is not None:
+            hidden, tapped = hidden[-1:], None if tapped is None else tapped[-1:]
         return ModelOutput(logits=out.logits[0].float(), hidden=hidden, taps=tapped)

@@ -558,8 +558,14 @@ class LlamaModel:
         return x
 
     def _native_layers(self, x: torch.Tensor, L0: int, cos: torch.Tensor, sin: torch.Tensor,
-                       tree_mask: torch.Tensor | None, tapped: dict[int, torch.Tensor]) -> torch.Tensor:
-        """The decoder layers on GGUF weights with fused native steps: x [T, H] float32 -> [T, H].
+                       tree_mask: torch.Tensor | None, tapped: dict[int, torch.Tensor],
+                       out_rows: int | None = None) -> torch.Tensor:
+        """The decoder layers on GGUF weights with fused native steps: x [T, H] float32 -> [T, H],
+        or, with ``out_rows`` = n < T on a block the loop below runs, its last n rows [n, H]: the
+        last layer's attention and MLP run for those rows alone, its keys and values are cached
+        for every row (a prefill whose caller reads its last row only: n = 1 for the last piece, 0
+        for the others; the last layer is never tapped). Those rows' bits are the same either way,
+        every step being row-independent.
 
         Per layer: rms_quantize -> qkv -> rope_cache (q rotated; k, v into the cache) ->
         attention -> o -> rms_quantize -> gate_up -> swiglu_quantize -> down. Blocks of up to
@@ -574,7 +580,7 @@ class LlamaModel:
         s, ops = self.spec, self._ops
         T = x.shape[0]
         if T > PREFILL_BLOCK:
-            return self._in_blocks(x, L0, cos, sin, tree_mask, tapped)
+            return self._in_blocks(x, L0, cos, sin, tree_mask, tapped, out_rows is not None and out_rows < T)
         L = L0 + T
         cos, sin = cos.contiguous(), sin.contiguous()
         # the kernel attends causally without a mask; only trees (and packed sequences) need one
@@ -587,11 +593,18 @@ class LlamaModel:
                 if i is not None:
                     tapped[i] = x
             return x
+        last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             kc, vc = self.k_cache[i], self.v_cache[i]
             qkv = layer.qkv.on_quantized(ops.rms_quantize(x, layer.ln1, s.rms_eps))  # [T, (nh + 2 nkv) hd]
             q = ops.rope_cache(qkv, cos, sin, kc, vc, L0, s.num_heads, *(layer.qk_norm or (None, None)),
                                s.rms_eps)  # [nh, T, hd]
+            if i == last and out_rows is not None and out_rows < T:  # every row's k, v are cached
+                if out_rows == 0:
+                    return x[:0]
+                # only the last rows go on: the kernel puts a block of n rows at L - n .. L - 1
+                q, x, T = q[:, T - out_rows:].contiguous(), x[T - out_rows:], out_rows
+                mask = None if mask is None else mask[-out_rows:].contiguous()
             o = ops.block_attention(q, kc, vc, L, mask)  # [T, nh, hd]
             x = x + layer.o(o.reshape(T, self._q_size))
             gate_up = layer.gate_up.on_quantized(ops.rms_quantize(x, layer.ln2, s.rms_eps))  # [T, 2I]
@@ -601,9 +614,11 @@ class LlamaModel:
         return x
 
     def _in_blocks(self, x: torch.Tensor, L0: int, cos: torch.Tensor, sin: torch.Tensor,
-                   tree_mask: torch.Tensor | None, tapped: dict[int, torch.Tensor]) -> torch.Tensor:
+                   tree_mask: torch.Tensor | None, tapped: dict[int, torch.Tensor],
+                   last_row: bool = False) -> torch.Tensor:
         """_native_layers over a block x [T, H] longer than PREFILL_BLOCK in pieces of that many rows, each seeing the
-        cache up to itself (its rows of the mask over the whole cache, when there is one)."""
+        cache up to itself (its rows of the mask over the whole cache, when there is one); with
+        ``last_row``, the last row alone [1, H] (_native_layers' out_rows)."""
         T = x.shape[0]
         mask = None if tree_mask is None else self._mask(T, L0, tree_mask)  # [T, L0 + T]
         outs, pieces = [], {i: [] for i in tapped}
@@ -611,7 +626,8 @@ class LlamaModel:
             n = min(PREFILL_BLOCK, T - s)
             part = dict.fromkeys(tapped)
             outs.append(self._native_layers(x[s:s + n], L0 + s, cos[s:s + n], sin[s:s + n],
-                                            None if mask is None else mask[s:s + n, :L0 + s + n], part))
+                                            None if mask is None else mask[s:s + n, :L0 + s + n], part,
+                                            (1 if s + n == T else 0) if last_row else None))
             for i in tapped:
                 pieces[i].append(part[i])
         for i in tapped:
@@ -621,7 +637,8 @@ class LlamaModel:
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, *, positions: torch.Tensor | None = None,
                 tree_mask: torch.Tensor | None = None, last_only: bool = False,
-                need_hidden: bool = False, taps: tuple[int, ...] = ()) -> ModelOutput:
+                need_hidden: bool = False, taps: tuple[int, ...] = (),
+                hidden_last_only: bool = False) -> ModelOutput:
         T = int(ids.shape[0])
         L0 = self.length
         L = L0 + T
@@ -633,13 +650,19 @@ class LlamaModel:
         else:
             cos, sin = self.cos[positions], self.sin[positions]
         x = self.embed[ids].to(self.dtype)  # [T, H]
-        layers = self._native_layers if self._ops is not None else self._torch_layers
         # layer -> its output [T, H], in layer order (filled in by the layers)
         tapped = dict.fromkeys(check_taps(taps, len(self.layers))) if need_hidden else {}
-        x = layers(x, L0, cos, sin, tree_mask, tapped)
+        # the caller reads the last row alone: the native loop skips the others past the last
+        # layer's keys and values (the torch path's products may differ by shape: it runs them all)
+        one_row = last_only and (not need_hidden or hidden_last_only)
+        if self._ops is not None:
+            x = self._native_layers(x, L0, cos, sin, tree_mask, tapped, 1 if one_row else None)
+        else:
+            x = self._torch_layers(x, L0, cos, sin, tree_mask, tapped)
         self.length = L
-        if last_only and not need_hidden:
+        if one_row:
             x = x[-1:]
+            tapped = {i: t[-1:] for i, t in tapped.items()}
         hidden = self._rms(x, self.norm)  # [T', H]: every row when asked for, else T' = 1 with last_only
         logits = self.lm_head(hidden[-1:] if last_only else hidden).float()  # [T' or 1, V]
         return ModelOutput(logits=logits, hidden=hidden if need_hidden else None,
