@@ -243,6 +243,29 @@ def test_decoder_times_its_steps(ops, tmp_path):
     assert decoder.step_seconds() == [0.0] * 8
 
 
+def test_the_layer_loop_times_its_steps_too(ops, tmp_path):
+    """A block longer than the fused decoder's (a prefill) runs the layer loop, which adds its
+    steps' seconds under the same kinds: model.step_seconds() sees them, the decoder's own stay 0."""
+    import time
+
+    from _tiny import build_hf, save
+    from specdraft.models.llama import ROW_EXACT_MAX, LlamaModel
+
+    model = LlamaModel.from_dir(save(build_hf("qwen2", seed=5), tmp_path / "m"), dtype=torch.float32,
+                                max_length=256, weight_format="q4k")
+    model.clear_step_seconds()
+    assert set(model.step_seconds().values()) == {0.0}
+    t0 = time.perf_counter()
+    model.forward(torch.arange(ROW_EXACT_MAX + 30) % 96)
+    wall = time.perf_counter() - t0
+    steps = model.step_seconds()
+    assert list(steps) == list(model._decoder.step_names)
+    assert all(t > 0 for t in steps.values()) and sum(steps.values()) <= wall
+    assert model._decoder.step_seconds() == [0.0] * 8
+    model.clear_step_seconds()
+    assert set(model.step_seconds().values()) == {0.0}
+
+
 # the loop path; in pieces of 80, 80, 70 (each the loop's) and of 80, 80, 30 (the last the fused decoder's)
 @pytest.mark.parametrize("T,block", [(70, None), (230, 80), (190, 80)])
 def test_prefill_of_the_last_row_alone_keeps_its_bits_and_every_rows_cache(ops, tmp_path, monkeypatch, T, block):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,6 +139,29 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> tor
 
 ATTN_CHUNK = 64  # kv positions are processed in whole chunks of this many (see _attention)
 ROW_EXACT_MAX = 64  # fp32 blocks up to this many tokens (drafts, trees) attend row by row
+
+
+class StepClock:
+    """Seconds by step kind, added up over calls: ``x = lap("qkv", product(...))`` charges the time
+    since the previous lap (or ``start``) to "qkv" and passes x through."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self.t = 0.0
+
+    def start(self) -> None:
+        self.t = time.perf_counter()
+
+    def lap(self, name: str, value):
+        now = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + now - self.t
+        self.t = now
+        return value
+
+    def clear(self) -> None:
+        self.seconds.clear()
+
+
 # GGUF-weight layers take a longer block (a prefill) this many rows at a time: their rows are
 # block-independent, so the same bits, while a layer's intermediates ([rows, 2 x 8960] float32 for
 # the default target) stay in cache (measured, 2-core Zen 5, prompts of 700 / 1000 tokens:
@@ -365,6 +389,7 @@ class LlamaModel:
         # (kernels/attention.cpp, rows block-independent by construction) and fused steps between
         # the products (kernels/layer_ops.cpp) instead of ~35 small torch calls each.
         self._ops = self._decoder = None
+        self._loop_steps = StepClock()  # the layer loop's seconds by step kind (step_seconds)
         self._segment_cache: dict[tuple[int, ...], list] = {}  # taps -> native decoders cut after them
         if (quantized is not None and dtype == torch.float32 and s.head_dim % 16 == 0 and
                 all(isinstance(lin, GGUFLinear) for layer in self.layers
@@ -454,17 +479,20 @@ class LlamaModel:
                    quantized=gguf if weight_format in ("gguf", "q4k") else None)
 
     def step_seconds(self) -> dict[str, float] | None:
-        """Seconds the native decoder spent in each kind of step (rms_quantize, qkv, rope_cache,
+        """Seconds the native layers spent in each kind of step (rms_quantize, qkv, rope_cache,
         attention, o, gate_up, swiglu_quantize, down), summed over layers and forwards since
-        clear_step_seconds; forwards with taps run other decoders and are not counted. None where
-        the layers do not run natively."""
+        clear_step_seconds: the fused decoder's blocks and the layer loop's (longer blocks: a
+        prefill); forwards of the fused decoder with taps run other decoders and are not counted.
+        None where the layers do not run natively."""
         if self._decoder is None:
             return None
-        return dict(zip(self._decoder.step_names, self._decoder.step_seconds(), strict=True))
+        fused = dict(zip(self._decoder.step_names, self._decoder.step_seconds(), strict=True))
+        return {name: t + self._loop_steps.seconds.get(name, 0.0) for name, t in fused.items()}
 
     def clear_step_seconds(self) -> None:
         if self._decoder is not None:
             self._decoder.clear_step_seconds()
+        self._loop_steps.clear()
 
     # ----------------------------------------------------------------------------- cache
     def rollback(self, length: int) -> None:
@@ -594,21 +622,26 @@ class LlamaModel:
                     tapped[i] = x
             return x
         last = len(self.layers) - 1
+        lap = self._loop_steps.lap  # each step's seconds by kind, as the fused decoder counts them
+        self._loop_steps.start()
         for i, layer in enumerate(self.layers):
             kc, vc = self.k_cache[i], self.v_cache[i]
-            qkv = layer.qkv.on_quantized(ops.rms_quantize(x, layer.ln1, s.rms_eps))  # [T, (nh + 2 nkv) hd]
-            q = ops.rope_cache(qkv, cos, sin, kc, vc, L0, s.num_heads, *(layer.qk_norm or (None, None)),
-                               s.rms_eps)  # [nh, T, hd]
+            h = lap("rms_quantize", ops.rms_quantize(x, layer.ln1, s.rms_eps))
+            qkv = lap("qkv", layer.qkv.on_quantized(h))  # [T, (nh + 2 nkv) hd]
+            q = lap("rope_cache", ops.rope_cache(qkv, cos, sin, kc, vc, L0, s.num_heads,
+                                                 *(layer.qk_norm or (None, None)), s.rms_eps))  # [nh, T, hd]
             if i == last and out_rows is not None and out_rows < T:  # every row's k, v are cached
                 if out_rows == 0:
                     return x[:0]
                 # only the last rows go on: the kernel puts a block of n rows at L - n .. L - 1
                 q, x, T = q[:, T - out_rows:].contiguous(), x[T - out_rows:], out_rows
                 mask = None if mask is None else mask[-out_rows:].contiguous()
-            o = ops.block_attention(q, kc, vc, L, mask)  # [T, nh, hd]
-            x = x + layer.o(o.reshape(T, self._q_size))
-            gate_up = layer.gate_up.on_quantized(ops.rms_quantize(x, layer.ln2, s.rms_eps))  # [T, 2I]
-            x = x + layer.down.on_quantized(ops.swiglu_quantize(gate_up))
+            o = lap("attention", ops.block_attention(q, kc, vc, L, mask))  # [T, nh, hd]
+            x = lap("o", x + layer.o(o.reshape(T, self._q_size)))
+            h = lap("rms_quantize", ops.rms_quantize(x, layer.ln2, s.rms_eps))
+            gate_up = lap("gate_up", layer.gate_up.on_quantized(h))  # [T, 2I]
+            h = lap("swiglu_quantize", ops.swiglu_quantize(gate_up))
+            x = lap("down", x + layer.down.on_quantized(h))
             if i in tapped:
                 tapped[i] = x
         return x
