@@ -608,7 +608,7 @@ class LlamaModel:
         s, ops = self.spec, self._ops
         T = x.shape[0]
         if T > PREFILL_BLOCK:
-            return self._in_blocks(x, L0, cos, sin, tree_mask, tapped, out_rows is not None and out_rows < T)
+            return self._in_blocks(x, L0, cos, sin, tree_mask, tapped, out_rows)
         L = L0 + T
         cos, sin = cos.contiguous(), sin.contiguous()
         # the kernel attends causally without a mask; only trees (and packed sequences) need one
@@ -648,10 +648,10 @@ class LlamaModel:
 
     def _in_blocks(self, x: torch.Tensor, L0: int, cos: torch.Tensor, sin: torch.Tensor,
                    tree_mask: torch.Tensor | None, tapped: dict[int, torch.Tensor],
-                   last_row: bool = False) -> torch.Tensor:
+                   out_rows: int | None = None) -> torch.Tensor:
         """_native_layers over a block x [T, H] longer than PREFILL_BLOCK in pieces of that many rows, each seeing the
         cache up to itself (its rows of the mask over the whole cache, when there is one); with
-        ``last_row``, the last row alone [1, H] (_native_layers' out_rows)."""
+        ``out_rows`` = n, the block's last n rows [n, H] (each piece gives those of them it holds)."""
         T = x.shape[0]
         mask = None if tree_mask is None else self._mask(T, L0, tree_mask)  # [T, L0 + T]
         outs, pieces = [], {i: [] for i in tapped}
@@ -660,7 +660,7 @@ class LlamaModel:
             part = dict.fromkeys(tapped)
             outs.append(self._native_layers(x[s:s + n], L0 + s, cos[s:s + n], sin[s:s + n],
                                             None if mask is None else mask[s:s + n, :L0 + s + n], part,
-                                            (1 if s + n == T else 0) if last_row else None))
+                                            None if out_rows is None else max(0, out_rows - (T - s - n))))
             for i in tapped:
                 pieces[i].append(part[i])
         for i in tapped:
