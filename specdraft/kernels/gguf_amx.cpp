@@ -121,7 +121,10 @@ struct EmuTiles {
 // can overlap its tile products. (Measured on an AMX Xeon, kernels alone, two runs: as fast as the
 // kernel before it, one tile product a sub-block and one vpmulld a row of x to scale it, 0.96-1.01x
 // at 12 and 16 rows: the scale steps were not what bounds it. Two token tiles sharing the weight
-// tiles, for passes of 17-32 rows, measured 0.91-1.03x against two passes: not kept.)
+// tiles, for passes of 17-32 rows, measured 0.91-1.03x against two passes: not kept. Emerald
+// Rapids, parts switched off, a forward's Q4_K products at 16 rows: whole 33.7 ms, the tile
+// products alone 38.8 (a sixth of the tile unit's rate or less), unpacking and closing alone 25.4;
+// unpacking a super-block ahead of its products 1.00x: BENCHMARKS.md, 2026-11-28.)
 template <class Tiles>
 struct AmxRows {
     static constexpr bool HAS_Q6K = false;  // Q6_K stays on AVX-512 VNNI (see amx_matmul)
