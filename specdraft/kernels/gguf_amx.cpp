@@ -120,8 +120,10 @@ struct EmuTiles {
 // sums go through two buffers each, so a super-block's unpacking and the previous one's float steps
 // can overlap its tile products. (Measured on an AMX Xeon, kernels alone, two runs: as fast as the
 // kernel before it, one tile product a sub-block and one vpmulld a row of x to scale it, 0.96-1.01x
-// at 12 and 16 rows: the scale steps were not what bounds it. Two token tiles sharing the weight
-// tiles, for passes of 17-32 rows, measured 0.91-1.03x against two passes: not kept. Emerald
+// at 12 and 16 rows: the scale steps were not what bounds it. Two token tiles of up to 16 rows
+// sharing the weight tiles, for passes of 17-32 rows, measured 0.91-1.03x against two passes; full
+// tiles of 16 rows sharing them from 32 rows on (q4k_span) measured 1.07 / 1.05 / 1.09 / 1.15x at
+// 32 / 64 / 128 / 300 rows on a Sapphire Rapids kind, the same bits. Emerald
 // Rapids, parts switched off, a forward's Q4_K products at 16 rows: whole 33.7 ms, the tile
 // products alone 38.8 (a sixth of the tile unit's rate or less), unpacking and closing alone 25.4;
 // unpacking a super-block ahead of its products 1.00x: BENCHMARKS.md, 2026-11-28.)
@@ -129,6 +131,7 @@ template <class Tiles>
 struct AmxRows {
     static constexpr bool HAS_Q6K = false;  // Q6_K stays on AVX-512 VNNI (see amx_matmul)
     static constexpr bool TAKES_X_TILES = false;  // x row-major: a tile load reads rows at any stride
+    static constexpr bool HAS_SPAN = true;  // q4k_span: 16-row tiles sharing each super-block's unpacking
 
     // the weight tiles of super-block records r0, r1: wt[0] the high parts, wt[1] the low ones
     // (each 8 sub-blocks x 512 bytes: tile i = sub-blocks 2i, 2i + 1 at 1024 i)
@@ -189,6 +192,37 @@ struct AmxRows {
         }
         close<NT>(w0, w1, sums[(nb - 1) & 1], msum, xs, nb, nb - 1, t0, acc);
         for (int r = 0; r < NT; ++r) Zmm::store(out + (t0 + r) * ldy, valid, _mm512_load_ps(acc + 16 * r));
+    }
+
+    // tiles x 16 rows (t0 ..) against two groups, each super-block's weight tiles unpacked once
+    // for all of them instead of once a tile (prefill, checks of 32 tokens and more). Without the
+    // unpacking the kernel's tile products and float steps take 3.5 of its 6.1 ms at 16 rows
+    // (weights in the caches, an AMX Xeon: BENCHMARKS.md, 2026-11-28). Each row takes the same
+    // steps in the same order as in q4k<16>: the same bits.
+    KERNEL_TARGET static void q4k_span(const uint8_t* w0, const uint8_t* w1, const int8_t* x, int64_t xrow,
+                                       const float* xs, const int32_t* msum, int64_t nb, int64_t t0, int64_t tiles,
+                                       float* out, int64_t ldy, int valid) {
+        alignas(64) uint8_t wt[2][2][8 * 512];
+        alignas(64) int32_t sums[2][2 * 256];
+        thread_local std::vector<float> store;  // the rows' float sums [tiles * 16][16], 64-byte aligned
+        store.assign(tiles * 256 + 16, 0.0f);
+        float* acc = store.data() + ((64 - reinterpret_cast<uintptr_t>(store.data()) % 64) % 64) / sizeof(float);
+        Tiles::configure(16);
+        for (int64_t b = 0; b < nb; ++b) {
+            const uint8_t (*w)[8 * 512] = wt[b & 1];
+            unpack(w0 + b * Q4K_REC, w1 + b * Q4K_REC, b + VNNI_PREFETCH<16> < nb ? 0 : nb * Q4K_REC, wt[b & 1]);
+            for (int64_t j = 0; j < tiles; ++j) {
+                __asm__ volatile("" ::: "memory");
+                Tiles::zero();
+                const int8_t* xj = x + 16 * j * xrow + b * 256;
+                for (int i = 0; i < 4; ++i) Tiles::product(xj + 64 * i, xrow, w[0] + 1024 * i, w[1] + 1024 * i);
+                Tiles::store(sums[j & 1]);
+                __asm__ volatile("" ::: "memory");
+                if (j > 0) close<16>(w0, w1, sums[(j - 1) & 1], msum, xs, nb, b, t0 + 16 * (j - 1), acc + 256 * (j - 1));
+            }
+            close<16>(w0, w1, sums[(tiles - 1) & 1], msum, xs, nb, b, t0 + 16 * (tiles - 1), acc + 256 * (tiles - 1));
+        }
+        for (int64_t r = 0; r < 16 * tiles; ++r) Zmm::store(out + (t0 + r) * ldy, valid, _mm512_load_ps(acc + 16 * r));
     }
 };
 

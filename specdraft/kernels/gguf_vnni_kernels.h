@@ -180,6 +180,7 @@ template <class V>
 struct VnniRows {
     static constexpr bool HAS_Q6K = true;
     static constexpr bool TAKES_X_TILES = true;  // q4k reads x row-major or tile-major (q4k_rows)
+    static constexpr bool HAS_SPAN = false;  // no q4k_span (see gguf_amx.cpp)
     template <int NT>
     KERNEL_TARGET static void q4k(const uint8_t* w0, const uint8_t* w1, const int8_t* x0, int64_t xrow, int64_t xblk,
                                   const float* xs, const int32_t* msum, int64_t nb, int64_t t0, float* out, int64_t ldy,
@@ -232,8 +233,19 @@ void matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, c
             const int64_t g0 = V::GROUPS * p, g1 = g0 + V::GROUPS - 1 < groups ? g0 + V::GROUPS - 1 : g0;
             const int valid = (int)std::min<int64_t>(O - g0 * GROUP, V::GROUPS * GROUP);
             const uint8_t *w0 = pw + g0 * nb * rec, *w1 = pw + g1 * nb * rec;
-            over_tiles<TILE>(T, [&](auto nt, int64_t t0) {
+            // Rows with a q4k_span take T's full tiles of TILE rows in one call (from two tiles on),
+            // the rows after them as below
+            int64_t spanned = 0;
+            if constexpr (Rows::HAS_SPAN) {
+                static_assert(TILE == 16, "q4k_span takes tiles of 16 rows");
+                if (kind == 4 && T >= 2 * TILE) {
+                    spanned = T / TILE * TILE;
+                    Rows::q4k_span(w0, w1, qx, in, xs, pa, nb, 0, spanned / TILE, y + g0 * GROUP, ldy, valid);
+                }
+            }
+            over_tiles<TILE>(T - spanned, [&](auto nt, int64_t t) {
                 constexpr int n = decltype(nt)::value;
+                const int64_t t0 = t + spanned;
                 if (kind == 4 && q4k_tiles)
                     Rows::template q4k<n>(w0, w1, (const int8_t*)xu.data() + t0 * in, 256, n * 256, xs, pa, nb, t0,
                                           y + g0 * GROUP, ldy, valid);
