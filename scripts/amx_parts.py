@@ -24,18 +24,16 @@ from pathlib import Path
 import torch
 
 from specdraft.bench.kernel_cost import product, random_records
-from specdraft.kernels import HERE, build_dir, build_kernels, gguf_ops
+from specdraft.kernels import HERE, build_source_dir, gguf_ops
 from specdraft.kernels.plan import DEFAULT_TARGET_SHAPES
 
-# the statements of AmxRows::q4k and q4k_span that each part bit switches off (every occurrence)
+# the statements of AmxRows (q4k, q4k_span, tile_sums) that each part bit switches off (every occurrence)
 SWITCHES = {1: ("unpack(w0 + b * Q4K_REC",), 2: ("for (int i = 0; i < 4; ++i) Tiles::product(",),
             4: ("close<NT>(", "close<16>(")}
 
 
 def build(src: Path, label: str):
-    names = sorted(p.name for p in src.iterdir() if p.suffix in (".cpp", ".h"))
-    code = b"".join((src / n).read_bytes() for n in names)
-    ops = build_kernels([src / n for n in names if n.endswith(".cpp")], build_dir(label, code), f"specdraft_{label}")
+    ops = build_source_dir(src, label)
     ops.set_kernel_path("amx-int8")
     return ops
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from specdraft.bench.kernel_cost import product, random_records
-from specdraft.kernels import HERE, build_dir, build_kernels, gguf_ops
+from specdraft.kernels import HERE, build_source_dir, gguf_ops
 from specdraft.kernels.plan import DEFAULT_TARGET_SHAPES, describe
 
 
@@ -37,26 +37,18 @@ def build_base(rev: str):
     """The kernels of commit rev (or of a directory of kernel sources, e.g. copied where there is
     no git history), compiled once into the cache under their own module name."""
     if Path(rev).is_dir():
-        names = sorted(p.name for p in Path(rev).iterdir() if p.suffix in (".cpp", ".h"))
-        code = b"".join((Path(rev) / n).read_bytes() for n in names)
-        return build_kernels([Path(rev) / n for n in names if n.endswith(".cpp")], build_dir("gguf_base", code),
-                             "specdraft_gguf_base")
+        return build_source_dir(Path(rev), "gguf_base")
     root = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=HERE, capture_output=True, text=True,
                           check=True).stdout.strip()
     rel = HERE.relative_to(root).as_posix()
     names = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:{rel}"], cwd=root, capture_output=True, text=True,
                            check=True).stdout.split()
     with tempfile.TemporaryDirectory(prefix="kernels-base-") as tmp:  # the sources are needed only to build
-        src = Path(tmp)
-        code = b""
-        for n in names:
+        for n in names:  # REV's own sources: the set may differ from this checkout's
             if n.endswith((".cpp", ".h")):
-                data = subprocess.run(["git", "show", f"{rev}:{rel}/{n}"], cwd=root, capture_output=True,
-                                      check=True).stdout
-                (src / n).write_bytes(data)
-                code += data
-        return build_kernels([src / n for n in names if n.endswith(".cpp")], build_dir("gguf_base", code),
-                             "specdraft_gguf_base")  # REV's own sources: the set may differ from this checkout's
+                (Path(tmp) / n).write_bytes(subprocess.run(["git", "show", f"{rev}:{rel}/{n}"], cwd=root,
+                                                           capture_output=True, check=True).stdout)
+        return build_source_dir(Path(tmp), "gguf_base")
 
 
 def main() -> None:

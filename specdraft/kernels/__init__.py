@@ -72,6 +72,15 @@ def build_kernels(sources: list[Path], build: Path, module: str):
                                   verbose=False)
 
 
+def build_source_dir(src: Path, label: str):
+    """The extension of the kernel sources (.cpp, .h) in directory src, e.g. another version's or a
+    patched copy, compiled once into the cache as module specdraft_<label> (scripts/kernel_ab.py,
+    scripts/amx_parts.py)."""
+    names = sorted(p.name for p in src.iterdir() if p.suffix in (".cpp", ".h"))
+    code = b"".join((src / n).read_bytes() for n in names)
+    return build_kernels([src / n for n in names if n.endswith(".cpp")], build_dir(label, code), f"specdraft_{label}")
+
+
 def gguf_build_dir() -> Path:
     """Where the kernels of these sources (and this torch, these flags) are built and cached."""
     return build_dir("gguf_matmul", b"".join(p.read_bytes() for p in SOURCES + HEADERS))

@@ -125,8 +125,10 @@ struct EmuTiles {
 // tiles of 16 rows sharing them from 32 rows on (q4k_span) measured 1.07 / 1.05 / 1.09 / 1.15x at
 // 32 / 64 / 128 / 300 rows on a Sapphire Rapids kind, the same bits. Emerald
 // Rapids, parts switched off, a forward's Q4_K products at 16 rows: whole 33.7 ms, the tile
-// products alone 38.8 (a sixth of the tile unit's rate or less), unpacking and closing alone 25.4;
-// unpacking a super-block ahead of its products 1.00x: BENCHMARKS.md, 2026-11-28.)
+// products alone 38.8, unpacking and closing alone 25.4; unpacking a super-block ahead of its
+// products 1.00x. On a Sapphire Rapids kind (scripts/amx_parts.py, weights from memory): whole 37.0
+// against one VNNI row's 33.0, the tile products alone 13.0: near the weights' read bound, the tile
+// unit not what bounds it. BENCHMARKS.md, 2026-11-28.)
 template <class Tiles>
 struct AmxRows {
     static constexpr bool HAS_Q6K = false;  // Q6_K stays on AVX-512 VNNI (see amx_matmul)
@@ -157,6 +159,17 @@ struct AmxRows {
         }
     }
 
+    // c = the tile sums (see Tiles::store) of a tile of rows of x (row stride xrow; x at a super-block's
+    // first input) against that super-block's weight tiles w: four full-depth products a part
+    KERNEL_TARGET static void tile_sums(const int8_t* x, int64_t xrow, const uint8_t (*w)[8 * 512], int32_t* c) {
+        // the tile loads and stores are asm that the compiler does not see touch memory
+        __asm__ volatile("" ::: "memory");
+        Tiles::zero();
+        for (int i = 0; i < 4; ++i) Tiles::product(x + 64 * i, xrow, w[0] + 1024 * i, w[1] + 1024 * i);
+        Tiles::store(c);
+        __asm__ volatile("" ::: "memory");
+    }
+
     // super-block b's float steps for NT rows from their sums c: acc[r] lane o += its 16 sum_hi +
     // sum_lo and the mins, as Q4kClose does
     template <int NT>
@@ -182,12 +195,7 @@ struct AmxRows {
         for (int64_t b = 0; b < nb; ++b) {
             const uint8_t (*w)[8 * 512] = wt[b & 1];
             unpack(w0 + b * Q4K_REC, w1 + b * Q4K_REC, b + VNNI_PREFETCH<16> < nb ? 0 : nb * Q4K_REC, wt[b & 1]);
-            // the tile loads and stores are asm that the compiler does not see touch memory
-            __asm__ volatile("" ::: "memory");
-            Tiles::zero();
-            for (int i = 0; i < 4; ++i) Tiles::product(x + b * xblk + 64 * i, xrow, w[0] + 1024 * i, w[1] + 1024 * i);
-            Tiles::store(sums[b & 1]);
-            __asm__ volatile("" ::: "memory");
+            tile_sums(x + b * xblk, xrow, w, sums[b & 1]);
             if (b > 0) close<NT>(w0, w1, sums[(b - 1) & 1], msum, xs, nb, b - 1, t0, acc);
         }
         close<NT>(w0, w1, sums[(nb - 1) & 1], msum, xs, nb, nb - 1, t0, acc);
@@ -204,20 +212,15 @@ struct AmxRows {
                                        float* out, int64_t ldy, int valid) {
         alignas(64) uint8_t wt[2][2][8 * 512];
         alignas(64) int32_t sums[2][2 * 256];
-        thread_local std::vector<float> store;  // the rows' float sums [tiles * 16][16], 64-byte aligned
-        store.assign(tiles * 256 + 16, 0.0f);
-        float* acc = store.data() + ((64 - reinterpret_cast<uintptr_t>(store.data()) % 64) % 64) / sizeof(float);
+        thread_local std::vector<float> acc_buf;  // the rows' float sums [tiles * 16][16], 64-byte aligned
+        acc_buf.assign(tiles * 256 + 16, 0.0f);
+        float* acc = acc_buf.data() + ((64 - reinterpret_cast<uintptr_t>(acc_buf.data()) % 64) % 64) / sizeof(float);
         Tiles::configure(16);
         for (int64_t b = 0; b < nb; ++b) {
             const uint8_t (*w)[8 * 512] = wt[b & 1];
             unpack(w0 + b * Q4K_REC, w1 + b * Q4K_REC, b + VNNI_PREFETCH<16> < nb ? 0 : nb * Q4K_REC, wt[b & 1]);
             for (int64_t j = 0; j < tiles; ++j) {
-                __asm__ volatile("" ::: "memory");
-                Tiles::zero();
-                const int8_t* xj = x + 16 * j * xrow + b * 256;
-                for (int i = 0; i < 4; ++i) Tiles::product(xj + 64 * i, xrow, w[0] + 1024 * i, w[1] + 1024 * i);
-                Tiles::store(sums[j & 1]);
-                __asm__ volatile("" ::: "memory");
+                tile_sums(x + 16 * j * xrow + b * 256, xrow, w, sums[j & 1]);
                 if (j > 0) close<16>(w0, w1, sums[(j - 1) & 1], msum, xs, nb, b, t0 + 16 * (j - 1), acc + 256 * (j - 1));
             }
             close<16>(w0, w1, sums[(tiles - 1) & 1], msum, xs, nb, b, t0 + 16 * (tiles - 1), acc + 256 * (tiles - 1));
