@@ -10,7 +10,9 @@ target's shapes (or --shapes KIND:OUTxIN,...), then times every product over tho
 of random records for the default target's) for each
 block of rows, the two builds alternating, so a slow phase of the machine hits both alike.
 --model [MODEL] also times whole forwards of the default target (or MODEL) at context 300 with each build's
-native decoder over the same weights and caches. Prints medians in ms and base / this ratios.
+native decoder over the same weights and caches (blocks of up to 64 rows, models.llama.ROW_EXACT_MAX: a
+longer block runs the Python layer loop, whose products take this checkout's kernels in both columns).
+Prints medians in ms and base / this ratios.
 --threads 1 measures one core alone (on shared VMs the second vCPU's speed comes and goes).
 Both builds read this checkout's record layout: a base before 1915b89 (Q6_K records of 1696
 bytes, no per-row offset) cannot be compared this way; time each checkout with
@@ -91,7 +93,7 @@ def main() -> None:
     if args.model:
         from specdraft.pipeline import load_model
 
-        m = load_model(args.model, dtype="auto", weight_format="auto", max_length=400).model
+        m = load_model(args.model, dtype="auto", weight_format="auto", max_length=300 + max(blocks) + 1).model
         m.reset()
         m.forward(torch.randint(0, 32000, (300,), generator=gen), last_only=True)
         decoders = {}

@@ -110,11 +110,24 @@ def test_rows_are_independent_of_the_block_per_path(ops, path, kind):
     qt, _ = quant_tensor(kind, 40, 512, seed=3)
     lin = GGUFLinear([qt])
     x = torch.randn(75, 512)
-    full = lin(x)  # cut into passes of 32 rows, tiles of up to 8: no bit changes
+    full = lin(x)  # one pass (amx-int8) or passes of 32 rows, tiles of up to 8 or 16: no bit changes
     assert torch.equal(torch.cat([lin(x[i:i + 1]) for i in range(75)]), full)
     for T in (2, 3, 5, 8, 9, 16, 17):
         for start in range(0, 40 - T, 7):
             assert torch.equal(lin(x[start:start + T]), full[start:start + T]), (T, start)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_rows_of_a_block_longer_than_a_pass(ops, path):
+    """A 4096-wide input: amx-int8 takes passes of 256 rows (1 MB of x), the others of 32; a block
+    of 300 rows cut either way gives each row the bits it has alone."""
+    use(ops, path)
+    qt, _ = quant_tensor("Q4_K", 16, 4096, seed=4)
+    lin = GGUFLinear([qt])
+    x = torch.randn(300, 4096)
+    full = lin(x)
+    assert torch.equal(torch.cat([lin(x[i:i + 1]) for i in range(300)]), full)
+    assert torch.equal(lin(x[250:290]), full[250:290])
 
 
 @pytest.mark.parametrize("path", PATHS)
