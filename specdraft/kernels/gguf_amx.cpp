@@ -1,10 +1,10 @@
-// The Q4_K kernel for CPUs with AMX-INT8 (Sapphire Rapids and later): tile multiplies (tdpbsud)
-// form the exact sums of up to 16 rows of x against 16 output rows (two 8-row groups, the records'
-// own interleaving: a record chunk of 8 rows x 4 bytes is a quarter of a weight tile row pair), with
-// each super-block's scales folded into its weight tiles (AmxRows below). Those are the int32 sums
-// the VNNI kernel forms, so from there on the steps are its own, lane for lane: the floats are bit
-// for bit the AVX2 kernels'. Below AMX_MIN_ROWS rows of x, and for Q6_K, the AVX-512 VNNI kernels
-// run instead. Built in every build with target attributes, called only where cpu_has_amx_int8 says
+// The Q4_K and Q6_K kernels for CPUs with AMX-INT8 (Sapphire Rapids and later): tile multiplies
+// (tdpbsud, tdpbssd) form the exact sums of up to 16 rows of x against 16 output rows (two 8-row
+// groups, the records' own interleaving: a record chunk of 8 rows x 4 bytes is a quarter of a
+// weight tile row pair), with each super-block's scales folded into its weight tiles (AmxRows
+// below). Those are the int32 sums the VNNI kernels form, so from there on the steps are theirs,
+// lane for lane: the floats are bit for bit the AVX2 kernels'. Below AMX_MIN_ROWS rows of x the
+// AVX-512 VNNI kernels run instead. Built in every build with target attributes, called only where cpu_has_amx_int8 says
 // so, or with the tiles emulated (set_amx_emulated: the kernel's logic tested on any AVX-512 VNNI CPU).
 #include <ATen/Parallel.h>
 #include <cpuid.h>
@@ -70,6 +70,14 @@ struct HwTiles {
         _tile_loadd(7, blo, 64);
         _tile_dpbsud(1, 4, 7);
     }
+    // the same with signed weight bytes (Q6_K's parts)
+    KERNEL_TARGET static void product_signed(const int8_t* x, int64_t in, const uint8_t* bhi, const uint8_t* blo) {
+        _tile_loadd(6, bhi, 64);
+        _tile_loadd(4, x, in);
+        _tile_dpbssd(0, 4, 6);
+        _tile_loadd(7, blo, 64);
+        _tile_dpbssd(1, 4, 7);
+    }
     // c[k][row][16]: the high parts' sums (k = 0), the low parts' (k = 1)
     KERNEL_TARGET static void store(int32_t* c) {
         _tile_stored(0, c, 64);
@@ -102,6 +110,17 @@ struct EmuTiles {
         dp(s.c[0], x, in, s.rows, bhi);
         dp(s.c[1], x, in, s.rows, blo);
     }
+    // tdpbssd: as dp with signed b, in plain code (tests only)
+    static void dp_signed(int32_t (*c)[16], const int8_t* x, int64_t in, int rows, const uint8_t* b) {
+        for (int m = 0; m < rows; ++m)
+            for (int o = 0; o < 16; ++o)
+                for (int k = 0; k < 64; ++k) c[m][o] += int32_t(x[m * in + k]) * int32_t(int8_t(b[64 * (k / 4) + 4 * o + k % 4]));
+    }
+    static void product_signed(const int8_t* x, int64_t in, const uint8_t* bhi, const uint8_t* blo) {
+        State& s = state();
+        dp_signed(s.c[0], x, in, s.rows, bhi);
+        dp_signed(s.c[1], x, in, s.rows, blo);
+    }
     static void store(int32_t* c) {
         const State& s = state();
         for (int k = 0; k < 2; ++k) std::memcpy(c + 256 * k, s.c[k], sizeof(int32_t) * 16 * s.rows);
@@ -131,13 +150,14 @@ struct EmuTiles {
 // unit not what bounds it. BENCHMARKS.md, 2026-11-28.)
 template <class Tiles>
 struct AmxRows {
-    static constexpr bool HAS_Q6K = false;  // Q6_K stays on AVX-512 VNNI (see amx_matmul)
+    static constexpr bool HAS_Q6K = false;  // no q6k on tile-major x: Q6_K takes q6k_x below
+    static constexpr bool Q6K_ROW_MAJOR = true;  // Q6_K as Q4_K: x row-major, q6k_x and spans (Q6kTiles)
     static constexpr bool TAKES_X_TILES = false;  // x row-major: a tile load reads rows at any stride
-    static constexpr bool HAS_SPAN = true;  // q4k_span: 16-row tiles sharing each super-block's unpacking
+    static constexpr bool HAS_SPAN = true;  // spans: 16-row tiles sharing each super-block's unpacking
 
     // the weight tiles of super-block records r0, r1: wt[0] the high parts, wt[1] the low ones
     // (each 8 sub-blocks x 512 bytes: tile i = sub-blocks 2i, 2i + 1 at 1024 i)
-    KERNEL_TARGET static void unpack(const uint8_t* r0, const uint8_t* r1, int64_t skip, uint8_t (*wt)[8 * 512]) {
+    KERNEL_TARGET static void unpack_q4k(const uint8_t* r0, const uint8_t* r1, int64_t skip, uint8_t (*wt)[8 * 512]) {
         using V = Zmm;
         using I = __m512i;
         const I low4 = V::bytes(0x0F), m15 = V::set1(15);
@@ -159,57 +179,115 @@ struct AmxRows {
         }
     }
 
+    // Q6_K: each quant times its sub-block's signed scale, w = sc (q - 32) (|w| <= 4096), split as
+    // w = 128 hi + lo (lo = w & 127, hi = w >> 7 in -32 .. 32: both signed bytes), wt[0] the high
+    // parts, wt[1] the low ones; weight tile row 4 (s mod 4) + k holds quad k (inputs 4k .. 4k + 3)
+    // of sub-block s, a tile four sub-blocks (tile i at 1024 i). A quad's bytes of 16 outputs are
+    // the VNNI kernel's vector q[k] (q6k_rows), scaled in 16-bit lanes: even bytes, then odd ones.
+    KERNEL_TARGET static void unpack_q6k(const uint8_t* r0, const uint8_t* r1, int64_t skip, uint8_t (*wt)[8 * 512]) {
+        using V = Zmm;
+        using I = __m512i;
+        const I low4 = V::bytes(0x0F), top2 = V::bytes(0x30), m32 = V::bytes(32);
+        const I lo7 = _mm512_set1_epi16(0x7F), byte = _mm512_set1_epi16(0xFF), half = V::set1(0xFFFF);
+        for (int s = 0; s < 16; ++s) {
+            prefetch_ahead<Q6K_REC, 16, VNNI_PREFETCH<16>>(r0, s, skip);
+            prefetch_ahead<Q6K_REC, 16, VNNI_PREFETCH<16>>(r1, s, skip);
+            const I sc = V::i8to32(r0 + 1536 + 8 * s, r1 + 1536 + 8 * s);  // lane o: output o's scale
+            const I sc16 = V::or_(V::and_(sc, half), V::slli32(sc, 16));
+            const I v0 = V::load32(r0 + 64 * s, r1 + 64 * s), v1 = V::load32(r0 + 64 * s + 32, r1 + 64 * s + 32);
+            const I h = V::load32(r0 + 1024 + 32 * s, r1 + 1024 + 32 * s);
+            const I q[4] = {V::subb(V::or_(V::and_(v0, low4), V::and_(V::slli16(h, 4), top2)), m32),
+                            V::subb(V::or_(V::and_(V::srli16(v0, 4), low4), V::and_(V::slli16(h, 2), top2)), m32),
+                            V::subb(V::or_(V::and_(v1, low4), V::and_(h, top2)), m32),
+                            V::subb(V::or_(V::and_(V::srli16(v1, 4), low4), V::and_(V::srli16(h, 2), top2)), m32)};
+            for (int k = 0; k < 4; ++k) {
+                const I we = _mm512_mullo_epi16(_mm512_srai_epi16(V::slli16(q[k], 8), 8), sc16);
+                const I wo = _mm512_mullo_epi16(_mm512_srai_epi16(q[k], 8), sc16);
+                const I lo = V::or_(V::and_(we, lo7), V::slli16(V::and_(wo, lo7), 8));
+                const I hi = V::or_(V::and_(_mm512_srai_epi16(we, 7), byte), V::slli16(_mm512_srai_epi16(wo, 7), 8));
+                _mm512_store_si512(wt[0] + 256 * s + 64 * k, hi);
+                _mm512_store_si512(wt[1] + 256 * s + 64 * k, lo);
+            }
+        }
+    }
+
     // c = the tile sums (see Tiles::store) of a tile of rows of x (row stride xrow; x at a super-block's
     // first input) against that super-block's weight tiles w: four full-depth products a part
+    template <int KIND>
     KERNEL_TARGET static void tile_sums(const int8_t* x, int64_t xrow, const uint8_t (*w)[8 * 512], int32_t* c) {
         // the tile loads and stores are asm that the compiler does not see touch memory
         __asm__ volatile("" ::: "memory");
         Tiles::zero();
-        for (int i = 0; i < 4; ++i) Tiles::product(x + 64 * i, xrow, w[0] + 1024 * i, w[1] + 1024 * i);
+        for (int i = 0; i < 4; ++i) {
+            if constexpr (KIND == 4)
+                Tiles::product(x + 64 * i, xrow, w[0] + 1024 * i, w[1] + 1024 * i);
+            else
+                Tiles::product_signed(x + 64 * i, xrow, w[0] + 1024 * i, w[1] + 1024 * i);
+        }
         Tiles::store(c);
         __asm__ volatile("" ::: "memory");
     }
 
-    // super-block b's float steps for NT rows from their sums c: acc[r] lane o += its 16 sum_hi +
-    // sum_lo and the mins, as Q4kClose does
-    template <int NT>
+    // super-block b's float steps for NT rows from their sums c: acc[r] lane o += the row's int32
+    // sum (Q4_K: 16 sum_hi + sum_lo, and the mins, as Q4kClose does; Q6_K: 128 sum_hi + sum_lo,
+    // times d xs as q6k_rows does)
+    template <int KIND, int NT>
     KERNEL_TARGET static void close(const uint8_t* w0, const uint8_t* w1, const int32_t* c, const int32_t* msum,
                                     const float* xs, int64_t nb, int64_t b, int64_t t0, float* acc) {
         using V = Zmm;
-        const Q4kClose<V> cl(w0 + b * Q4K_REC, w1 + b * Q4K_REC);
+        constexpr int shift = KIND == 4 ? 4 : 7;
         for (int r = 0; r < NT; ++r) {
-            const __m512i sum = V::add(V::slli32(_mm512_load_si512(c + 16 * r), 4), _mm512_load_si512(c + 256 + 16 * r));
+            const __m512i sum = V::add(V::slli32(_mm512_load_si512(c + 16 * r), shift), _mm512_load_si512(c + 256 + 16 * r));
             const int64_t t = t0 + r;
-            _mm512_store_ps(acc + 16 * r, cl(_mm512_load_ps(acc + 16 * r), sum, msum + (t * nb + b) * 4, xs[t * nb + b]));
+            __m512 a = _mm512_load_ps(acc + 16 * r);
+            if constexpr (KIND == 4) {
+                a = Q4kClose<V>(w0 + b * Q4K_REC, w1 + b * Q4K_REC)(a, sum, msum + (t * nb + b) * 4, xs[t * nb + b]);
+            } else {
+                const __m512 d = V::load8f(w0 + b * Q6K_REC + 1664, w1 + b * Q6K_REC + 1664);
+                a = V::fmadd(V::cvt(sum), V::mul(d, V::fset1(xs[t * nb + b])), a);
+            }
+            _mm512_store_ps(acc + 16 * r, a);
         }
     }
 
-    template <int NT>
-    KERNEL_TARGET static void q4k(const uint8_t* w0, const uint8_t* w1, const int8_t* x, int64_t xrow, int64_t xblk,
-                                  const float* xs, const int32_t* msum, int64_t nb, int64_t t0, float* out, int64_t ldy,
-                                  int valid) {
+    // NT rows of x (row stride xrow, super-blocks xblk apart) against two groups of a KIND matrix
+    template <int KIND, int NT>
+    KERNEL_TARGET static void rows(const uint8_t* w0, const uint8_t* w1, const int8_t* x, int64_t xrow, int64_t xblk,
+                                   const float* xs, const int32_t* msum, int64_t nb, int64_t t0, float* out, int64_t ldy,
+                                   int valid) {
+        constexpr int64_t REC = KIND == 4 ? Q4K_REC : Q6K_REC;
         alignas(64) uint8_t wt[2][2][8 * 512];
         alignas(64) int32_t sums[2][2 * 256];
         alignas(64) float acc[NT * 16] = {};
         Tiles::configure(NT);
         for (int64_t b = 0; b < nb; ++b) {
             const uint8_t (*w)[8 * 512] = wt[b & 1];
-            unpack(w0 + b * Q4K_REC, w1 + b * Q4K_REC, b + VNNI_PREFETCH<16> < nb ? 0 : nb * Q4K_REC, wt[b & 1]);
-            tile_sums(x + b * xblk, xrow, w, sums[b & 1]);
-            if (b > 0) close<NT>(w0, w1, sums[(b - 1) & 1], msum, xs, nb, b - 1, t0, acc);
+            unpack<KIND>(w0 + b * REC, w1 + b * REC, b + VNNI_PREFETCH<16> < nb ? 0 : nb * REC, wt[b & 1]);
+            tile_sums<KIND>(x + b * xblk, xrow, w, sums[b & 1]);
+            if (b > 0) close<KIND, NT>(w0, w1, sums[(b - 1) & 1], msum, xs, nb, b - 1, t0, acc);
         }
-        close<NT>(w0, w1, sums[(nb - 1) & 1], msum, xs, nb, nb - 1, t0, acc);
+        close<KIND, NT>(w0, w1, sums[(nb - 1) & 1], msum, xs, nb, nb - 1, t0, acc);
         for (int r = 0; r < NT; ++r) Zmm::store(out + (t0 + r) * ldy, valid, _mm512_load_ps(acc + 16 * r));
+    }
+
+    template <int KIND>
+    KERNEL_TARGET static void unpack(const uint8_t* r0, const uint8_t* r1, int64_t skip, uint8_t (*wt)[8 * 512]) {
+        if constexpr (KIND == 4)
+            unpack_q4k(r0, r1, skip, wt);
+        else
+            unpack_q6k(r0, r1, skip, wt);
     }
 
     // tiles x 16 rows (t0 ..) against two groups, each super-block's weight tiles unpacked once
     // for all of them instead of once a tile (prefill, checks of 32 tokens and more). Without the
-    // unpacking the kernel's tile products and float steps take 3.5 of its 6.1 ms at 16 rows
+    // unpacking the Q4_K kernel's tile products and float steps take 3.5 of its 6.1 ms at 16 rows
     // (weights in the caches, an AMX Xeon: BENCHMARKS.md, 2026-11-28). Each row takes the same
-    // steps in the same order as in q4k<16>: the same bits.
-    KERNEL_TARGET static void q4k_span(const uint8_t* w0, const uint8_t* w1, const int8_t* x, int64_t xrow,
-                                       const float* xs, const int32_t* msum, int64_t nb, int64_t t0, int64_t tiles,
-                                       float* out, int64_t ldy, int valid) {
+    // steps in the same order as in rows<KIND, 16>: the same bits.
+    template <int KIND>
+    KERNEL_TARGET static void span(const uint8_t* w0, const uint8_t* w1, const int8_t* x, int64_t xrow,
+                                   const float* xs, const int32_t* msum, int64_t nb, int64_t t0, int64_t tiles,
+                                   float* out, int64_t ldy, int valid) {
+        constexpr int64_t REC = KIND == 4 ? Q4K_REC : Q6K_REC;
         alignas(64) uint8_t wt[2][2][8 * 512];
         alignas(64) int32_t sums[2][2 * 256];
         thread_local std::vector<float> acc_buf;  // the rows' float sums [tiles * 16][16], 64-byte aligned
@@ -218,14 +296,38 @@ struct AmxRows {
         Tiles::configure(16);
         for (int64_t b = 0; b < nb; ++b) {
             const uint8_t (*w)[8 * 512] = wt[b & 1];
-            unpack(w0 + b * Q4K_REC, w1 + b * Q4K_REC, b + VNNI_PREFETCH<16> < nb ? 0 : nb * Q4K_REC, wt[b & 1]);
+            unpack<KIND>(w0 + b * REC, w1 + b * REC, b + VNNI_PREFETCH<16> < nb ? 0 : nb * REC, wt[b & 1]);
             for (int64_t j = 0; j < tiles; ++j) {
-                tile_sums(x + 16 * j * xrow + b * 256, xrow, w, sums[j & 1]);
-                if (j > 0) close<16>(w0, w1, sums[(j - 1) & 1], msum, xs, nb, b, t0 + 16 * (j - 1), acc + 256 * (j - 1));
+                tile_sums<KIND>(x + 16 * j * xrow + b * 256, xrow, w, sums[j & 1]);
+                if (j > 0) close<KIND, 16>(w0, w1, sums[(j - 1) & 1], msum, xs, nb, b, t0 + 16 * (j - 1), acc + 256 * (j - 1));
             }
-            close<16>(w0, w1, sums[(tiles - 1) & 1], msum, xs, nb, b, t0 + 16 * (tiles - 1), acc + 256 * (tiles - 1));
+            close<KIND, 16>(w0, w1, sums[(tiles - 1) & 1], msum, xs, nb, b, t0 + 16 * (tiles - 1), acc + 256 * (tiles - 1));
         }
         for (int64_t r = 0; r < 16 * tiles; ++r) Zmm::store(out + (t0 + r) * ldy, valid, _mm512_load_ps(acc + 16 * r));
+    }
+
+    // the driver's entry points (gguf_vnni_kernels.h matmul): Q4_K as the VNNI kernels take it, Q6_K
+    // on row-major x with its scales xs (no msum), and the spans of either
+    template <int NT>
+    KERNEL_TARGET static void q4k(const uint8_t* w0, const uint8_t* w1, const int8_t* x, int64_t xrow, int64_t xblk,
+                                  const float* xs, const int32_t* msum, int64_t nb, int64_t t0, float* out, int64_t ldy,
+                                  int valid) {
+        rows<4, NT>(w0, w1, x, xrow, xblk, xs, msum, nb, t0, out, ldy, valid);
+    }
+    template <int NT>
+    KERNEL_TARGET static void q6k_x(const uint8_t* w0, const uint8_t* w1, const int8_t* x, int64_t xrow, const float* xs,
+                                    int64_t nb, int64_t t0, float* out, int64_t ldy, int valid) {
+        rows<6, NT>(w0, w1, x, xrow, 256, xs, nullptr, nb, t0, out, ldy, valid);
+    }
+    KERNEL_TARGET static void q4k_span(const uint8_t* w0, const uint8_t* w1, const int8_t* x, int64_t xrow,
+                                       const float* xs, const int32_t* msum, int64_t nb, int64_t t0, int64_t tiles,
+                                       float* out, int64_t ldy, int valid) {
+        span<4>(w0, w1, x, xrow, xs, msum, nb, t0, tiles, out, ldy, valid);
+    }
+    KERNEL_TARGET static void q6k_span(const uint8_t* w0, const uint8_t* w1, const int8_t* x, int64_t xrow,
+                                       const float* xs, int64_t nb, int64_t t0, int64_t tiles, float* out, int64_t ldy,
+                                       int valid) {
+        span<6>(w0, w1, x, xrow, xs, nullptr, nb, t0, tiles, out, ldy, valid);
     }
 };
 
@@ -266,13 +368,14 @@ bool amx_emulated() { return emulated.load(); }
 
 void set_amx_emulated(bool on) { emulated = on; }
 
-// Q6_K takes the AVX-512 VNNI kernels at every block size: its sub-blocks of 16 inputs and signed
-// 8-bit scales do not split into two unsigned weight tiles as Q4_K's do, and tiles of one
-// sub-block each measured slower (Sapphire Rapids, 2 threads, the 151936 x 1536 output matrix:
-// 21.5 / 26.2 / 77.9 ms at 8 / 16 / 32 rows against 14.1 / 24.5 / 62.0 with VNNI)
+// Q6_K takes the tiles from AMX_MIN_ROWS rows as Q4_K does, its scales folded in as signed high and
+// low parts (unpack_q6k). Measured on an AMX Xeon, the default target's products (output matrix
+// included) against Q6_K on AVX-512 VNNI: 1.01 / 1.10 / 1.18 / 1.22x at 16 / 32 / 128 / 256 rows,
+// the same bits; tiles of one sub-block each had measured slower than VNNI (151936 x 1536: 26.2 /
+// 77.9 ms at 16 / 32 rows against 24.5 / 62.0).
 void amx_matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, const float* xs,
                 const int16_t* bsums, int64_t T, int64_t in, int64_t O, float* y, int64_t ldy) {
-    if (kind != 4 || T < amx_min_rows())
+    if (T < amx_min_rows())
         vnni_matmul(kind, pw, groups, qx, xs, bsums, T, in, O, y, ldy);
     else if (emulated.load())
         amx::matmul<amx::Zmm, 16, amx::AmxRows<amx::EmuTiles>>(kind, pw, groups, qx, xs, bsums, T, in, O, y, ldy);

@@ -279,11 +279,11 @@ std::vector<torch::Tensor> quantize_q8k(torch::Tensor x) {
 // prefill block is cut into pieces whose x stays in L2 cache (measured, 664-token prompt: 21.8 s
 // in one pass). Rows are computed independently: the cut changes no bit.
 constexpr int64_t ROWS = 32;
-// The AMX Q4_K kernel unpacks each super-block's weight tiles once for all of a pass's 16-row
-// tiles (q4k_span), so its passes run as long as x keeps in a core's L2 (2 MB on Sapphire Rapids):
+// The AMX kernels unpack each super-block's weight tiles once for all of a pass's 16-row tiles
+// (AmxRows::span), so their passes run as long as x keeps in a core's L2 (2 MB on Sapphire Rapids):
 // up to 1 MB of x, at most 512 rows (256 rows of a 1536-wide input in one pass, 112 of an
-// 8960-wide one). Measured on an AMX Xeon, the default target's products, against passes of 32:
-// 1.17 / 1.08 / 1.10x at 64 / 128 / 300 rows (BENCHMARKS.md, 2026-11-28).
+// 8960-wide one). Measured on an AMX Xeon, the default target's products (Q4_K on tiles, Q6_K then
+// on VNNI), against passes of 32: 1.17 / 1.08 / 1.10x at 64 / 128 / 300 rows (BENCHMARKS.md, 2026-11-28).
 static int64_t amx_pass_rows(int64_t in) { return std::clamp<int64_t>((int64_t(1) << 20) / in / 16 * 16, ROWS, 512); }
 
 // The kernels' ISA path: chosen once, the best this CPU has, unless SPECDRAFT_KERNEL_PATH names
@@ -372,7 +372,7 @@ void gguf_matmul_into(int64_t kind, const int8_t* qx, const float* xs, const int
                 "weights: " + std::to_string(w.size(0)) + " records of " + std::to_string(GROUP) + " rows cannot hold " +
                     std::to_string(O) + " outputs");
     const uint8_t* pw = w.data_ptr<uint8_t>();
-    const int64_t pass = kind == 4 && active_path().load() == AMX_INT8 ? amx_pass_rows(in) : ROWS;
+    const int64_t pass = active_path().load() == AMX_INT8 ? amx_pass_rows(in) : ROWS;
     for (int64_t c0 = 0; c0 < T; c0 += pass) {
         const int64_t n = std::min(pass, T - c0);
         const int8_t* px = qx + c0 * in;

@@ -181,6 +181,7 @@ struct VnniRows {
     static constexpr bool HAS_Q6K = true;
     static constexpr bool TAKES_X_TILES = true;  // q4k reads x row-major or tile-major (q4k_rows)
     static constexpr bool HAS_SPAN = false;  // no q4k_span (see gguf_amx.cpp)
+    static constexpr bool Q6K_ROW_MAJOR = false;  // q6k reads x + 128 tile-major (q6k_rows)
     template <int NT>
     KERNEL_TARGET static void q4k(const uint8_t* w0, const uint8_t* w1, const int8_t* x0, int64_t xrow, int64_t xblk,
                                   const float* xs, const int32_t* msum, int64_t nb, int64_t t0, float* out, int64_t ldy,
@@ -213,9 +214,10 @@ void matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, c
     // fall into one L1 set each and evict one another (a 2048 x 8192 product at 16 rows: 53% of
     // the vpdpbusd rate against 76-79% for other shapes); elsewhere row-major reads as fast.
     const bool q4k_tiles = kind == 4 && Rows::TAKES_X_TILES && in % 4096 == 0 && T > 1;
-    std::vector<uint8_t> xu(kind == 6 || q4k_tiles ? T * in : 0);
-    std::vector<float> xst(kind == 6 ? T * nb : 0);
-    if (kind == 6 || q4k_tiles)
+    const bool q6k_tiles = kind == 6 && !Rows::Q6K_ROW_MAJOR;
+    std::vector<uint8_t> xu(q6k_tiles || q4k_tiles ? T * in : 0);
+    std::vector<float> xst(q6k_tiles ? T * nb : 0);
+    if (q6k_tiles || q4k_tiles)
         over_tiles<TILE>(T, [&](auto nt, int64_t t0) {
             constexpr int n = decltype(nt)::value;
             const uint8_t flip = kind == 6 ? 0x80 : 0;
@@ -237,10 +239,13 @@ void matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, c
             // the rows after them as below
             int64_t spanned = 0;
             if constexpr (Rows::HAS_SPAN) {
-                static_assert(TILE == 16, "q4k_span takes tiles of 16 rows");
-                if (kind == 4 && T >= 2 * TILE) {
+                static_assert(TILE == 16, "the spans take tiles of 16 rows");
+                if (T >= 2 * TILE) {
                     spanned = T / TILE * TILE;
-                    Rows::q4k_span(w0, w1, qx, in, xs, pa, nb, 0, spanned / TILE, y + g0 * GROUP, ldy, valid);
+                    if (kind == 4)
+                        Rows::q4k_span(w0, w1, qx, in, xs, pa, nb, 0, spanned / TILE, y + g0 * GROUP, ldy, valid);
+                    else
+                        Rows::q6k_span(w0, w1, qx, in, xs, nb, 0, spanned / TILE, y + g0 * GROUP, ldy, valid);
                 }
             }
             over_tiles<TILE>(T - spanned, [&](auto nt, int64_t t) {
@@ -251,6 +256,8 @@ void matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, c
                                           y + g0 * GROUP, ldy, valid);
                 else if (kind == 4)
                     Rows::template q4k<n>(w0, w1, qx + t0 * in, in, 256, xs, pa, nb, t0, y + g0 * GROUP, ldy, valid);
+                else if constexpr (Rows::Q6K_ROW_MAJOR)
+                    Rows::template q6k_x<n>(w0, w1, qx + t0 * in, in, xs, nb, t0, y + g0 * GROUP, ldy, valid);
                 else if constexpr (Rows::HAS_Q6K)
                     Rows::template q6k<n>(w0, w1, xu.data() + t0 * in, xst.data() + t0 * nb, nb, y + g0 * GROUP + t0 * ldy,
                                           ldy, valid);

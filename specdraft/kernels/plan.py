@@ -23,7 +23,7 @@ CLASSES = ("Q4_K short", "Q4_K long", "Q6_K short", "Q6_K long")  # ops.vnni_for
 _EVEN = [("Q4_K", 2048, 1536), ("Q4_K", 1536, 1536), ("Q4_K", 17920, 1536), ("Q4_K", 1536, 8960)]
 _ODD = [("Q4_K", 1792, 1536), ("Q6_K", 256, 1536), ("Q4_K", 1536, 1536), ("Q4_K", 17920, 1536), ("Q6_K", 1536, 8960)]
 DEFAULT_TARGET_SHAPES = [s for layer in range(28) for s in (_EVEN if layer % 2 == 0 else _ODD)] + [("Q6_K", 151936, 1536)]
-PATHS_WITH_FORMS = ("avx512-vnni", "amx-int8")  # amx-int8 runs Q6_K and small blocks on VNNI
+PATHS_WITH_FORMS = ("avx512-vnni", "amx-int8")  # amx-int8 runs blocks under AMX_MIN_ROWS on VNNI
 
 
 _set: list[bool] = []  # whether use_forms has set the forms in this process
