@@ -62,21 +62,15 @@ struct HwTiles {
         _tile_zero(0);
         _tile_zero(1);
     }
-    // the sums += x [n rows x 64 inputs, row stride in] . bhi, blo [16 rows x 64 bytes]
+    // the sums += x [n rows x 64 inputs, row stride in] . bhi, blo [16 rows x 64 bytes], the weight
+    // bytes unsigned (tdpbsud: Q4_K's parts) or SIGNED (tdpbssd: Q6_K's)
+    template <bool SIGNED>
     KERNEL_TARGET static void product(const int8_t* x, int64_t in, const uint8_t* bhi, const uint8_t* blo) {
         _tile_loadd(6, bhi, 64);
         _tile_loadd(4, x, in);
-        _tile_dpbsud(0, 4, 6);
+        if constexpr (SIGNED) _tile_dpbssd(0, 4, 6); else _tile_dpbsud(0, 4, 6);
         _tile_loadd(7, blo, 64);
-        _tile_dpbsud(1, 4, 7);
-    }
-    // the same with signed weight bytes (Q6_K's parts)
-    KERNEL_TARGET static void product_signed(const int8_t* x, int64_t in, const uint8_t* bhi, const uint8_t* blo) {
-        _tile_loadd(6, bhi, 64);
-        _tile_loadd(4, x, in);
-        _tile_dpbssd(0, 4, 6);
-        _tile_loadd(7, blo, 64);
-        _tile_dpbssd(1, 4, 7);
+        if constexpr (SIGNED) _tile_dpbssd(1, 4, 7); else _tile_dpbsud(1, 4, 7);
     }
     // c[k][row][16]: the high parts' sums (k = 0), the low parts' (k = 1)
     KERNEL_TARGET static void store(int32_t* c) {
@@ -105,21 +99,19 @@ struct EmuTiles {
             _mm512_storeu_si512(c[m], s);
         }
     }
-    KERNEL_TARGET static void product(const int8_t* x, int64_t in, const uint8_t* bhi, const uint8_t* blo) {
-        State& s = state();
-        dp(s.c[0], x, in, s.rows, bhi);
-        dp(s.c[1], x, in, s.rows, blo);
-    }
     // tdpbssd: as dp with signed b, in plain code (tests only)
     static void dp_signed(int32_t (*c)[16], const int8_t* x, int64_t in, int rows, const uint8_t* b) {
         for (int m = 0; m < rows; ++m)
             for (int o = 0; o < 16; ++o)
                 for (int k = 0; k < 64; ++k) c[m][o] += int32_t(x[m * in + k]) * int32_t(int8_t(b[64 * (k / 4) + 4 * o + k % 4]));
     }
-    static void product_signed(const int8_t* x, int64_t in, const uint8_t* bhi, const uint8_t* blo) {
+    template <bool SIGNED>
+    KERNEL_TARGET static void product(const int8_t* x, int64_t in, const uint8_t* bhi, const uint8_t* blo) {
         State& s = state();
-        dp_signed(s.c[0], x, in, s.rows, bhi);
-        dp_signed(s.c[1], x, in, s.rows, blo);
+        for (int k = 0; k < 2; ++k) {
+            if constexpr (SIGNED) dp_signed(s.c[k], x, in, s.rows, k ? blo : bhi);
+            else dp(s.c[k], x, in, s.rows, k ? blo : bhi);
+        }
     }
     static void store(int32_t* c) {
         const State& s = state();
@@ -187,19 +179,14 @@ struct AmxRows {
     KERNEL_TARGET static void unpack_q6k(const uint8_t* r0, const uint8_t* r1, int64_t skip, uint8_t (*wt)[8 * 512]) {
         using V = Zmm;
         using I = __m512i;
-        const I low4 = V::bytes(0x0F), top2 = V::bytes(0x30), m32 = V::bytes(32);
         const I lo7 = _mm512_set1_epi16(0x7F), byte = _mm512_set1_epi16(0xFF), half = V::set1(0xFFFF);
         for (int s = 0; s < 16; ++s) {
             prefetch_ahead<Q6K_REC, 16, VNNI_PREFETCH<16>>(r0, s, skip);
             prefetch_ahead<Q6K_REC, 16, VNNI_PREFETCH<16>>(r1, s, skip);
             const I sc = V::i8to32(r0 + 1536 + 8 * s, r1 + 1536 + 8 * s);  // lane o: output o's scale
             const I sc16 = V::or_(V::and_(sc, half), V::slli32(sc, 16));
-            const I v0 = V::load32(r0 + 64 * s, r1 + 64 * s), v1 = V::load32(r0 + 64 * s + 32, r1 + 64 * s + 32);
-            const I h = V::load32(r0 + 1024 + 32 * s, r1 + 1024 + 32 * s);
-            const I q[4] = {V::subb(V::or_(V::and_(v0, low4), V::and_(V::slli16(h, 4), top2)), m32),
-                            V::subb(V::or_(V::and_(V::srli16(v0, 4), low4), V::and_(V::slli16(h, 2), top2)), m32),
-                            V::subb(V::or_(V::and_(v1, low4), V::and_(h, top2)), m32),
-                            V::subb(V::or_(V::and_(V::srli16(v1, 4), low4), V::and_(V::srli16(h, 2), top2)), m32)};
+            I q[4];
+            q6k_quads<V>(r0, r1, s, q);
             for (int k = 0; k < 4; ++k) {
                 const I we = _mm512_mullo_epi16(_mm512_srai_epi16(V::slli16(q[k], 8), 8), sc16);
                 const I wo = _mm512_mullo_epi16(_mm512_srai_epi16(q[k], 8), sc16);
@@ -219,10 +206,7 @@ struct AmxRows {
         __asm__ volatile("" ::: "memory");
         Tiles::zero();
         for (int i = 0; i < 4; ++i) {
-            if constexpr (KIND == 4)
-                Tiles::product(x + 64 * i, xrow, w[0] + 1024 * i, w[1] + 1024 * i);
-            else
-                Tiles::product_signed(x + 64 * i, xrow, w[0] + 1024 * i, w[1] + 1024 * i);
+            Tiles::template product<KIND == 6>(x + 64 * i, xrow, w[0] + 1024 * i, w[1] + 1024 * i);
         }
         Tiles::store(c);
         __asm__ volatile("" ::: "memory");

@@ -123,6 +123,21 @@ KERNEL_TARGET void q4k_rows(const uint8_t* w0, const uint8_t* w1, const int8_t* 
     for (int r = 0; r < NT; ++r) V::store(out + (t0 + r) * ldy, valid, acc[r]);
 }
 
+// Sub-block s of Q6_K records r0, r1 (V::GROUPS groups): q[k] = quad k's quants - 32 (inputs 16s + 4k
+// .. + 3, signed bytes), lane o output o's four; a quad's top 2 bits are bits 2k, 2k + 1 of h's
+// bytes, moved to bits 4, 5
+template <class V>
+KERNEL_TARGET inline void q6k_quads(const uint8_t* r0, const uint8_t* r1, int s, typename V::I (&q)[4]) {
+    using I = typename V::I;
+    const I low4 = V::bytes(0x0F), top2 = V::bytes(0x30), m32 = V::bytes(32);
+    const I v0 = V::load32(r0 + 64 * s, r1 + 64 * s), v1 = V::load32(r0 + 64 * s + 32, r1 + 64 * s + 32);
+    const I h = V::load32(r0 + 1024 + 32 * s, r1 + 1024 + 32 * s);
+    q[0] = V::subb(V::or_(V::and_(v0, low4), V::and_(V::slli16(h, 4), top2)), m32);
+    q[1] = V::subb(V::or_(V::and_(V::srli16(v0, 4), low4), V::and_(V::slli16(h, 2), top2)), m32);
+    q[2] = V::subb(V::or_(V::and_(v1, low4), V::and_(h, top2)), m32);
+    q[3] = V::subb(V::or_(V::and_(V::srli16(v1, 4), low4), V::and_(V::srli16(h, 2), top2)), m32);
+}
+
 // NT rows of x against V::GROUPS groups of a Q6_K matrix, as q4k_rows, x taken as u = x + 128
 // (u8) and each quant as q - 32 (s8): per sub-block of 16 inputs 4 vpdpbusd give each lane its
 // sum (q - 32) u (|.| <= 16 * 32 * 255) and one vpmulld its scale. Of the total, sum_s sc[s] *
@@ -139,7 +154,6 @@ KERNEL_TARGET void q6k_rows(const uint8_t* w0, const uint8_t* w1, const uint8_t*
                             float* out, int64_t ldy, int valid) {
     using I = typename V::I;
     using F = typename V::F;
-    const I low4 = V::bytes(0x0F), top2 = V::bytes(0x30), m32 = V::bytes(32);
     alignas(64) float acc[NT][sizeof(F) / sizeof(float)];  // in L1: touched once a super-block
     for (int r = 0; r < NT; ++r) V::fstore(acc[r], V::fzero());
     for (int64_t b = 0; b < nb; ++b) {
@@ -152,13 +166,8 @@ KERNEL_TARGET void q6k_rows(const uint8_t* w0, const uint8_t* w1, const uint8_t*
             prefetch_ahead<Q6K_REC, 16, VNNI_PREFETCH<NT>>(r0, s, skip);
             if (V::GROUPS == 2) prefetch_ahead<Q6K_REC, 16, VNNI_PREFETCH<NT>>(r1, s, skip);
             const I sc = V::i8to32(r0 + 1536 + 8 * s, r1 + 1536 + 8 * s);
-            const I v0 = V::load32(r0 + 64 * s, r1 + 64 * s), v1 = V::load32(r0 + 64 * s + 32, r1 + 64 * s + 32);
-            const I h = V::load32(r0 + 1024 + 32 * s, r1 + 1024 + 32 * s);
-            // quad k's top 2 bits are bits 2k, 2k + 1 of h's bytes, moved to bits 4, 5; then - 32
-            const I q[4] = {V::subb(V::or_(V::and_(v0, low4), V::and_(V::slli16(h, 4), top2)), m32),
-                            V::subb(V::or_(V::and_(V::srli16(v0, 4), low4), V::and_(V::slli16(h, 2), top2)), m32),
-                            V::subb(V::or_(V::and_(v1, low4), V::and_(h, top2)), m32),
-                            V::subb(V::or_(V::and_(V::srli16(v1, 4), low4), V::and_(V::srli16(h, 2), top2)), m32)};
+            I q[4];
+            q6k_quads<V>(r0, r1, s, q);
 #pragma GCC unroll 16
             for (int r = 0; r < NT; ++r) {
                 const uint8_t* x = xb + r * 256 + 16 * s;
