@@ -1,5 +1,6 @@
 """How fast each drafter kind trains on a device, at the default target's shapes:
-python scripts/train_speed.py [--device auto|cpu|cuda] [--seconds 30] [--kinds eagle,mlp,hydra,mtp] [--json OUT]
+python scripts/train_speed.py [--device auto|cpu|cuda] [--precision fp32|bf16] [--seconds 30] [--kinds eagle,mlp,hydra,mtp]
+    [--json OUT]
 
 Speed alone, on synthetic features (random fp16 rows of the default target's hidden size 1536,
 three tapped layers, answers of 160 rows, 16,384-id draft vocabulary), so it runs where the
@@ -18,7 +19,7 @@ import time
 import torch
 
 from specdraft.heads.data import FeatureSet
-from specdraft.heads.device import training_device
+from specdraft.heads.device import PRECISIONS, training_device
 from specdraft.heads.eagle_train import EagleTrainConfig, TargetShape, train_eagle
 from specdraft.heads.medusa import MedusaTrainConfig, train_medusa
 from specdraft.heads.train import TrainConfig, train_head
@@ -40,8 +41,8 @@ def synthetic(positions: int, seed: int = 0) -> tuple[FeatureSet, torch.Tensor, 
     return data, torch.randn(VOCAB, H, generator=g), torch.randn(VOCAB, H, generator=g)
 
 
-def run(kind: str, data, emb, w, device, seconds: float) -> dict:
-    quiet = dict(log=lambda *a: None, seconds=seconds, device=device)
+def run(kind: str, data, emb, w, device, seconds: float, precision: str = "fp32") -> dict:
+    quiet = dict(log=lambda *a: None, seconds=seconds, device=device, precision=precision)
     t0 = time.perf_counter()
     if kind == "eagle":  # the shipped layer's recipe: head form, 6 query heads, taps 1, 13, 24
         cfg = EagleTrainConfig(inner=2048, vocab=VOCAB, steps=3, epochs=1, rows=1024, chunk=512, lr=3e-4,
@@ -58,7 +59,8 @@ def run(kind: str, data, emb, w, device, seconds: float) -> dict:
         _, report = train_head(data, emb, w, cfg, kind=kind, **quiet)
         rows = cfg.batch
     per_step = report["seconds"] / max(1, report["steps"])
-    return {"kind": kind, "device": report["device"], "steps": report["steps"], "seconds": report["seconds"],
+    return {"kind": kind, "device": report["device"], "precision": precision, "steps": report["steps"],
+            "seconds": report["seconds"],
             "steps_per_s": round(1 / per_step, 2), "rows_per_s": round(rows / per_step),
             "shipped_epoch_s": round(SHIPPED_ROWS[kind] / rows * per_step, 1),
             "wall_s": round(time.perf_counter() - t0, 1)}
@@ -67,6 +69,7 @@ def run(kind: str, data, emb, w, device, seconds: float) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="auto")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="the steps' products (train-drafter --precision)")
     p.add_argument("--seconds", type=float, default=30.0)
     p.add_argument("--kinds", default="eagle,mlp,hydra,mtp")
     p.add_argument("--positions", type=int, default=64_000)
@@ -78,7 +81,7 @@ def main() -> None:
     data, emb, w = synthetic(args.positions)
     results = []
     for kind in args.kinds.split(","):
-        results.append(run(kind, data, emb, w, device, args.seconds))
+        results.append(run(kind, data, emb, w, device, args.seconds, args.precision))
         print(json.dumps(results[-1]), flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -14,7 +14,7 @@ import torch
 from specdraft.errors import ParameterError
 from specdraft.heads import eagle_train, medusa, train
 from specdraft.heads.data import FeatureSet
-from specdraft.heads.device import training_device
+from specdraft.heads.device import products_in, training_device
 from specdraft.heads.eagle_train import EagleTrainConfig, TargetShape, train_eagle
 from specdraft.heads.medusa import MedusaConfig, MedusaHeads, MedusaTrainConfig, train_medusa
 from specdraft.heads.model import FeatureHead, HeadConfig
@@ -198,3 +198,35 @@ def test_medusa_heads_train_on_the_device_and_come_back(task, kind, device):
     heads, report = train_medusa(data, w, cfg, kind=kind, emb=emb, log=lambda *a: None, device=device)
     assert _on_cpu(heads) and report["device"] == device
     assert min(report["val_agreement"]) > 0.3, report
+
+
+# ------------------------------------------------------------------ bf16 products
+def test_unknown_precision_fails_in_one_line():
+    with pytest.raises(ParameterError, match="--precision fp16: give one of fp32, bf16"):
+        products_in(torch.device("cpu"), "fp16")
+
+
+def test_bf16_products_learn_and_keep_float32_weights(task):
+    """Each trainer with its steps' products in bfloat16: it learns as in float32, its weights stay
+    float32, the report says so, and the weights differ from a float32 run's (the products did
+    change precision: the option is not a no-op)."""
+    data, emb, w = task
+    quiet = {"log": lambda *a: None}
+    runs = {
+        "mlp": lambda p: train_head(data, emb, w, TrainConfig(inner=64, vocab=V, epochs=10, batch=128, lr=3e-3,
+                                                              negatives=16, holdout=0.2, taps=TAPS),
+                                    kind="mlp", precision=p, **quiet),
+        "eagle": lambda p: train_eagle(data, emb, w, SHAPE, EagleTrainConfig(
+            inner=64, vocab=V, epochs=12, rows=256, chunk=30, negatives=16, lr=3e-3, holdout=0.2, form="head",
+            taps=TAPS, start="random"), init=torch.ones(H), precision=p, **quiet),
+        "hydra": lambda p: train_medusa(data, w, MedusaTrainConfig(num_heads=3, vocab=V, epochs=20, batch=128, lr=1e-2,
+                                                                   negatives=16, holdout=0.2),
+                                        kind="hydra", emb=emb, precision=p, **quiet),
+    }
+    for name, run in runs.items():
+        module, report = run("bf16")
+        assert report["precision"] == "bf16" and min(report["val_agreement"]) > 0.3, (name, report)
+        assert all(p.dtype == torch.float32 for p in module.parameters()), name
+        reference, report32 = run("fp32")
+        assert report32["precision"] == "fp32"
+        assert any(not torch.equal(a, b) for a, b in zip(module.parameters(), reference.parameters())), name

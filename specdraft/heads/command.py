@@ -21,7 +21,7 @@ from ..models.registry import DEFAULT_TARGET
 from ..pipeline import Speculator
 from .corpus import chat_requests, default_corpus
 from .data import FeatureSet, concat, encode_corpus, record, record_again, record_answers
-from .device import training_device
+from .device import PRECISIONS, training_device
 from .eagle_train import EagleTrainConfig, TargetShape, train_eagle
 from .medusa import KINDS as MEDUSA_KINDS
 from .medusa import MedusaTrainConfig, train_medusa
@@ -87,6 +87,10 @@ def add_train_args(p, *, kind: str | None = None) -> None:
     p.add_argument("--device", default="auto",
                    help="where the drafter trains: auto (a CUDA GPU when torch sees one, else the CPU), cpu, cuda or "
                         "cuda:N; recording the target's features runs on the CPU either way (default auto)")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="the training steps' matrix products: fp32 (default; repeats the shipped drafters' "
+                        "training) or bf16 (torch.autocast: ~1.7-2.9x faster on CPUs with AMX-BF16, the same "
+                        "held-out agreement in our measurement; weights and optimizer stay float32)")
     p.add_argument("--epochs", type=int, default=None,
                    help="passes over the data (default: mlp and mtp 4, eagle 2, medusa and hydra 3)")
     p.add_argument("--inner", type=int, default=None, help=f"MLP width (default: 2048; mtp {MTP_INNER} a module)")
@@ -327,18 +331,21 @@ def train_from_args(args) -> int:
         try:
             head, report = train_eagle(data, target.embed, w_out, TargetShape.of(target.spec), cfg, target_name=name,
                                        doc_weight=weight, seconds=seconds, checkpoint=checkpoint, init=target.norm,
-                                       vocab_ids=vocab_ids, start_head=init, device=device)
+                                       vocab_ids=vocab_ids, start_head=init, device=device,
+                                       precision=args.precision)
         except ValueError as e:  # features recorded with other taps
             raise ParameterError(str(e)) from None
         if report["finished"]:
             checkpoint.unlink(missing_ok=True)
     elif heads_kind:
         head, report = train_medusa(data, w_out, cfg, target_name=name, doc_weight=weight, seconds=seconds,
-                                    kind=args.kind, emb=target.embed, vocab_ids=vocab_ids, device=device)
+                                    kind=args.kind, emb=target.embed, vocab_ids=vocab_ids, device=device,
+                                    precision=args.precision)
     else:
         try:
             head, report = train_head(data, target.embed, w_out, cfg, target_name=name, doc_weight=weight,
-                                      seconds=seconds, kind=args.kind, init=init, vocab_ids=vocab_ids, device=device)
+                                      seconds=seconds, kind=args.kind, init=init, vocab_ids=vocab_ids, device=device,
+                                      precision=args.precision)
         except ValueError as e:  # features recorded with other taps, or a head of other sizes to start from
             raise ParameterError(str(e)) from None
     head.save(out)

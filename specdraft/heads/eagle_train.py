@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ..errors import ParameterError
 from .data import FeatureSet
-from .device import to_device
+from .device import products_in, to_device
 from .eagle import Eagle3Head, EagleConfig, EagleHead, EagleMLPHead, eagle_module
 from .train import sampled_softmax, split_documents, warmup_cosine
 from .vocab import as_draft_indices
@@ -223,7 +223,8 @@ def train_eagle(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, shape:
                 seconds: float | None = None, doc_weight: torch.Tensor | None = None,
                 checkpoint: str | Path | None = None, init: torch.Tensor | None = None,
                 vocab_ids: torch.Tensor | None = None, start_head=None,
-                device: torch.device | str = "cpu") -> tuple[EagleHead | EagleMLPHead | Eagle3Head, dict]:
+                device: torch.device | str = "cpu",
+                precision: str = "fp32") -> tuple[EagleHead | EagleMLPHead | Eagle3Head, dict]:
     """Train an EAGLE layer. emb [V, H]: the target's embedding; w_out [V', H] its output head's
     rows for the drafter's vocabulary, the first ``cfg.vocab`` ids or ``vocab_ids`` [V'] (fp32);
     doc_weight [D]: how often each document counts per epoch; ``checkpoint``: a file the run is
@@ -231,7 +232,8 @@ def train_eagle(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, shape:
     final-norm weight, the output gain's start when ``cfg.start`` is "random" (layer form) and
     in the "eagle3" form;
     ``start_head``: the MLP head (heads.model.FeatureHead) a "head" form layer starts as;
-    ``device``: where it trains (heads.device; the layer comes back on the CPU). Returns
+    ``device``: where it trains (heads.device; the layer comes back on the CPU); ``precision``: its steps'
+    products, fp32 or bf16 (heads.device.products_in). Returns
     the layer and its report (held-out agreement per step: every document, and those of the
     largest weight). ValueError when the features lack the taps asked for, ``start_head`` does
     not fit, or ``cfg.freeze_step`` has no head-form start to keep."""
@@ -272,11 +274,12 @@ def train_eagle(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, shape:
     val_docs, train_docs = split_documents(n_docs, cfg.holdout, cfg.seed)
     train_items = stretches(data, train_docs, cfg.chunk, doc_weight)
     t0 = time.perf_counter()
-    steps = _fit(head, data, emb, w_out, top, train_items, cfg, log, seconds, checkpoint)
+    steps = _fit(head, data, emb, w_out, top, train_items, cfg, log, seconds, checkpoint, precision)
     head.eval()
     total = cfg.epochs * len(batches(train_items, cfg.rows, torch.Generator()))
     report = {"train_pairs": sum(n - 1 for _, n, _ in train_items), "steps": steps, "finished": steps >= total,
-              "seconds": round(time.perf_counter() - t0, 1), "device": str(device)}
+              "seconds": round(time.perf_counter() - t0, 1), "device": str(device),
+              "precision": precision}
     groups = {"val_agreement": val_docs}
     if doc_weight is not None:
         groups["val_agreement_weighted_docs"] = val_docs[doc_weight[val_docs] == doc_weight.max()]
@@ -287,8 +290,9 @@ def train_eagle(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, shape:
     return head.cpu(), report
 
 
-def _fit(head, data, emb, w_out, top, items, cfg: EagleTrainConfig, log, seconds, checkpoint) -> int:
-    """AdamW, warm-up then cosine decay over ``cfg.epochs`` passes; saves and resumes ``checkpoint``."""
+def _fit(head, data, emb, w_out, top, items, cfg: EagleTrainConfig, log, seconds, checkpoint, precision="fp32") -> int:
+    """AdamW, warm-up then cosine decay over ``cfg.epochs`` passes, each step's loss computed with
+    products in ``precision`` (heads.device.products_in); saves and resumes ``checkpoint``."""
     trained = [p for p in head.parameters() if p.requires_grad]
     matrices = [p for p in trained if p.dim() == 2]
     others = [p for p in trained if p.dim() != 2]
@@ -315,7 +319,8 @@ def _fit(head, data, emb, w_out, top, items, cfg: EagleTrainConfig, log, seconds
         order = batches(items, cfg.rows, torch.Generator().manual_seed(cfg.seed * 1000 + epoch))
         for batch in order[step - epoch * per_epoch:]:
             negatives, = to_device(w_out.device, torch.randint(0, len(w_out), (cfg.negatives,)))  # drawn on the CPU
-            loss = _loss(head, _gather(data, batch, top, bool(cfg.taps), w_out.device), emb, w_out, cfg, negatives)
+            with products_in(w_out.device, precision):
+                loss = _loss(head, _gather(data, batch, top, bool(cfg.taps), w_out.device), emb, w_out, cfg, negatives)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(trained, 1.0)

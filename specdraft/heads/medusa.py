@@ -175,12 +175,13 @@ def train_medusa(data: FeatureSet, w_out: torch.Tensor, cfg: MedusaTrainConfig =
                  target_name: str = "", log=print, seconds: float | None = None,
                  doc_weight: torch.Tensor | None = None, kind: str = KIND,
                  emb: torch.Tensor | None = None, vocab_ids: torch.Tensor | None = None,
-                 device: torch.device | str = "cpu") -> tuple[MedusaHeads, dict]:
+                 device: torch.device | str = "cpu", precision: str = "fp32") -> tuple[MedusaHeads, dict]:
     """Train K Medusa (or Hydra) heads. w_out [V', H]: the target's output head's rows for the heads'
     vocabulary (its first rows, or those of ``vocab_ids`` [V'], heads.vocab); emb [V, H]: its
     embedding (Hydra); doc_weight [D]: how often each document counts per epoch; ``device``: where
-    they train (heads.device; they come back on the CPU). Returns the heads and their report
-    (held-out agreement per head: every document, and those of the largest weight)."""
+    they train (heads.device; they come back on the CPU); ``precision``: their steps' products, fp32
+    or bf16 (heads.device.products_in). Returns the heads and their report (held-out agreement per
+    head: every document, and those of the largest weight)."""
     torch.manual_seed(cfg.seed)
     H, K = data.features.shape[1], cfg.num_heads
     vocab = min(cfg.vocab, w_out.shape[0]) if vocab_ids is None else len(vocab_ids)
@@ -203,10 +204,12 @@ def train_medusa(data: FeatureSet, w_out: torch.Tensor, cfg: MedusaTrainConfig =
         heads, train_rows,
         lambda rows: _loss(heads, data, w_out, rows, cfg, *to_device(device, torch.randint(0, vocab, (cfg.negatives,))),
                            emb),
-        epochs=cfg.epochs, batch=cfg.batch, lr=cfg.lr, weight_decay=cfg.weight_decay, log=log, seconds=seconds)
+        epochs=cfg.epochs, batch=cfg.batch, lr=cfg.lr, weight_decay=cfg.weight_decay, log=log, seconds=seconds,
+        precision=precision)
     heads.eval()
     report = {"train_positions": len(train_rows), "steps": step, "finished": step >= total,
-              "seconds": round(time.perf_counter() - t0, 1), "device": str(device)}
+              "seconds": round(time.perf_counter() - t0, 1), "device": str(device),
+              "precision": precision}
     groups = {"val_agreement": val_docs}
     if doc_weight is not None:
         groups["val_agreement_weighted_docs"] = val_docs[doc_weight[val_docs] == doc_weight.max()]

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .data import FeatureSet
-from .device import to_device
+from .device import products_in, to_device
 from .model import FeatureHead, HeadConfig
 from .mtp import MTPConfig, MTPModules
 from .vocab import as_draft_indices
@@ -143,7 +143,7 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
                target_name: str = "", log=print, seconds: float | None = None,
                doc_weight: torch.Tensor | None = None, kind: str = "mlp",
                init: FeatureHead | None = None, vocab_ids: torch.Tensor | None = None,
-               device: torch.device | str = "cpu") -> tuple[FeatureHead | MTPModules, dict]:
+               device: torch.device | str = "cpu", precision: str = "fp32") -> tuple[FeatureHead | MTPModules, dict]:
     """Train a head (kind "mlp"), or MTP modules (kind "mtp": one per unrolled step). emb [V, H]:
     the target's embedding; w_out [V', H]: its output head's rows for the drafter's vocabulary
     (fp32 or bf16; ``drafters.feature_head.output_weight`` reads them from a loaded target):
@@ -151,7 +151,8 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
     (int): how often each document counts per epoch. Returns the head and validation figures
     (greedy agreement per unrolled step, on held-out documents: overall and for the documents of
     the largest weight). ``init``: an MLP head of the same sizes to start from (``start_from``: its
-    step, and its fusion when the taps are the same). ``device``: where it trains (heads.device);
+    step, and its fusion when the taps are the same). ``precision``: its steps'
+    products (heads.device.products_in); ``device``: where it trains (heads.device);
     the head comes back on the CPU."""
     torch.manual_seed(cfg.seed)
     device = torch.device(device)
@@ -180,10 +181,11 @@ def train_head(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, cfg: Tr
     head.to(device)
     emb, w_head = to_device(device, emb, w_out[:vocab].float())  # w_head [V', H]
     t0 = time.perf_counter()
-    steps = _fit(head, data, emb, w_head, train_rows, cfg, top, log, seconds)
+    steps = _fit(head, data, emb, w_head, train_rows, cfg, top, log, seconds, precision)
     head.eval()
     report = {"train_positions": len(train_rows), "val_positions": len(val_rows), "steps": steps,
-              "seconds": round(time.perf_counter() - t0, 1), "device": str(device)}
+              "seconds": round(time.perf_counter() - t0, 1), "device": str(device),
+              "precision": precision}
     groups = {"val_agreement": val_docs}
     if doc_weight is not None:
         groups["val_agreement_weighted_docs"] = val_docs[doc_weight[val_docs] == doc_weight.max()]
@@ -211,7 +213,7 @@ def start_from(head: FeatureHead, init: FeatureHead) -> None:
 
 
 def _fit(head: FeatureHead | MTPModules, data: FeatureSet, emb: torch.Tensor, w_head: torch.Tensor, train_rows: torch.Tensor,
-         cfg: TrainConfig, top: torch.Tensor, log, seconds: float | None) -> int:
+         cfg: TrainConfig, top: torch.Tensor, log, seconds: float | None, precision: str = "fp32") -> int:
     """fit_rows with the head's unrolled loss; returns the number of optimizer steps."""
 
     def loss_of(rows: torch.Tensor) -> torch.Tensor:
@@ -220,7 +222,7 @@ def _fit(head: FeatureHead | MTPModules, data: FeatureSet, emb: torch.Tensor, w_
                        cfg.feature_noise, cfg.soft_labels)[0]
 
     return fit_rows(head, train_rows, loss_of, epochs=cfg.epochs, batch=cfg.batch, lr=cfg.lr,
-                    weight_decay=cfg.weight_decay, log=log, seconds=seconds)[0]
+                    weight_decay=cfg.weight_decay, log=log, seconds=seconds, precision=precision)[0]
 
 
 def warmup_cosine(opt: torch.optim.Optimizer, total: int, warmup: int) -> torch.optim.lr_scheduler.LambdaLR:
@@ -231,7 +233,7 @@ def warmup_cosine(opt: torch.optim.Optimizer, total: int, warmup: int) -> torch.
 
 
 def fit_rows(module: torch.nn.Module, train_rows: torch.Tensor, loss_of, *, epochs: int, batch: int, lr: float,
-             weight_decay: float, log, seconds: float | None) -> tuple[int, int]:
+             weight_decay: float, log, seconds: float | None, precision: str = "fp32") -> tuple[int, int]:
     """AdamW with warm-up and cosine decay over ``epochs`` shuffled passes of ``train_rows`` [N]
     in batches of ``batch``, ``loss_of(rows)`` giving each batch's loss; stops after ``seconds``
     if given. Returns (optimizer steps taken, steps planned)."""
@@ -244,7 +246,8 @@ def fit_rows(module: torch.nn.Module, train_rows: torch.Tensor, loss_of, *, epoc
         order = train_rows[torch.randperm(len(train_rows))]
         running = 0.0
         for i in range(0, len(order), batch):
-            loss = loss_of(order[i:i + batch])
+            with products_in(next(module.parameters()).device, precision):
+                loss = loss_of(order[i:i + batch])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
