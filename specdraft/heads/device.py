@@ -42,7 +42,7 @@ def products_in(device: torch.device, precision: str = "fp32"):
     always were (a CPU run repeats the shipped drafters' training); "bf16", in bfloat16 under
     torch.autocast (weights, gradients, optimizer and the loss's softmax stay float32). On an AMX
     Xeon bfloat16 products run ~6x float32's, an EAGLE layer's steps ~2.9x and a whole small run
-    1.7x, with the same held-out agreement (BENCHMARKS.md, 2026-11-28). ParameterError for another name."""
+    1.9x, with the same held-out agreement (BENCHMARKS.md, 2026-11-28). ParameterError for another name."""
     if precision not in PRECISIONS:
         raise ParameterError(f"--precision {precision}: give one of {', '.join(PRECISIONS)}")
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")

@@ -142,7 +142,6 @@ struct EmuTiles {
 // unit not what bounds it. BENCHMARKS.md, 2026-11-28.)
 template <class Tiles>
 struct AmxRows {
-    static constexpr bool HAS_Q6K = false;  // no q6k on tile-major x: Q6_K takes q6k_x below
     static constexpr bool Q6K_ROW_MAJOR = true;  // Q6_K as Q4_K: x row-major, q6k_x and spans (Q6kTiles)
     static constexpr bool TAKES_X_TILES = false;  // x row-major: a tile load reads rows at any stride
     static constexpr bool HAS_SPAN = true;  // spans: 16-row tiles sharing each super-block's unpacking

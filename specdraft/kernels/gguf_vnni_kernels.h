@@ -187,7 +187,6 @@ KERNEL_TARGET void q6k_rows(const uint8_t* w0, const uint8_t* w1, const uint8_t*
 // The VNNI row kernels as the driver below takes them (another ISA's file brings its own: gguf_amx.cpp)
 template <class V>
 struct VnniRows {
-    static constexpr bool HAS_Q6K = true;
     static constexpr bool TAKES_X_TILES = true;  // q4k reads x row-major or tile-major (q4k_rows)
     static constexpr bool HAS_SPAN = false;  // no q4k_span (see gguf_amx.cpp)
     static constexpr bool Q6K_ROW_MAJOR = false;  // q6k reads x + 128 tile-major (q6k_rows)
@@ -267,7 +266,7 @@ void matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, c
                     Rows::template q4k<n>(w0, w1, qx + t0 * in, in, 256, xs, pa, nb, t0, y + g0 * GROUP, ldy, valid);
                 else if constexpr (Rows::Q6K_ROW_MAJOR)
                     Rows::template q6k_x<n>(w0, w1, qx + t0 * in, in, xs, nb, t0, y + g0 * GROUP, ldy, valid);
-                else if constexpr (Rows::HAS_Q6K)
+                else
                     Rows::template q6k<n>(w0, w1, xu.data() + t0 * in, xst.data() + t0 * nb, nb, y + g0 * GROUP + t0 * ldy,
                                           ldy, valid);
             });
