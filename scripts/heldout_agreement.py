@@ -16,7 +16,9 @@ those of the largest weight (the answers), and on every 8th document it trained 
 With --bench N, HELDOUT is the target's greedy answers (128 new tokens, taps 1,13,24) to the first N
 Spec-Bench dev prompts of each category, recorded into HELDOUT when it does not exist: agreement on
 the bench's own text, all and per category (to measure drafters; never to train them).
---vocab N (with --coverage): MLP heads are judged over the N ids those files rank first."""
+--vocab N (with --coverage): MLP heads are judged over the N ids those files rank first.
+--with-requests: EAGLE layers attend to each answer's request rows too (recorded again with them
+when HELDOUT lacks them), as they do when drafting; their scores stay on the answers' rows."""
 from __future__ import annotations
 
 import argparse
@@ -28,7 +30,7 @@ import torch
 from specdraft.bench.prompts import PACKAGED_PROMPTS, load_prompts, select_prompts
 from specdraft.drafters.feature_head import output_weight
 from specdraft.heads import train
-from specdraft.heads.data import FeatureSet, concat, record_answers
+from specdraft.heads.data import FeatureSet, concat, record_answers, with_requests
 from specdraft.heads.eagle_train import agreement as eagle_agreement
 from specdraft.heads.eagle_train import stretches
 from specdraft.heads.medusa import agreement as heads_agreement
@@ -48,6 +50,8 @@ def main() -> None:
     p.add_argument("--bench", type=int, default=None)
     p.add_argument("--vocab", type=int, default=None,
                    help="with --coverage: judge MLP heads over the VOCAB ids those files rank first, not their own")
+    p.add_argument("--with-requests", action="store_true",
+                   help="EAGLE layers see each answer's request rows (as when drafting)")
     args = p.parse_intermixed_args()  # drafters may follow the options too
     sd = Speculator(args.target, dtype="fp32", runtime="native", max_length=2048, load_draft=False)
     target = sd.target.model
@@ -58,6 +62,10 @@ def main() -> None:
                            eos_ids=sd.target.eos_ids, taps=(1, 13, 24)).save(args.heldout)
     sets = [FeatureSet.load(f) for f in args.heldout.split(",")]
     held = concat(sets)
+    if args.with_requests and held.request_rows is None:
+        held = with_requests(target, held)
+    full = held if args.with_requests else held.answers_only()  # what EAGLE layers read
+    held = held.answers_only()
     groups = {"all": torch.arange(len(held.starts) - 1)}
     if args.bench:  # one document a prompt, in order
         if len(held.starts) - 1 != len(prompts):
@@ -92,7 +100,8 @@ def main() -> None:
             if kind in ("medusa", "hydra"):
                 got = heads_agreement(head, held, train.start_rows(held, docs, 1), w, target.embed)
             elif kind == "eagle":
-                got = eagle_agreement(head, held, stretches(held, docs, 512), target.embed, w, 3, top)
+                got = eagle_agreement(head, full, stretches(full, docs, 512), target.embed, w, 3,
+                                      draft_index(ids, len(target.embed))[full.top.long()])
             else:
                 got = train._agreement(head, held, target.embed, w, train.start_rows(held, docs, 3), 3, top)
             listed = "listed" if getattr(head.cfg, "listed_vocab", False) else "first"

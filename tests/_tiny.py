@@ -229,7 +229,7 @@ def tapped_unroll_and_chain(model, data, head, n: int = 10) -> tuple[list, list]
     from specdraft.heads.eagle_train import _gather, unrolled
 
     a, b = int(data.starts[0]), int(data.starts[1])
-    feats, tokens, _, pos, lengths, aux = _gather(data, [(a, b - a, 0)], data.top, taps=True)
+    feats, tokens, _, pos, lengths, aux, _ = _gather(data, [(a, b - a, 0)], data.top, taps=True)
     want = [h[0, n - 1] for h, _ in unrolled(head, feats, tokens, pos, lengths, model.embed, 3, aux)]
     drafter = drafting_engine(model, "eagle", head).drafter
     drafter.step = None  # the module's own fp32 matrices, as training ran them

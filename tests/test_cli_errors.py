@@ -332,6 +332,7 @@ def test_eagle_without_a_drafter_or_with_a_head_of_another_kind_gives_one_line(c
     (["--kind", "mlp", "--weight-decay", "2"], "weight-decay must be in [0, 1)"),
     (["--kind", "hydra", "--soft-labels", "0.5"], "--soft-labels applies to --kind mlp and mtp only"),
     (["--kind", "mtp", "--soft-labels", "1.5"], "soft-labels must be in [0, 1]"),
+    (["--kind", "mlp", "--with-requests"], "--with-requests applies to --kind eagle only"),
 ])
 def test_train_drafter_refuses_bad_settings_in_one_line(capsys, tmp_path, args, contains):
     rc, out, err = call(["train-drafter", "--out", str(tmp_path), *args], capsys)
@@ -360,6 +361,10 @@ def test_train_drafter_with_taps_past_the_layers_gives_one_line(capsys, tiny_dir
                          "--features", str(tmp_path / "old.pt"), "--target", str(tiny_dir)], capsys)
     assert_one_line_error(rc, out, err, contains="cannot be recorded again")
     assert not (tmp_path / "h").exists()
+    rc, out, err = call(["train-drafter", "--out", str(tmp_path / "h"), "--kind", "eagle", "--with-requests",
+                         "--answers", str(tmp_path / "old.pt"), "--record-minutes", "0", "--target", str(tiny_dir)], capsys)
+    assert_one_line_error(rc, out, err, contains="was recorded without its requests; --with-requests needs them")
+    assert not (tmp_path / "h").exists() and not (tmp_path / "old.requests.pt").exists()
 
 
 def test_self_draft_with_too_many_layers_skipped_gives_one_line(capsys, tiny_dir):

@@ -111,7 +111,7 @@ def test_the_drafter_sees_what_training_showed(target, trained):
     data, head, _ = trained
     a, b = int(data.starts[0]), int(data.starts[1])
     n = 10  # committed rows 0..n-1 -> pairs 0..n-1 cached, the last is the root (start p = n-1)
-    feats, tokens, _, pos, lengths, _ = _gather(data, [(a, b - a, 0)], data.top)
+    feats, tokens, _, pos, lengths, _, _ = _gather(data, [(a, b - a, 0)], data.top)
     want = [h[0, n - 1] for h, _ in unrolled(head, feats, tokens, pos, lengths, target.embed, 3)]
 
     drafter = engine(target, "eagle", head).drafter
@@ -211,7 +211,7 @@ def test_the_head_form_starts_as_the_mlp_head_it_is_built_on(tapped):
                                      inner=mlp.cfg.inner, vocab=len(ids), form="head", taps=TAPS, listed_vocab=True))
     layer.start_from(mlp)
     assert torch.equal(layer.token_ids(), mlp.token_ids())
-    feats, tokens, _, pos, lengths, aux = _gather(data, [(0, int(data.starts[1]), 0)], data.top, taps=True)
+    feats, tokens, _, pos, lengths, aux, _ = _gather(data, [(0, int(data.starts[1]), 0)], data.top, taps=True)
     with torch.no_grad():
         got = [h for h, _ in unrolled(layer, feats, tokens, pos, lengths, model.embed, 3, aux)]
         f = mlp.entry(feats[0, :-1], aux[0, :-1])
@@ -274,3 +274,35 @@ def test_the_head_form_can_keep_the_heads_step_and_train_its_attention_alone():
     assert not torch.equal(moved.state_dict()["w1.weight"], kept["w1.weight"])  # the check above can fail
     with pytest.raises(ValueError, match="head form"):
         train_eagle(data, emb, w, shape, EagleTrainConfig(**{**cfg.__dict__, "form": "layer"}), log=lambda *a: None)
+
+
+def test_request_rows_are_attended_to_but_never_scored():
+    """A set with request rows (heads.data.with_requests): stretches start at most half a chunk of
+    a request before its answer, drafting starts inside a request are not scored (their labels
+    change nothing), and the scored starts attend to the request's features."""
+    from specdraft.heads.eagle_train import _loss
+
+    data, emb, w = random_features()
+    data.request_rows = torch.tensor([50, 0, 120])
+    items = stretches(data, torch.arange(3), 64)
+    assert min(a for a, _, _ in items if a >= 400) == 400 + 120 - 32 and min(a for a, _, _ in items) == 50 - 32
+    assert all(a + n - 1 > s + r for a, n, _ in items for s, r in [(0, 50), (200, 0), (400, 120)] if s <= a < s + 200)
+    cfg = EagleTrainConfig(inner=32, vocab=VOCAB, negatives=16)
+    head = EagleHead(EagleConfig(hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8, inner=32, vocab=VOCAB))
+    torch.nn.init.normal_(head.o.weight, std=0.2)  # attention that reaches the output
+    batch = [items[0]]  # rows 18..81 of document 0: starts 18..49 are its request
+    neg = torch.arange(16)
+
+    def loss(d):
+        with torch.no_grad():
+            return float(_loss(head, _gather(d, batch, d.top), emb, w, cfg, neg))
+
+    base = loss(data)
+    relabelled = FeatureSet(data.features, data.tokens, data.top.clone(), data.starts, request_rows=data.request_rows)
+    relabelled.top[:51] = (relabelled.top[:51] + 1) % VOCAB  # targets of starts inside the request only
+    assert loss(relabelled) == base
+    moved = FeatureSet(data.features.clone(), data.tokens, data.top, data.starts, request_rows=data.request_rows)
+    moved.features[18:50] += 1.0
+    assert loss(moved) != base  # the scored starts see the request
+    unmasked = FeatureSet(data.features, data.tokens, relabelled.top, data.starts)
+    assert loss(unmasked) != loss(FeatureSet(data.features, data.tokens, data.top, data.starts))

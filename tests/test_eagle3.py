@@ -39,7 +39,7 @@ def test_it_starts_as_its_last_tap_through_the_final_norm(eagle3):
     model, data, head, _, ids = eagle3
     fresh = Eagle3Head(head.cfg)
     fresh.start_as_last_tap(model.norm)
-    feats, tokens, _, pos, lengths, aux = _gather(data, [(0, int(data.starts[1]), 0)], data.top, taps=True)
+    feats, tokens, _, pos, lengths, aux, _ = _gather(data, [(0, int(data.starts[1]), 0)], data.top, taps=True)
     with torch.no_grad():
         h0 = unrolled(fresh, feats, tokens, pos, lengths, model.embed, 1, aux)[0][0]
     torch.testing.assert_close(h0[0], rms(aux[0, :-1, -1], head.cfg.eps) * model.norm.float(), atol=1e-5, rtol=1e-5)

@@ -263,3 +263,49 @@ def test_answers_keep_their_requests_and_are_recorded_again_with_taps(q4k, tmp_p
     old = FeatureSet(answers.features, answers.tokens, answers.top, answers.starts)
     with pytest.raises(ValueError, match="without its documents' contexts"):
         record_again(q4k, old, taps=TAPS)
+
+
+def test_answers_are_recorded_again_with_their_requests_rows(q4k, tmp_path):
+    """with_requests: every row of each document kept, the request's first (request_rows), its
+    answer's rows as recorded; answers_only gives the answer set back; the rows round-trip a
+    file and concat keeps them."""
+    from specdraft.heads.data import with_requests
+
+    answers = record_answers(q4k, PROMPTS, max_new_tokens=10, taps=TAPS)
+    full = with_requests(q4k, answers)
+    assert full.request_rows.tolist() == [len(p) - 1 for p in PROMPTS] and full.taps == TAPS
+    assert len(full) == len(answers) + sum(len(p) - 1 for p in PROMPTS) and full.documents() == answers.documents()
+    q4k.reset()
+    out = q4k.forward(torch.tensor(PROMPTS[0]), need_hidden=True, taps=TAPS)
+    n = len(PROMPTS[0]) - 1  # the request's rows: the target's features at those positions
+    assert torch.equal(full.features[:n], out.hidden[:n].to(torch.float16))
+    assert torch.equal(full.aux[:n], out.taps[:n].to(torch.float16))
+    full.save(tmp_path / "r.pt")
+    back = FeatureSet.load(tmp_path / "r.pt")
+    assert torch.equal(back.request_rows, full.request_rows)
+    plain = back.answers_only()
+    assert plain.request_rows is None and plain.documents() == answers.documents()
+    assert torch.equal(plain.tokens, answers.tokens) and torch.equal(plain.starts, answers.starts)
+    assert torch.equal(plain.top[:, 0], answers.top[:, 0])
+    torch.testing.assert_close(plain.features.float(), answers.features.float(), rtol=0.02, atol=0.02)
+    assert answers.answers_only() is answers
+    assert concat([full, answers]).request_rows.tolist() == full.request_rows.tolist() + [0] * len(PROMPTS)
+
+
+def test_train_drafter_with_requests_records_them_once_and_trains_the_layer(tmp_path, capsys):
+    """``train-drafter --kind eagle --with-requests``: the answer set is recorded again with its
+    requests' rows into NAME.requests.pt, which a later run reuses."""
+    from _tiny import make_cli_model
+    from specdraft.cli import main
+
+    tiny = make_cli_model(tmp_path / "tiny")
+    model = LlamaModel.from_dir(tiny, dtype=torch.float32, max_length=256)
+    record_answers(model, PROMPTS * 3, max_new_tokens=12).save(tmp_path / "a.pt")
+    common = ["train-drafter", "--kind", "eagle", "--target", str(tiny), "--answers", str(tmp_path / "a.pt"),
+              "--with-requests", "--record-minutes", "0", "--answer-minutes", "0", "--epochs", "1", "--inner", "32"]
+    assert main([*common, "--out", str(tmp_path / "e0")]) == 0
+    full = FeatureSet.load(tmp_path / "a.requests.pt")
+    assert full.request_rows.tolist() == [len(p) - 1 for p in PROMPTS * 3]
+    assert main([*common, "--out", str(tmp_path / "e1")]) == 0
+    assert "with their requests: " + str(len(full)) + " positions from" in capsys.readouterr().out
+    assert load_head(tmp_path / "e1", "eagle").cfg.hidden_size == model.spec.hidden_size

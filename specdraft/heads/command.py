@@ -20,7 +20,7 @@ from ..models.base import check_taps
 from ..models.registry import DEFAULT_TARGET
 from ..pipeline import Speculator
 from .corpus import chat_requests, default_corpus
-from .data import FeatureSet, concat, encode_corpus, record, record_again, record_answers
+from .data import FeatureSet, concat, encode_corpus, record, record_again, record_answers, with_requests
 from .device import PRECISIONS, training_device
 from .eagle_train import EagleTrainConfig, TargetShape, train_eagle
 from .medusa import KINDS as MEDUSA_KINDS
@@ -81,6 +81,10 @@ def add_train_args(p, *, kind: str | None = None) -> None:
     p.add_argument("--record-batch", type=int, default=RECORD_BATCH,
                    help="requests written and answered together in one cache while recording answers (the "
                         "answers each alone gets, ~2.7x as many a minute at 8 on 2 cores); 1: one at a time")
+    p.add_argument("--with-requests", action="store_true",
+                   help="eagle: train on each answer's request rows too (recorded once more with them, saved as "
+                        "NAME.requests.pt beside each --answers file), so the layer learns to attend to the request "
+                        "as it does when drafting; never scored on the request itself")
     p.add_argument("--answer-weight", type=int, default=3, help="how many times the answers count against the corpus")
     p.add_argument("--train-minutes", type=float, default=None,
                    help="stop training after this long (eagle: a checkpoint in --out resumes it on the next run)")
@@ -151,9 +155,15 @@ def _recorded(path, what: str, make, taps: tuple[int, ...] = (), target=None) ->
     return data
 
 
+def _requests_path(path) -> Path | None:
+    """Where the with-requests form of the answer set in ``path`` is kept: NAME.requests.pt."""
+    return None if path is None else Path(path).with_suffix(".requests.pt")
+
+
 def _feature_sets(args, sd: Speculator, taps: tuple[int, ...] = ()) -> list[tuple[FeatureSet, int]]:
     """(features, how often each of its documents counts): the text corpus, then one set of the
-    target's own answers per ``--answers`` file (each answering its own requests)."""
+    target's own answers per ``--answers`` file (each answering its own requests; with
+    ``--with-requests``, its requests' rows too, recorded once into NAME.requests.pt)."""
     target = sd.target.model
     sets: list[tuple[FeatureSet, int]] = []
     if args.record_minutes > 0 or (args.features and Path(args.features).is_file()):
@@ -163,10 +173,21 @@ def _feature_sets(args, sd: Speculator, taps: tuple[int, ...] = ()) -> list[tupl
     answer_files = [a for a in (args.answers or "").split(",") if a] or [None]
     for seed, path in enumerate(answer_files, start=1):
         if args.answer_weight and (args.answer_minutes > 0 or (path and Path(path).is_file())):
-            sets.append((_recorded(path, "answer features", lambda progress, seed=seed: record_answers(
+            full = _requests_path(path) if args.with_requests else None
+            if full is not None and full.is_file():
+                sets.append((_recorded(full, "answer features with their requests", None, taps, target),
+                             args.answer_weight))
+                continue
+            data = _recorded(path, "answer features", lambda progress, seed=seed: record_answers(
                 target, (sd.encode_prompt(r) for r in request_set(args.requests, sd, seed, args.record_batch)),
                 eos_ids=sd.target.eos_ids, seconds=args.answer_minutes * 60, progress=progress, taps=taps,
-                batch=args.record_batch), taps, target), args.answer_weight))
+                batch=args.record_batch), taps, target)
+            if args.with_requests:
+                if data.context is None:
+                    raise ParameterError(f"{path} was recorded without its requests; --with-requests needs them")
+                data = _recorded(full, "answer features with their requests",
+                                 lambda progress, old=data: with_requests(target, old, progress=progress), taps, target)
+            sets.append((data, args.answer_weight))
     if not sets:
         raise ParameterError("nothing to train on: give --record-minutes or --answer-minutes > 0")
     return sets
@@ -265,6 +286,8 @@ def train_from_args(args) -> int:
     if args.kind == "mtp":
         given.setdefault("inner", MTP_INNER)
     taps = _taps(args.taps) if args.taps else ()
+    if args.with_requests and args.kind != "eagle":
+        raise ParameterError("--with-requests applies to --kind eagle only (the other drafters do not attend to a request)")
     if taps and args.kind not in ("mlp", "eagle"):
         raise ParameterError("--taps applies to --kind mlp and eagle only")
     if taps:
@@ -321,6 +344,8 @@ def train_from_args(args) -> int:
     weight = torch.cat([torch.full((len(fs.starts) - 1,), w) for fs, w in sets])  # [D]
     seconds = None if args.train_minutes is None else args.train_minutes * 60
     data = concat([fs for fs, _ in sets])
+    if args.kind != "eagle":  # only the EAGLE layer attends to a request: the others train on answers alone
+        data = data.answers_only()
     if frequent:
         vocab_ids = training_vocab(data, cfg, len(target.embed))
     w_out = output_weight(target, cfg.vocab if vocab_ids is None else vocab_ids)  # what the drafter will multiply by

@@ -34,11 +34,17 @@ class FeatureSet:
     # (``record_again``) without generating anything, and its requests are known.
     context: torch.Tensor | None = None  # [M] int64
     context_starts: torch.Tensor | None = None  # [D + 1] int64
+    # [D] int64: each document's first rows that are its request (recorded so that a drafter with
+    # attention sees the request as it does when drafting, the EAGLE layer; nothing is scored on
+    # them), or None: every row is scored (with_requests makes such a set from an answer set)
+    request_rows: torch.Tensor | None = None
 
     def save(self, path) -> None:
         extra = {} if self.aux is None else {"aux": self.aux, "taps": torch.tensor(self.taps)}
         if self.context is not None:
             extra |= {"context": self.context, "context_starts": self.context_starts}
+        if self.request_rows is not None:
+            extra["request_rows"] = self.request_rows
         torch.save({"features": self.features, "tokens": self.tokens, "top": self.top, "starts": self.starts,
                     **extra}, path)
 
@@ -47,7 +53,22 @@ class FeatureSet:
         d = torch.load(path, weights_only=True)
         taps = tuple(d["taps"].tolist()) if "taps" in d else ()
         return cls(d["features"], d["tokens"], d["top"], d["starts"], d.get("aux"), taps,
-                   d.get("context"), d.get("context_starts"))
+                   d.get("context"), d.get("context_starts"), d.get("request_rows"))
+
+    def answers_only(self) -> FeatureSet:
+        """The set without its documents' request rows (request_rows), their tokens moved to the
+        documents' contexts: what drafters scored on every row train on. Itself when it has none."""
+        if self.request_rows is None or not int(self.request_rows.sum()):
+            return self
+        s, e, r = self.starts[:-1].tolist(), self.starts[1:].tolist(), self.request_rows.tolist()
+        keep = torch.ones(len(self), dtype=torch.bool)
+        contexts = []
+        for d, doc in enumerate(self.documents()):
+            keep[s[d]:s[d] + r[d]] = False
+            contexts.append(doc[:len(doc) - (e[d] - s[d] - r[d])])
+        starts = torch.tensor([0] + [b - a - n for a, b, n in zip(s, e, r)]).cumsum(0)
+        return FeatureSet(self.features[keep], self.tokens[keep], self.top[keep], starts,
+                          None if self.aux is None else self.aux[keep], self.taps, *_joined(contexts))
 
     def documents(self) -> list[list[int]]:
         """Each document's whole token ids: its context, then its rows' tokens."""
@@ -217,7 +238,22 @@ def record_again(model, data: FeatureSet, *, taps: tuple[int, ...] = (), progres
     without contexts."""
     docs = data.documents()
     keep = (data.starts[1:] - data.starts[:-1]).tolist()
-    return record(model, docs, taps=taps, keep_last=keep, progress=progress)
+    out = record(model, docs, taps=taps, keep_last=keep, progress=progress)
+    out.request_rows = data.request_rows  # the same rows
+    return out
+
+
+def with_requests(model, data: FeatureSet, *, taps: tuple[int, ...] | None = None, progress=None) -> FeatureSet:
+    """``data``'s documents teacher-forced again with every row kept, its requests' rows too
+    (``request_rows``: the context that each document had): the set an EAGLE layer trains on to
+    attend to a request as it does when it drafts. ``taps``: data's own unless given. ValueError
+    for a set recorded without contexts."""
+    docs = data.documents()
+    out = record(model, docs, taps=data.taps if taps is None else taps, progress=progress)
+    out.request_rows = data.context_starts[1:] - data.context_starts[:-1]
+    if data.request_rows is not None:
+        out.request_rows = out.request_rows + data.request_rows
+    return out
 
 
 def concat(sets: list[FeatureSet]) -> FeatureSet:
@@ -233,6 +269,10 @@ def concat(sets: list[FeatureSet]) -> FeatureSet:
         for s in sets:
             context_starts.append(s.context_starts[1:] + context_starts[-1][-1])
         context, context_starts = torch.cat([s.context for s in sets]), torch.cat(context_starts)
+    requests = None
+    if any(s.request_rows is not None for s in sets):
+        requests = torch.cat([torch.zeros(len(s.starts) - 1, dtype=torch.int64) if s.request_rows is None
+                              else s.request_rows for s in sets])
     return FeatureSet(torch.cat([s.features for s in sets]), torch.cat([s.tokens for s in sets]),
                       torch.cat([s.top for s in sets]), torch.cat(starts),
-                      torch.cat([s.aux for s in sets]) if taps else None, taps, context, context_starts)
+                      torch.cat([s.aux for s in sets]) if taps else None, taps, context, context_starts, requests)

@@ -76,15 +76,27 @@ class TargetShape:
 def stretches(data: FeatureSet, docs: torch.Tensor, chunk: int, weight: torch.Tensor | None = None) -> list[tuple]:
     """(first row, rows, position of the first row in its document) for the given documents cut
     into stretches of at most ``chunk`` rows (each listed weight[d] times); stretches shorter
-    than 3 rows teach nothing and are left out."""
+    than 3 rows teach nothing and are left out. A document with request rows (data.request_rows)
+    starts at most ``chunk // 2`` of them before its answer (the rest of a long request is cut),
+    and a stretch of request rows alone is left out."""
     out = []
+    requests = data.request_rows
     for d in docs.tolist():
         s, e = int(data.starts[d]), int(data.starts[d + 1])
-        for a in range(s, e, chunk):
+        r = 0 if requests is None else int(requests[d])
+        for a in range(s + max(0, r - chunk // 2), e, chunk):
             n = min(chunk, e - a)
-            if n >= 3:
+            if n >= 3 and a + n - 1 > s + r:
                 out += [(a, n, a - s)] * (1 if weight is None else int(weight[d]))
     return out
+
+
+def _first_scored(data: FeatureSet, batch: list[tuple]) -> torch.Tensor:
+    """[B]: per stretch, the first row a drafting start is scored from (past its request rows)."""
+    if data.request_rows is None:
+        return torch.zeros(len(batch), dtype=torch.int64)
+    docs = torch.searchsorted(data.starts, torch.tensor([a for a, _, _ in batch]), right=True) - 1
+    return (data.request_rows[docs] - torch.tensor([p0 for _, _, p0 in batch])).clamp_min(0)
 
 
 def batches(items: list[tuple], rows: int, generator: torch.Generator) -> list[list[tuple]]:
@@ -105,22 +117,25 @@ def _gather(data: FeatureSet, batch: list[tuple], top: torch.Tensor, taps: bool 
             device: torch.device = torch.device("cpu")):
     """Padded tensors of a batch on ``device`` (gathered on the CPU, copied over): features
     [B, T, H] fp32, tokens [B, T], top [B, T, K] (rows of ``top``: data.top as draft indices),
-    positions [B, T], lengths [B], and with ``taps`` the tapped layers' outputs [B, T, k, H] fp32
-    (else None)."""
+    positions [B, T], lengths [B], with ``taps`` the tapped layers' outputs [B, T, k, H] fp32
+    (else None), and the first row each stretch's drafting starts are scored from [B]
+    (_first_scored: past a request's rows)."""
     T = max(n for _, n, _ in batch)
     idx = torch.stack([torch.arange(a, a + T).clamp_max(a + n - 1) for a, n, _ in batch])  # [B, T]
     pos = torch.stack([torch.arange(p0, p0 + T) for _, _, p0 in batch])
     lengths = torch.tensor([n for _, n, _ in batch])
-    feats, tokens, cand, pos, lengths, aux = to_device(device, data.features[idx], data.tokens[idx], top[idx], pos,
-                                                       lengths, data.aux[idx] if taps else None)
-    return feats.float(), tokens, cand, pos, lengths, None if aux is None else aux.float()
+    feats, tokens, cand, pos, lengths, aux, first = to_device(device, data.features[idx], data.tokens[idx], top[idx],
+                                                              pos, lengths, data.aux[idx] if taps else None,
+                                                              _first_scored(data, batch))
+    return feats.float(), tokens, cand, pos, lengths, None if aux is None else aux.float(), first
 
 
 def unrolled(head: EagleHead | EagleMLPHead | Eagle3Head, feats, tokens, pos, lengths, emb: torch.Tensor, steps: int,
-             aux: torch.Tensor | None = None):
+             aux: torch.Tensor | None = None, first: torch.Tensor | None = None):
     """The layer's predictions for every start p and step j: [(h_j [B, P, H], valid_j [B, P])]
-    with P = T - 1 pairs; valid_j: the step's input token and its target exist. aux [B, T, k, H]:
-    the tapped layers' outputs, fused into the real rows' features (form "head" with taps)."""
+    with P = T - 1 pairs; valid_j: the step's input token and its target exist (and p >= first
+    [B], where given: starts inside a request are context only). aux [B, T, k, H]: the tapped
+    layers' outputs, fused into the real rows' features (form "head" with taps)."""
     B, T, _ = feats.shape
     P = T - 1
     c = head.cfg
@@ -161,15 +176,16 @@ def unrolled(head: EagleHead | EagleMLPHead | Eagle3Head, feats, tokens, pos, le
             att = att + w[..., P + i, None] * vc[:, :, None]
         att = att.permute(0, 3, 1, 2, 4).reshape(B, P, c.num_heads, c.head_dim)
         h = head.finish(x, att)  # [B, P, H], the next step's input
-        out.append((head.readout(h), p_idx[None, :] <= lengths[:, None] - j - 2))
+        valid = p_idx[None, :] <= lengths[:, None] - j - 2
+        out.append((head.readout(h), valid if first is None else valid & (p_idx[None, :] >= first[:, None])))
     return out
 
 
 def _loss(head, batch_tensors, emb, w_out, cfg: EagleTrainConfig, negatives: torch.Tensor):
-    feats, tokens, top, pos, lengths, aux = batch_tensors
+    feats, tokens, top, pos, lengths, aux, first = batch_tensors
     P = feats.shape[1] - 1
     loss = 0.0
-    for j, (h, valid) in enumerate(unrolled(head, feats, tokens, pos, lengths, emb, cfg.steps, aux)):
+    for j, (h, valid) in enumerate(unrolled(head, feats, tokens, pos, lengths, emb, cfg.steps, aux, first)):
         nxt = (torch.arange(P, device=feats.device) + j + 1).clamp_max(P)  # row p+j+1: the target there
         cand = top[:, nxt]  # [B, P, K] draft indices, the target's choice first
         label_ok = valid & (cand[..., 0] >= 0)
@@ -192,9 +208,9 @@ def agreement(head: EagleHead | EagleMLPHead | Eagle3Head, data: FeatureSet, ite
     top = as_draft_indices(data.top.long(), len(w_out)) if top is None else top
     hits, counts = torch.zeros(steps), torch.zeros(steps)
     for batch in batches(items, 2048, torch.Generator().manual_seed(0)):
-        feats, tokens, cand, pos, lengths, aux = _gather(data, batch, top, bool(head.cfg.taps), w_out.device)
+        feats, tokens, cand, pos, lengths, aux, first = _gather(data, batch, top, bool(head.cfg.taps), w_out.device)
         P = feats.shape[1] - 1
-        for j, (h, valid) in enumerate(unrolled(head, feats, tokens, pos, lengths, emb, steps, aux)):
+        for j, (h, valid) in enumerate(unrolled(head, feats, tokens, pos, lengths, emb, steps, aux, first)):
             label = cand[:, (torch.arange(P, device=feats.device) + j + 1).clamp_max(P), 0]
             guess = (h @ w_out.T).argmax(-1)
             hits[j] += float(((guess == label) & valid).sum())
@@ -277,7 +293,8 @@ def train_eagle(data: FeatureSet, emb: torch.Tensor, w_out: torch.Tensor, shape:
     steps = _fit(head, data, emb, w_out, top, train_items, cfg, log, seconds, checkpoint, precision)
     head.eval()
     total = cfg.epochs * len(batches(train_items, cfg.rows, torch.Generator()))
-    report = {"train_pairs": sum(n - 1 for _, n, _ in train_items), "steps": steps, "finished": steps >= total,
+    scored = sum(n - 1 for _, n, _ in train_items) - int(_first_scored(data, train_items).sum()) if train_items else 0
+    report = {"train_pairs": scored, "steps": steps, "finished": steps >= total,
               "seconds": round(time.perf_counter() - t0, 1), "device": str(device),
               "precision": precision}
     groups = {"val_agreement": val_docs}
