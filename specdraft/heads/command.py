@@ -347,7 +347,7 @@ def train_from_args(args) -> int:
     if args.kind != "eagle":  # only the EAGLE layer attends to a request: the others train on answers alone
         data = data.answers_only()
     if frequent:
-        vocab_ids = training_vocab(data, cfg, len(target.embed))
+        vocab_ids = training_vocab(data.answers_only(), cfg, len(target.embed))  # the choices scored on
     w_out = output_weight(target, cfg.vocab if vocab_ids is None else vocab_ids)  # what the drafter will multiply by
     out = Path(args.out)
     if args.kind == "eagle":
