@@ -64,8 +64,10 @@ def main() -> None:
     held = concat(sets)
     if args.with_requests and held.request_rows is None:
         held = with_requests(target, held)
-    full = held if args.with_requests else held.answers_only()  # what EAGLE layers read
+    full = held  # what EAGLE layers read: with the requests' rows where asked
     held = held.answers_only()
+    if not args.with_requests:
+        full = held
     groups = {"all": torch.arange(len(held.starts) - 1)}
     if args.bench:  # one document a prompt, in order
         if len(held.starts) - 1 != len(prompts):
@@ -93,15 +95,15 @@ def main() -> None:
         if args.vocab and args.coverage and kind == "mlp":
             ids = frequent_ids(counts, args.vocab)
         w = output_weight(target, ids).float()
-        top = draft_index(ids, len(target.embed))[held.top.long()]
+        index = draft_index(ids, len(target.embed))
+        top, full_top = index[held.top.long()], index[full.top.long()]
         for name, docs in groups.items():
             rows = torch.cat([torch.arange(int(held.starts[i]), int(held.starts[i + 1])) for i in docs.tolist()])
             cover = float((top[rows, 0] >= 0).float().mean())
             if kind in ("medusa", "hydra"):
                 got = heads_agreement(head, held, train.start_rows(held, docs, 1), w, target.embed)
             elif kind == "eagle":
-                got = eagle_agreement(head, full, stretches(full, docs, 512), target.embed, w, 3,
-                                      draft_index(ids, len(target.embed))[full.top.long()])
+                got = eagle_agreement(head, full, stretches(full, docs, 512), target.embed, w, 3, full_top)
             else:
                 got = train._agreement(head, held, target.embed, w, train.start_rows(held, docs, 3), 3, top)
             listed = "listed" if getattr(head.cfg, "listed_vocab", False) else "first"

@@ -174,15 +174,14 @@ def _feature_sets(args, sd: Speculator, taps: tuple[int, ...] = ()) -> list[tupl
     for seed, path in enumerate(answer_files, start=1):
         if args.answer_weight and (args.answer_minutes > 0 or (path and Path(path).is_file())):
             full = _requests_path(path) if args.with_requests else None
-            if full is not None and full.is_file():
-                sets.append((_recorded(full, "answer features with their requests", None, taps, target),
-                             args.answer_weight))
-                continue
-            data = _recorded(path, "answer features", lambda progress, seed=seed: record_answers(
-                target, (sd.encode_prompt(r) for r in request_set(args.requests, sd, seed, args.record_batch)),
-                eos_ids=sd.target.eos_ids, seconds=args.answer_minutes * 60, progress=progress, taps=taps,
-                batch=args.record_batch), taps, target)
-            if args.with_requests:
+            if full is not None and full.is_file():  # the answer set alone need not be loaded
+                data = _recorded(full, "answer features with their requests", None, taps, target)
+            else:
+                data = _recorded(path, "answer features", lambda progress, seed=seed: record_answers(
+                    target, (sd.encode_prompt(r) for r in request_set(args.requests, sd, seed, args.record_batch)),
+                    eos_ids=sd.target.eos_ids, seconds=args.answer_minutes * 60, progress=progress, taps=taps,
+                    batch=args.record_batch), taps, target)
+            if args.with_requests and data.request_rows is None:
                 if data.context is None:
                     raise ParameterError(f"{path} was recorded without its requests; --with-requests needs them")
                 data = _recorded(full, "answer features with their requests",
@@ -344,10 +343,11 @@ def train_from_args(args) -> int:
     weight = torch.cat([torch.full((len(fs.starts) - 1,), w) for fs, w in sets])  # [D]
     seconds = None if args.train_minutes is None else args.train_minutes * 60
     data = concat([fs for fs, _ in sets])
+    scored = data.answers_only()  # the rows drafters are scored on
     if args.kind != "eagle":  # only the EAGLE layer attends to a request: the others train on answers alone
-        data = data.answers_only()
+        data = scored
     if frequent:
-        vocab_ids = training_vocab(data.answers_only(), cfg, len(target.embed))  # the choices scored on
+        vocab_ids = training_vocab(scored, cfg, len(target.embed))
     w_out = output_weight(target, cfg.vocab if vocab_ids is None else vocab_ids)  # what the drafter will multiply by
     out = Path(args.out)
     if args.kind == "eagle":
