@@ -5,7 +5,8 @@ itself whole and against the AVX-512 VNNI kernel, over the default target's Q4_K
 
 A part set is a sum of bits: 1 unpacking the weight tiles, 2 the tile products, 4 the closing
 float steps (7: the whole kernel). Each set is a build of this checkout's kernel sources with
-``AmxRows::q4k`` patched at compile time (its bits are wrong except for 7; only times are read).
+``AmxRows::rows`` and ``AmxRows::span`` patched at compile time (checks of up to 16 rows and the
+spans of 32 and more; bits wrong except for 7; only times are read).
 --hot times one 1792 x 1536 matrix 98 times (its records stay in the caches: compute alone);
 otherwise the 98 Q4_K matrices of the default target (~520 MB, read from memory). --base DIR also
 times another version's kernel sources whole. Needs an AMX-INT8 CPU. Prints medians in ms; vnni1
@@ -27,9 +28,9 @@ from specdraft.bench.kernel_cost import product, random_records
 from specdraft.kernels import HERE, build_source_dir, gguf_ops
 from specdraft.kernels.plan import DEFAULT_TARGET_SHAPES
 
-# the statements of AmxRows (q4k, q4k_span, tile_sums) that each part bit switches off (every occurrence)
-SWITCHES = {1: ("unpack(w0 + b * Q4K_REC",), 2: ("for (int i = 0; i < 4; ++i) Tiles::product(",),
-            4: ("close<NT>(", "close<16>(")}
+# the statements of AmxRows (rows, span, tile_sums) that each part bit switches off (every occurrence)
+SWITCHES = {1: ("unpack<KIND>(w0 + b * REC",), 2: ("Tiles::template product<KIND == 6>(",),
+            4: ("close<KIND, NT>(", "close<KIND, 16>(")}
 
 
 def build(src: Path, label: str):
