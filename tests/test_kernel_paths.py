@@ -335,3 +335,21 @@ def test_forms_are_timed_by_default_and_fixed_on_request(vnni, monkeypatch):
     for _ in range(6):
         matmul(vnni, "Q4_K", vnni.quantize_q8k(torch.randn(4, 256)), qt)
     assert plan.forms_note().startswith("form timed per product and rows; zmm share so far 4 rows ")
+
+
+def test_amx_parts_switches_name_statements_of_the_amx_kernel():
+    """scripts/amx_parts.py switches kernel parts off by patching statements of gguf_amx.cpp: each
+    one it names must still be there (any CPU: only the source is read)."""
+    import importlib.util
+    from pathlib import Path
+
+    from specdraft.kernels import HERE
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "amx_parts.py"
+    spec = importlib.util.spec_from_file_location("amx_parts", path)
+    parts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(parts)
+    source = (HERE / "gguf_amx.cpp").read_text()
+    assert set(parts.SWITCHES) == {1, 2, 4}
+    for starts in parts.SWITCHES.values():
+        assert all(start in source for start in starts), starts
