@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <cstring>
 #include <cstdint>
-#include <cstdlib>
 #include <initializer_list>
 struct alignas(64) Cfg { uint8_t palette = 1, start = 0, res[14] = {}; uint16_t colsb[16] = {}; uint8_t rows[16] = {}; };
 alignas(64) static uint8_t W[2][1024];

@@ -1,5 +1,5 @@
 // How much vector work a core can do under a streaming read before the read slows: a 1 GB
-// stream (64 bytes a load, prefetched DIST bytes ahead) with K dependent-free vpmullw zmm per 128
+// stream (64 bytes a load, prefetched DIST bytes ahead) with K vpmullw zmm (8 independent chains) per 128
 // bytes, against the same work over 1 MB in the caches (the work alone). A kernel whose compute
 // per weight byte is C ms/GB and whose weights stream at M ms/GB costs max(C, M) with perfect
 // overlap and C + M with none; this says where between the two a machine lands.
