@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 #if defined(__linux__)
 #include <sys/syscall.h>
@@ -140,6 +141,15 @@ struct EmuTiles {
 // products 1.00x. On a Sapphire Rapids kind (scripts/amx_parts.py, weights from memory): whole 37.0
 // against one VNNI row's 33.0, the tile products alone 13.0: near the weights' read bound, the tile
 // unit not what bounds it. BENCHMARKS.md, 2026-11-28.)
+// Q6_K's float step of a super-block, called as Q4kClose is: acc += sum d xs (q6k_rows's)
+struct Q6kClose {
+    __m512 d;
+    KERNEL_TARGET Q6kClose(const uint8_t* r0, const uint8_t* r1) : d(Zmm::load8f(r0 + 1664, r1 + 1664)) {}
+    KERNEL_TARGET __m512 operator()(__m512 acc, __m512i sum, const int32_t*, float xs) const {
+        return Zmm::fmadd(Zmm::cvt(sum), Zmm::mul(d, Zmm::fset1(xs)), acc);
+    }
+};
+
 template <class Tiles>
 struct AmxRows {
     static constexpr bool Q6K_ROW_MAJOR = true;  // Q6_K as Q4_K: x row-major, q6k_x and spans (Q6kTiles)
@@ -213,23 +223,21 @@ struct AmxRows {
 
     // super-block b's float steps for NT rows from their sums c: acc[r] lane o += the row's int32
     // sum (Q4_K: 16 sum_hi + sum_lo, and the mins, as Q4kClose does; Q6_K: 128 sum_hi + sum_lo,
-    // times d xs as q6k_rows does)
+    // times d xs as q6k_rows does). The super-block's scales are read once for the NT rows: the
+    // compiler cannot keep them across the stores to acc (a byte pointer may alias the floats),
+    // and reloading them a row took a third of these steps' instructions.
     template <int KIND, int NT>
     KERNEL_TARGET static void close(const uint8_t* w0, const uint8_t* w1, const int32_t* c, const int32_t* msum,
                                     const float* xs, int64_t nb, int64_t b, int64_t t0, float* acc) {
         using V = Zmm;
         constexpr int shift = KIND == 4 ? 4 : 7;
+        constexpr int64_t REC = KIND == 4 ? Q4K_REC : Q6K_REC;
+        const std::conditional_t<KIND == 4, Q4kClose<V>, Q6kClose> step(w0 + b * REC, w1 + b * REC);
         for (int r = 0; r < NT; ++r) {
             const __m512i sum = V::add(V::slli32(_mm512_load_si512(c + 16 * r), shift), _mm512_load_si512(c + 256 + 16 * r));
             const int64_t t = t0 + r;
-            __m512 a = _mm512_load_ps(acc + 16 * r);
-            if constexpr (KIND == 4) {
-                a = Q4kClose<V>(w0 + b * Q4K_REC, w1 + b * Q4K_REC)(a, sum, msum + (t * nb + b) * 4, xs[t * nb + b]);
-            } else {
-                const __m512 d = V::load8f(w0 + b * Q6K_REC + 1664, w1 + b * Q6K_REC + 1664);
-                a = V::fmadd(V::cvt(sum), V::mul(d, V::fset1(xs[t * nb + b])), a);
-            }
-            _mm512_store_ps(acc + 16 * r, a);
+            const int32_t* ms = KIND == 4 ? msum + (t * nb + b) * 4 : nullptr;
+            _mm512_store_ps(acc + 16 * r, step(_mm512_load_ps(acc + 16 * r), sum, ms, xs[t * nb + b]));
         }
     }
 
