@@ -30,7 +30,7 @@ from specdraft.kernels.plan import DEFAULT_TARGET_SHAPES
 
 # the statements of AmxRows (rows, span, tile_sums) that each part bit switches off (every occurrence)
 SWITCHES = {1: ("unpack<KIND>(w0 + b * REC",), 2: ("Tiles::template product<KIND == 6>(",),
-            4: ("close<KIND, NT>(", "close<KIND, 16>(")}
+            4: ("close_rows<KIND>(",)}
 
 
 def build(src: Path, label: str):

@@ -226,19 +226,54 @@ struct AmxRows {
     // times d xs as q6k_rows does). The super-block's scales are read once for the NT rows: the
     // compiler cannot keep them across the stores to acc (a byte pointer may alias the floats),
     // and reloading them a row took a third of these steps' instructions.
-    template <int KIND, int NT>
-    KERNEL_TARGET static void close(const uint8_t* w0, const uint8_t* w1, const int32_t* c, const int32_t* msum,
-                                    const float* xs, int64_t nb, int64_t b, int64_t t0, float* acc) {
+    template <int KIND>
+    using Step = std::conditional_t<KIND == 4, Q4kClose<Zmm>, Q6kClose>;
+
+    template <int KIND>
+    KERNEL_TARGET static Step<KIND> step_of(const uint8_t* w0, const uint8_t* w1, int64_t b) {
+        constexpr int64_t REC = KIND == 4 ? Q4K_REC : Q6K_REC;
+        return Step<KIND>(w0 + b * REC, w1 + b * REC);
+    }
+
+    // rows r0 .. r1 of close
+    template <int KIND>
+    KERNEL_TARGET static void close_rows(const Step<KIND>& step, int r0, int r1, const int32_t* c, const int32_t* msum,
+                                         const float* xs, int64_t nb, int64_t b, int64_t t0, float* acc) {
         using V = Zmm;
         constexpr int shift = KIND == 4 ? 4 : 7;
-        constexpr int64_t REC = KIND == 4 ? Q4K_REC : Q6K_REC;
-        const std::conditional_t<KIND == 4, Q4kClose<V>, Q6kClose> step(w0 + b * REC, w1 + b * REC);
-        for (int r = 0; r < NT; ++r) {
+        for (int r = r0; r < r1; ++r) {
             const __m512i sum = V::add(V::slli32(_mm512_load_si512(c + 16 * r), shift), _mm512_load_si512(c + 256 + 16 * r));
             const int64_t t = t0 + r;
             const int32_t* ms = KIND == 4 ? msum + (t * nb + b) * 4 : nullptr;
             _mm512_store_ps(acc + 16 * r, step(_mm512_load_ps(acc + 16 * r), sum, ms, xs[t * nb + b]));
         }
+    }
+
+    template <int KIND, int NT>
+    KERNEL_TARGET static void close(const uint8_t* w0, const uint8_t* w1, const int32_t* c, const int32_t* msum,
+                                    const float* xs, int64_t nb, int64_t b, int64_t t0, float* acc) {
+        close_rows<KIND>(step_of<KIND>(w0, w1, b), 0, NT, c, msum, xs, nb, b, t0, acc);
+    }
+
+    // a tile's sums (NT rows) into c, with the NT float steps of the tile before it (sums prev, rows
+    // t0p at accp) in four parts between its four product pairs. The core overlaps the two better
+    // so: measured on an AMX Xeon (scripts/amx_parts.py --hot, 256 rows, 2 threads), tile products
+    // 59.6 ms alone, float steps 43.6, both 79.3 (products then all float steps: ~sum of the two);
+    // one thread, spans 1.07-1.08x (kernel_ab.py), 12-16 rows 1.00-1.02x. The same steps in the
+    // same order for every row: the same bits.
+    template <int KIND, int NT>
+    KERNEL_TARGET static void sums_and_close(const int8_t* x, int64_t xrow, const uint8_t (*w)[8 * 512], int32_t* c,
+                                             const Step<KIND>& step, const int32_t* prev, const int32_t* msum,
+                                             const float* xs, int64_t nb, int64_t b, int64_t t0p, float* accp) {
+        __asm__ volatile("" ::: "memory");
+        Tiles::zero();
+        for (int i = 0; i < 4; ++i) {
+            Tiles::template product<KIND == 6>(x + 64 * i, xrow, w[0] + 1024 * i, w[1] + 1024 * i);
+            constexpr int R = (NT + 3) / 4;
+            close_rows<KIND>(step, std::min(NT, R * i), std::min(NT, R * i + R), prev, msum, xs, nb, b, t0p, accp);
+        }
+        Tiles::store(c);
+        __asm__ volatile("" ::: "memory");
     }
 
     // NT rows of x (row stride xrow, super-blocks xblk apart) against two groups of a KIND matrix
@@ -254,8 +289,11 @@ struct AmxRows {
         for (int64_t b = 0; b < nb; ++b) {
             const uint8_t (*w)[8 * 512] = wt[b & 1];
             unpack<KIND>(w0 + b * REC, w1 + b * REC, b + VNNI_PREFETCH<16> < nb ? 0 : nb * REC, wt[b & 1]);
-            tile_sums<KIND>(x + b * xblk, xrow, w, sums[b & 1]);
-            if (b > 0) close<KIND, NT>(w0, w1, sums[(b - 1) & 1], msum, xs, nb, b - 1, t0, acc);
+            if (b == 0)
+                tile_sums<KIND>(x, xrow, w, sums[0]);
+            else
+                sums_and_close<KIND, NT>(x + b * xblk, xrow, w, sums[b & 1], step_of<KIND>(w0, w1, b - 1), sums[(b - 1) & 1],
+                                         msum, xs, nb, b - 1, t0, acc);
         }
         close<KIND, NT>(w0, w1, sums[(nb - 1) & 1], msum, xs, nb, nb - 1, t0, acc);
         for (int r = 0; r < NT; ++r) Zmm::store(out + (t0 + r) * ldy, valid, _mm512_load_ps(acc + 16 * r));
@@ -273,7 +311,8 @@ struct AmxRows {
     // for all of them instead of once a tile (prefill, checks of 32 tokens and more). Without the
     // unpacking the Q4_K kernel's tile products and float steps take 3.5 of its 6.1 ms at 16 rows
     // (weights in the caches, an AMX Xeon: BENCHMARKS.md, 2026-11-28). Each row takes the same
-    // steps in the same order as in rows<KIND, 16>: the same bits.
+    // steps in the same order as in rows<KIND, 16>: the same bits. A tile's float steps run
+    // between the next tile's products (sums_and_close).
     template <int KIND>
     KERNEL_TARGET static void span(const uint8_t* w0, const uint8_t* w1, const int8_t* x, int64_t xrow,
                                    const float* xs, const int32_t* msum, int64_t nb, int64_t t0, int64_t tiles,
@@ -288,10 +327,11 @@ struct AmxRows {
         for (int64_t b = 0; b < nb; ++b) {
             const uint8_t (*w)[8 * 512] = wt[b & 1];
             unpack<KIND>(w0 + b * REC, w1 + b * REC, b + VNNI_PREFETCH<16> < nb ? 0 : nb * REC, wt[b & 1]);
-            for (int64_t j = 0; j < tiles; ++j) {
-                tile_sums<KIND>(x + 16 * j * xrow + b * 256, xrow, w, sums[j & 1]);
-                if (j > 0) close<KIND, 16>(w0, w1, sums[(j - 1) & 1], msum, xs, nb, b, t0 + 16 * (j - 1), acc + 256 * (j - 1));
-            }
+            const Step<KIND> step = step_of<KIND>(w0, w1, b);
+            tile_sums<KIND>(x + b * 256, xrow, w, sums[0]);
+            for (int64_t j = 1; j < tiles; ++j)
+                sums_and_close<KIND, 16>(x + 16 * j * xrow + b * 256, xrow, w, sums[j & 1], step, sums[(j - 1) & 1], msum, xs,
+                                     nb, b, t0 + 16 * (j - 1), acc + 256 * (j - 1));
             close<KIND, 16>(w0, w1, sums[(tiles - 1) & 1], msum, xs, nb, b, t0 + 16 * (tiles - 1), acc + 256 * (tiles - 1));
         }
         for (int64_t r = 0; r < 16 * tiles; ++r) Zmm::store(out + (t0 + r) * ldy, valid, _mm512_load_ps(acc + 16 * r));
