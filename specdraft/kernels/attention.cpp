@@ -90,6 +90,21 @@ inline void weighted_sums(const float* const* e, int64_t G, int64_t n, Key key, 
     }
 }
 
+// block_attention_rows's per-thread buffers, grown as needed: key positions, scores [g][L + 8], the
+// heads' row pointers, q interleaved for the AVX-512 scores, 1 / the softmax sums
+struct Scratch {
+    std::vector<int32_t> idx;
+    std::vector<float> sbuf, qi, inv;
+    std::vector<const float*> e;
+    std::vector<float*> o, od, sp;
+    void fit(int64_t L, int64_t g, int64_t nqi) {
+        if ((int64_t)idx.size() < L) idx.resize(L);
+        if ((int64_t)sbuf.size() < g * (L + 8)) sbuf.resize(g * (L + 8));
+        if ((int64_t)qi.size() < nqi) qi.resize(nqi);
+        if ((int64_t)e.size() < g) inv.resize(g), e.resize(g), o.resize(g), od.resize(g), sp.resize(g);
+    }
+};
+
 }  // namespace
 
 torch::Tensor block_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t L,
@@ -110,9 +125,15 @@ torch::Tensor block_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
         pm = mask->data_ptr<bool>();
     }
     auto out = torch::empty({T, nh, hd}, torch::kFloat32);
-    const float *pq = q.data_ptr<float>(), *pk = k.data_ptr<float>(), *pv = v.data_ptr<float>();
-    float* po = out.data_ptr<float>();
-    const int64_t g = nh / nkv, ks = k.stride(0), vs = v.stride(0);
+    block_attention_rows(q.data_ptr<float>(), {nh, T, hd, nkv, k.stride(0), v.stride(0)}, k.data_ptr<float>(),
+                         v.data_ptr<float>(), L, pm, out.data_ptr<float>());
+    return out;
+}
+
+void block_attention_rows(const float* pq, const AttentionShape& shape, const float* pk, const float* pv, int64_t L,
+                          const bool* pm, float* po) {
+    const int64_t nh = shape.nh, T = shape.T, hd = shape.hd, nkv = shape.nkv;
+    const int64_t g = nh / nkv, ks = shape.ks, vs = shape.vs;
     const float scale = 1.0f / std::sqrt((float)hd);
     // the AVX-512 loops (same bits) where the kernels' path is an AVX-512 one: forcing the avx2
     // path (SPECDRAFT_KERNEL_PATH, set_kernel_path) runs these loops in AVX2 too
@@ -130,11 +151,15 @@ torch::Tensor block_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
         // still in the denormal range is touched).
         const unsigned csr = _mm_getcsr();
         _mm_setcsr(csr | 0x8040);
-        std::vector<int32_t> idx(L);
-        std::vector<float> sbuf(g * (L + 8));
-        std::vector<const float*> e(g);
-        std::vector<float*> o(g), od(g), sp(g);
-        std::vector<float> qi(pairs * hd * 2);
+        // a thread's scratch, kept from call to call (allocating it took ~10 us a call with the
+        // caches cold after a product's weights, as every layer's attention finds them)
+        thread_local Scratch scratch;
+        scratch.fit(L, g, pairs * hd * 2);
+        int32_t* idx = scratch.idx.data();
+        float* sbuf = scratch.sbuf.data();
+        const float** e = scratch.e.data();
+        float **o = scratch.o.data(), **od = scratch.od.data(), **sp = scratch.sp.data();
+        float *qi = scratch.qi.data(), *inv = scratch.inv.data();
         for (int64_t task = begin; task < end; ++task) {
             const int64_t kvh = task / T, t = task % T;
             const float *kh = pk + kvh * ks, *vh = pv + kvh * vs;
@@ -159,18 +184,17 @@ torch::Tensor block_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
                         for (int64_t h = 0; h < 2; ++h)
                             std::memcpy(&qi[((p * (hd / 8) + c) * 2 + h) * 8], pq + ((kvh * g + 2 * p + h) * T + t) * hd + 8 * c,
                                         8 * sizeof(float));
-                for (int64_t a = 0; a < g; ++a) sp[a] = &sbuf[a * (L + 8)];
-                attn512::scores(qi.data(), pairs, kh, idx.data(), n, hd, scale, sp.data());
+                for (int64_t a = 0; a < g; ++a) sp[a] = sbuf + a * (L + 8);
+                attn512::scores(qi, pairs, kh, idx, n, hd, scale, sp);
             }
             for (int64_t i = 0; i < n8 && 2 * pairs < g; i += 8) {
                 const float* kr[8];
                 for (int j = 0; j < 8; ++j) kr[j] = kh + idx[i + j < n ? i + j : 0] * hd;  // padding: any key, masked below
                 for (int64_t a = 2 * pairs; a < g; ++a)
-                    _mm256_storeu_ps(&sbuf[a * (L + 8) + i], _mm256_mul_ps(dot8(pq + ((kvh * g + a) * T + t) * hd, kr, hd), sc));
+                    _mm256_storeu_ps(sbuf + a * (L + 8) + i, _mm256_mul_ps(dot8(pq + ((kvh * g + a) * T + t) * hd, kr, hd), sc));
             }
-            std::vector<float> inv(g);
             for (int64_t a = 0; a < g; ++a) {  // softmax numerators in place, and 1 / their sum
-                float* s = &sbuf[a * (L + 8)];
+                float* s = sbuf + a * (L + 8);
                 for (int64_t i = n; i < n8; ++i) s[i] = -INFINITY;
                 __m256 mx = _mm256_set1_ps(-INFINITY);
                 for (int64_t i = 0; i < n8; i += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(&s[i]));
@@ -189,11 +213,11 @@ torch::Tensor block_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
                 e[a] = s;
             }
             if (wide) {
-                attn512::weighted_sums(e.data(), g, n, vh, idx.data(), hd, o.data());
+                attn512::weighted_sums(e, g, n, vh, idx, hd, o);
             } else {
                 for (int64_t d0 = 0; d0 < hd; d0 += 16) {
                     for (int64_t a = 0; a < g; ++a) od[a] = o[a] + d0;
-                    weighted_sums(e.data(), g, n, [&](int64_t i) { return vh + idx[i] * hd + d0; }, od.data());
+                    weighted_sums(e, g, n, [&](int64_t i) { return vh + idx[i] * hd + d0; }, od);
                 }
             }
             for (int64_t a = 0; a < g; ++a)
@@ -202,5 +226,4 @@ torch::Tensor block_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
         }
         _mm_setcsr(csr);
     });
-    return out;
 }

@@ -16,7 +16,9 @@
 // forward(x [T, H] f32, start, cos [T, hd], sin_signed [T, hd], mask [T, start + T] bool or None)
 // -> x after the layers; the caches get the block's k and v at positions start .. start + T - 1.
 #include <torch/extension.h>
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -55,39 +57,78 @@ NativeDecoder::NativeDecoder(py::list layers, int64_t num_heads, double eps) : n
             l.k_norm = t[9].cast<torch::Tensor>().contiguous();
         }
         TORCH_CHECK(l.gate_up.out % 2 == 0, "gate_up: [2I] outputs (gate | up)");
+        TORCH_CHECK(l.k.dtype() == torch::kFloat32 && l.v.dtype() == torch::kFloat32 && l.k.dim() == 3 && l.k.is_contiguous() &&
+                    l.v.is_contiguous() && l.k.sizes() == l.v.sizes() && l.k.size(2) % 16 == 0 && l.k.size(2) <= 1024,
+                    "caches: contiguous float32 [nkv, C, hd], hd a multiple of 16 up to 1024");
+        TORCH_CHECK(num_heads % l.k.size(0) == 0, "query heads must be a multiple of kv heads");
+        TORCH_CHECK(l.qkv.out == (num_heads + 2 * l.k.size(0)) * l.k.size(2), "qkv: (nh + 2 nkv) hd outputs");
+        TORCH_CHECK(l.o.out == l.ln1.numel() && l.down.out == l.ln1.numel() && l.ln2.numel() == l.ln1.numel(),
+                    "o, down: [H] outputs");
+        if (!layers_.empty())
+            TORCH_CHECK(l.k.sizes() == layers_.front().k.sizes() && l.gate_up.out == layers_.front().gate_up.out,
+                        "every layer's shapes alike");
         layers_.push_back(std::move(l));
     }
 }
 
 // y [T, out] = quantized x times the projection's parts side by side (+ bias)
-torch::Tensor NativeDecoder::project(const Projection& p, const std::vector<torch::Tensor>& xq) {
-    const int64_t T = xq[0].size(0), in = xq[0].size(1);
-    auto y = torch::empty({T, p.out}, torch::kFloat32);
-    float* py = y.data_ptr<float>();
+void NativeDecoder::project(const Projection& p, const Q8Rows& xq, int64_t T, float* y) {
     int64_t col = 0;
     for (const auto& part : p.parts) {
-        gguf_matmul_into(part.kind, xq[0].data_ptr<int8_t>(), xq[1].data_ptr<float>(), xq[2].data_ptr<int16_t>(), T, in,
-                         part.w, part.out, py + col, p.out);
+        gguf_matmul_into(part.kind, xq.qx, xq.xs, xq.bsums, T, xq.in, part.w, part.out, y + col, p.out);
         col += part.out;
     }
     if (p.bias.defined()) {
         const float* b = p.bias.data_ptr<float>();
         for (int64_t t = 0; t < T; ++t)
-            for (int64_t o = 0; o < p.out; ++o) py[t * p.out + o] += b[o];
+            for (int64_t o = 0; o < p.out; ++o) y[t * p.out + o] += b[o];
     }
-    return y;
+}
+
+// The buffers of a forward over T rows, kept from one forward to the next: allocating them in each
+// step (~16 tensors a layer) cost ~20 us apiece with the caches cold after a product's weights
+// streamed through them, ~4 ms of a one-token forward (measured on an AMX Xeon, BENCHMARKS.md).
+// Padded rows (inputs rounded up to 256) keep zeros in their tails: nothing writes there.
+void NativeDecoder::Workspace::fit(int64_t rows, int64_t H, const Layer& l, int64_t nh) {
+    if (rows <= T) return;
+    T = rows;
+    const int64_t hd = l.k.size(2), A = nh * hd, I = l.gate_up.out / 2;
+    Hp = (H + 255) / 256 * 256, Ap = (A + 255) / 256 * 256, Ip = (I + 255) / 256 * 256;
+    const int64_t wide = std::max({Hp, Ap, Ip});
+    const int64_t out = std::max({l.o.out, l.down.out});
+    h.assign(T * Hp, 0.0f), a.assign(T * Ip, 0.0f), attp.assign(Ap == A ? 0 : T * Ap, 0.0f);
+    qkv.resize(T * l.qkv.out), q.resize(T * A), att.resize(T * A), y.resize(T * out), gu.resize(T * l.gate_up.out);
+    qx.resize(T * wide), xs.resize(T * wide / 256), bsums.resize(T * wide / 16);
 }
 
 torch::Tensor NativeDecoder::forward(torch::Tensor x, int64_t start, torch::Tensor cos, torch::Tensor sin_signed,
                                      std::optional<torch::Tensor> mask) {
     TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2, "x: float32 [T, H]");
     x = x.contiguous().clone();  // the residual stream, updated in place below
-    const int64_t T = x.size(0);
+    const int64_t T = x.size(0), H = x.size(1);
+    TORCH_CHECK(!layers_.empty(), "no layers");
+    const Layer& first = layers_.front();
+    const int64_t nkv = first.k.size(0), C = first.k.size(1), hd = first.k.size(2), nh = num_heads_;
+    TORCH_CHECK(T >= 1 && H == first.ln1.numel() && H % 8 == 0, "x: [T, H] with H the layers' hidden size");
+    TORCH_CHECK(cos.dtype() == torch::kFloat32 && sin_signed.dtype() == torch::kFloat32 && cos.is_contiguous() &&
+                sin_signed.is_contiguous() && cos.numel() == T * hd && sin_signed.numel() == T * hd, "cos, sin: float32 [T, hd]");
+    TORCH_CHECK(start >= 0 && start + T <= C, "cache overflow");
+    const bool* pm = nullptr;
+    if (mask) {
+        TORCH_CHECK(mask->dtype() == torch::kBool && mask->dim() == 2 && mask->size(0) == T && mask->size(1) == start + T &&
+                    mask->is_contiguous(), "mask: contiguous bool [T, L]");
+        pm = mask->data_ptr<bool>();
+    }
+    Workspace& w = ws_;
+    w.fit(T, H, first, nh);
     float* px = x.data_ptr<float>();
-    auto add = [&](const torch::Tensor& y) {  // x += y, [T, H] both
-        const float* py = y.data_ptr<float>();
-        for (int64_t i = 0; i < x.numel(); ++i) px[i] += py[i];
+    auto add = [&](const float* py) {  // x += y, [T, H] both
+        for (int64_t i = 0; i < T * H; ++i) px[i] += py[i];
     };
+    const Q8Rows qh{w.qx.data(), w.xs.data(), w.bsums.data(), w.Hp}, qa{w.qx.data(), w.xs.data(), w.bsums.data(), w.Ap},
+        qi{w.qx.data(), w.xs.data(), w.bsums.data(), w.Ip};
+    const int64_t A = nh * hd, I = first.gate_up.out / 2;
+    const float *pc = cos.data_ptr<float>(), *ps = sin_signed.data_ptr<float>();
     // each step timed (~25 ns a clock read, 9 a layer) into steps_ (see step_seconds)
     auto t = std::chrono::steady_clock::now();
     auto lap = [&](int step) {
@@ -96,23 +137,34 @@ torch::Tensor NativeDecoder::forward(torch::Tensor x, int64_t start, torch::Tens
         t = now;
     };
     for (auto& l : layers_) {
-        auto xq = rms_quantize(x, l.ln1, eps_);
+        rms_quantize_rows(px, l.ln1.data_ptr<float>(), T, H, eps_, w.h.data(), qh);
         lap(0);
-        torch::Tensor qkv = project(l.qkv, xq);
+        project(l.qkv, qh, T, w.qkv.data());
         lap(1);
-        torch::Tensor q = rope_cache(qkv, cos, sin_signed, l.k, l.v, start, num_heads_, l.q_norm, l.k_norm, eps_);
+        rope_cache_rows(w.qkv.data(), {T, nh, nkv, hd, C, start}, pc, ps, l.k.data_ptr<float>(), l.v.data_ptr<float>(),
+                        l.q_norm ? l.q_norm->data_ptr<float>() : nullptr, l.k_norm ? l.k_norm->data_ptr<float>() : nullptr,
+                        eps_, w.q.data());
         lap(2);
-        torch::Tensor o = block_attention(q, l.k, l.v, start + T, mask);  // [T, nh, hd]
+        block_attention_rows(w.q.data(), {nh, T, hd, nkv, l.k.stride(0), l.v.stride(0)}, l.k.data_ptr<float>(),
+                             l.v.data_ptr<float>(), start + T, pm, w.att.data());  // [T, nh, hd]
         lap(3);
-        add(project(l.o, quantize_q8k(o.view({T, -1}))));
+        const float* att = w.att.data();
+        if (w.Ap != A) {  // rows padded to whole super-blocks (e.g. 14 heads of 64)
+            for (int64_t r = 0; r < T; ++r) std::memcpy(w.attp.data() + r * w.Ap, att + r * A, A * sizeof(float));
+            att = w.attp.data();
+        }
+        quantize_q8k_rows(att, T, qa);
+        project(l.o, qa, T, w.y.data());
+        add(w.y.data());
         lap(4);
-        xq = rms_quantize(x, l.ln2, eps_);
+        rms_quantize_rows(px, l.ln2.data_ptr<float>(), T, H, eps_, w.h.data(), qh);
         lap(0);
-        torch::Tensor gate_up = project(l.gate_up, xq);
+        project(l.gate_up, qh, T, w.gu.data());
         lap(5);
-        xq = swiglu_quantize(gate_up);
+        swiglu_quantize_rows(w.gu.data(), T, I, w.a.data(), qi);
         lap(6);
-        add(project(l.down, xq));
+        project(l.down, qi, T, w.y.data());
+        add(w.y.data());
         lap(7);
     }
     return x;

@@ -234,14 +234,18 @@ std::vector<torch::Tensor> quantize_q8k(torch::Tensor x) {
     x = x.contiguous();
     if (x.size(1) % 256) x = torch::constant_pad_nd(x, {0, 256 - x.size(1) % 256});
     const int64_t T = x.size(0), in = x.size(1);
-    const int64_t nb = in / 256;
     auto qx = torch::empty({T, in}, torch::kInt8);
-    auto xs = torch::empty({T, nb}, torch::kFloat32);
+    auto xs = torch::empty({T, in / 256}, torch::kFloat32);
     auto bsums = torch::empty({T, in / 16}, torch::kInt16);
-    const float* px = x.data_ptr<float>();
-    int8_t* pq = qx.data_ptr<int8_t>();
-    float* ps = xs.data_ptr<float>();
-    int16_t* pb = bsums.data_ptr<int16_t>();
+    quantize_q8k_rows(x.data_ptr<float>(), T, {qx.data_ptr<int8_t>(), xs.data_ptr<float>(), bsums.data_ptr<int16_t>(), in});
+    return {qx, xs, bsums};
+}
+
+void quantize_q8k_rows(const float* px, int64_t T, const Q8Rows& out) {
+    const int64_t nb = out.in / 256;
+    int8_t* pq = out.qx;
+    float* ps = out.xs;
+    int16_t* pb = out.bsums;
     // 8 floats a step; the same values as the scalar definition (|x| max, 127 / amax, round to
     // nearest even, sums of 16 in int), only faster
     // blocks are independent: split across threads from 64 blocks on (a row of 16384 inputs)
@@ -272,7 +276,6 @@ std::vector<torch::Tensor> quantize_q8k(torch::Tensor x) {
             }
         }
     });
-    return {qx, xs, bsums};
 }
 
 // Rows per pass over the weights: the kernels read every row of x for each weight record, so a

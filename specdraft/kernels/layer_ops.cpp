@@ -28,39 +28,53 @@ static inline void rms_row(const float* x, const float* w, int64_t n, double eps
 // x [T, H] f32, w [H] f32 -> quantize_q8k(h)
 std::vector<torch::Tensor> rms_quantize(torch::Tensor x, torch::Tensor w, double eps) {
     TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2 && x.is_contiguous(), "x: contiguous float32 [T, H]");
-    const int64_t T = x.size(0), H = x.size(1);
+    const int64_t T = x.size(0), H = x.size(1), in = (H + 255) / 256 * 256;
     TORCH_CHECK(w.dtype() == torch::kFloat32 && w.numel() == H && w.is_contiguous(), "w: float32 [H]");
     TORCH_CHECK(H % 8 == 0, "hidden size must be a multiple of 8");
-    auto h = torch::empty({T, H}, torch::kFloat32);
-    const float *px = x.data_ptr<float>(), *pw = w.data_ptr<float>();
-    float* ph = h.data_ptr<float>();
+    auto h = torch::zeros({T, in}, torch::kFloat32);
+    auto qx = torch::empty({T, in}, torch::kInt8);
+    auto xs = torch::empty({T, in / 256}, torch::kFloat32);
+    auto bsums = torch::empty({T, in / 16}, torch::kInt16);
+    rms_quantize_rows(x.data_ptr<float>(), w.data_ptr<float>(), T, H, eps, h.data_ptr<float>(),
+                      {qx.data_ptr<int8_t>(), xs.data_ptr<float>(), bsums.data_ptr<int16_t>(), in});
+    return {qx, xs, bsums};
+}
+
+void rms_quantize_rows(const float* x, const float* w, int64_t T, int64_t H, double eps, float* h, const Q8Rows& out) {
     at::parallel_for(0, T, 4, [&](int64_t begin, int64_t end) {
-        for (int64_t t = begin; t < end; ++t) rms_row(px + t * H, pw, H, eps, ph + t * H);
+        for (int64_t t = begin; t < end; ++t) rms_row(x + t * H, w, H, eps, h + t * out.in);
     });
-    return quantize_q8k(h);
+    quantize_q8k_rows(h, T, out);
 }
 
 // silu(gate) * up, quantized for the down projection. gate_up [T, 2I] f32 (gate | up) -> quantize_q8k([T, I])
 std::vector<torch::Tensor> swiglu_quantize(torch::Tensor gate_up) {
     TORCH_CHECK(gate_up.dtype() == torch::kFloat32 && gate_up.dim() == 2 && gate_up.is_contiguous(),
                 "gate_up: contiguous float32 [T, 2I]");
-    const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2;
+    const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2, in = (I + 255) / 256 * 256;
     TORCH_CHECK(gate_up.size(1) == 2 * I && I % 8 == 0, "gate_up: [T, 2I] with I a multiple of 8");
-    auto a = torch::empty({T, I}, torch::kFloat32);
-    const float* pg = gate_up.data_ptr<float>();
-    float* pa = a.data_ptr<float>();
+    auto a = torch::zeros({T, in}, torch::kFloat32);
+    auto qx = torch::empty({T, in}, torch::kInt8);
+    auto xs = torch::empty({T, in / 256}, torch::kFloat32);
+    auto bsums = torch::empty({T, in / 16}, torch::kInt16);
+    swiglu_quantize_rows(gate_up.data_ptr<float>(), T, I, a.data_ptr<float>(),
+                         {qx.data_ptr<int8_t>(), xs.data_ptr<float>(), bsums.data_ptr<int16_t>(), in});
+    return {qx, xs, bsums};
+}
+
+void swiglu_quantize_rows(const float* gate_up, int64_t T, int64_t I, float* a, const Q8Rows& out) {
     at::parallel_for(0, T, 8, [&](int64_t begin, int64_t end) {
         const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
         for (int64_t t = begin; t < end; ++t) {
-            const float *g = pg + t * 2 * I, *u = g + I;
+            const float *g = gate_up + t * 2 * I, *u = g + I;
             for (int64_t i = 0; i < I; i += 8) {
                 const __m256 gv = _mm256_loadu_ps(g + i);
                 const __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, simd::exp(_mm256_sub_ps(zero, gv))));
-                _mm256_storeu_ps(pa + t * I + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+                _mm256_storeu_ps(a + t * out.in + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
             }
         }
     });
-    return quantize_q8k(a);
+    quantize_q8k_rows(a, T, out);
 }
 
 // RoPE (rotate-half convention, sin with its first half negated: x cos + roll(x, hd/2) sin) on
@@ -87,18 +101,26 @@ torch::Tensor rope_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
                     k_norm->is_contiguous() && q_norm->numel() == hd && k_norm->numel() == hd, "q_norm, k_norm: float32 [hd]");
         pqn = q_norm->data_ptr<float>(), pkn = k_norm->data_ptr<float>();
     }
-    std::vector<float> normed(pqn ? hd : 0);
     auto q = torch::empty({nh, T, hd}, torch::kFloat32);
-    const float *pqkv = qkv.data_ptr<float>(), *pc = cos.data_ptr<float>(), *ps = sin_signed.data_ptr<float>();
-    float *pq = q.data_ptr<float>(), *pk = k_cache.data_ptr<float>(), *pv = v_cache.data_ptr<float>();
+    RopeShape shape{T, nh, nkv, hd, C, start};
+    rope_cache_rows(qkv.data_ptr<float>(), shape, cos.data_ptr<float>(), sin_signed.data_ptr<float>(),
+                    k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), pqn, pkn, eps, q.data_ptr<float>());
+    return q;
+}
+
+void rope_cache_rows(const float* pqkv, const RopeShape& shape, const float* pc, const float* ps, float* pk, float* pv,
+                     const float* pqn, const float* pkn, double eps, float* pq) {
+    const int64_t T = shape.T, nh = shape.nh, nkv = shape.nkv, hd = shape.hd, C = shape.C, start = shape.start;
+    alignas(32) float normed[1024];  // one head's normed values (hd <= 1024)
+    TORCH_CHECK(!pqn || hd <= 1024, "q_norm, k_norm: head_dim up to 1024");
     const int64_t half = hd / 2, width = (nh + 2 * nkv) * hd;
     for (int64_t t = 0; t < T; ++t) {
         const float *row = pqkv + t * width, *c = pc + t * hd, *s = ps + t * hd;
         for (int64_t h = 0; h < nh + nkv; ++h) {  // q heads, then k heads
             const float* x = row + h * hd;
             if (pqn) {  // the head's RMSNorm first
-                rms_row(x, h < nh ? pqn : pkn, hd, eps, normed.data());
-                x = normed.data();
+                rms_row(x, h < nh ? pqn : pkn, hd, eps, normed);
+                x = normed;
             }
             float* out = h < nh ? pq + (h * T + t) * hd : pk + ((h - nh) * C + start + t) * hd;
             for (int64_t i = 0; i < hd; i += 8) {
@@ -111,5 +133,4 @@ torch::Tensor rope_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
         for (int64_t h = 0; h < nkv; ++h)
             std::memcpy(pv + (h * C + start + t) * hd, row + (nh + nkv + h) * hd, hd * sizeof(float));
     }
-    return q;
 }

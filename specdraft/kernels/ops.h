@@ -7,6 +7,11 @@
 
 // gguf_matmul.cpp: 8-bit activations against GGUF Q4_K / Q6_K weight records
 std::vector<torch::Tensor> quantize_q8k(torch::Tensor x);
+// quantize_q8k's three outputs for T rows of width in (a multiple of 256), in caller-owned memory:
+// qx [T, in], xs [T, in / 256], bsums [T, in / 16]
+struct Q8Rows { int8_t* qx; float* xs; int16_t* bsums; int64_t in; };
+// quantize_q8k of x [T, out.in] float32 (row stride out.in; a padded row's tail holds zeros) into out
+void quantize_q8k_rows(const float* x, int64_t T, const Q8Rows& out);
 torch::Tensor q4k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums, torch::Tensor w, int64_t out_features);
 torch::Tensor q6k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums, torch::Tensor w, int64_t out_features);
 // y[t, 0 .. O) (row stride ldy) for T rows of quantized x of width in against kind 4 (Q4_K) or 6 (Q6_K) records w
@@ -31,6 +36,11 @@ void set_vnni_forms(const std::vector<int64_t>& masks);
 // attention.cpp: a block of new rows over the KV cache, every row independent of the block -> [T, nh, hd]
 torch::Tensor block_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t L,
                               std::optional<torch::Tensor> mask);
+// the same on caller-owned memory: q [nh, T, hd], the caches [nkv, C, hd] at strides ks, vs a head,
+// mask [T, L] or nullptr (causal), out [T, nh, hd]
+struct AttentionShape { int64_t nh, T, hd, nkv, ks, vs; };
+void block_attention_rows(const float* q, const AttentionShape& shape, const float* k, const float* v, int64_t L,
+                          const bool* mask, float* out);
 
 // layer_ops.cpp: the steps of a decoder layer between the matrix products, fused (one call each)
 std::vector<torch::Tensor> rms_quantize(torch::Tensor x, torch::Tensor w, double eps);
@@ -39,6 +49,14 @@ torch::Tensor rope_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
                          torch::Tensor v_cache, int64_t start, int64_t num_heads,
                          std::optional<torch::Tensor> q_norm = std::nullopt, std::optional<torch::Tensor> k_norm = std::nullopt,
                          double eps = 0.0);
+// The same steps on caller-owned memory (NativeDecoder's workspace: a forward's steps allocate
+// nothing). h, a: [T, out.in] float32 scratch whose rows' tails past H / I hold zeros.
+void rms_quantize_rows(const float* x, const float* w, int64_t T, int64_t H, double eps, float* h, const Q8Rows& out);
+void swiglu_quantize_rows(const float* gate_up, int64_t T, int64_t I, float* a, const Q8Rows& out);
+struct RopeShape { int64_t T, nh, nkv, hd, C, start; };
+// q_norm, k_norm: nullptr or [hd] each; q: [nh, T, hd]; the caches [nkv, C, hd]
+void rope_cache_rows(const float* qkv, const RopeShape& shape, const float* cos, const float* sin_signed, float* k_cache,
+                     float* v_cache, const float* q_norm, const float* k_norm, double eps, float* q);
 
 // decoder.cpp: every decoder layer of a GGUF-weight model in one call (see there)
 class NativeDecoder {
@@ -57,7 +75,15 @@ public:
 
 private:
     struct Layer { torch::Tensor ln1, ln2, k, v; Projection qkv, o, gate_up, down; std::optional<torch::Tensor> q_norm, k_norm; };
-    static torch::Tensor project(const Projection& p, const std::vector<torch::Tensor>& xq);
+    struct Workspace {
+        int64_t T = 0, Hp = 0, Ap = 0, Ip = 0;  // rows fitted; hidden, attention and MLP widths padded to 256
+        std::vector<float> h, qkv, q, att, attp, y, gu, a, xs;
+        std::vector<int8_t> qx;
+        std::vector<int16_t> bsums;
+        void fit(int64_t rows, int64_t H, const Layer& l, int64_t nh);
+    };
+    static void project(const Projection& p, const Q8Rows& xq, int64_t T, float* y);
+    Workspace ws_;
     std::vector<Layer> layers_;
     int64_t num_heads_;
     double eps_;
