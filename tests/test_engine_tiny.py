@@ -183,6 +183,23 @@ def test_native_tree_forward_and_compact(models, target):
     torch.testing.assert_close(out.logits, hf_logits(hf, prefix + [20, 23, 24, 25, 26])[-2:], atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("keep", [[0, 1, 2], [0, 1, 4], [0, 2, 3], [1, 2], [3, 4], [0], [2]])
+def test_compact_moves_only_what_is_out_of_place(target, keep):
+    """compact() leaves rows already in place and moves the rest: the cache afterwards is what
+    copying every kept row would give, whichever prefix of the kept rows sits in place."""
+    target.reset()
+    target.forward(torch.tensor(PROMPT[:12]))
+    L0 = 7
+    rows = torch.tensor([L0 + r for r in keep])
+    want_k = [torch.cat([k[:, :L0], k[:, rows]], dim=1).clone() for k in target.k_cache]
+    want_v = [torch.cat([v[:, :L0], v[:, rows]], dim=1).clone() for v in target.v_cache]
+    target.compact(L0, rows)
+    assert target.length == L0 + len(keep)
+    for i in range(len(target.k_cache)):
+        assert torch.equal(target.k_cache[i][:, :target.length], want_k[i])
+        assert torch.equal(target.v_cache[i][:, :target.length], want_v[i])
+
+
 def test_native_cache_overflow_raises(models):
     small = load_native(models["target"][1], max_length=8)
     assert small.max_length == 8
