@@ -207,20 +207,6 @@ struct AmxRows {
         }
     }
 
-    // c = the tile sums (see Tiles::store) of a tile of rows of x (row stride xrow; x at a super-block's
-    // first input) against that super-block's weight tiles w: four full-depth products a part
-    template <int KIND>
-    KERNEL_TARGET static void tile_sums(const int8_t* x, int64_t xrow, const uint8_t (*w)[8 * 512], int32_t* c) {
-        // the tile loads and stores are asm that the compiler does not see touch memory
-        __asm__ volatile("" ::: "memory");
-        Tiles::zero();
-        for (int i = 0; i < 4; ++i) {
-            Tiles::template product<KIND == 6>(x + 64 * i, xrow, w[0] + 1024 * i, w[1] + 1024 * i);
-        }
-        Tiles::store(c);
-        __asm__ volatile("" ::: "memory");
-    }
-
     // super-block b's float steps for NT rows from their sums c: acc[r] lane o += the row's int32
     // sum (Q4_K: 16 sum_hi + sum_lo, and the mins, as Q4kClose does; Q6_K: 128 sum_hi + sum_lo,
     // times d xs as q6k_rows does). The super-block's scales are read once for the NT rows: the
@@ -255,22 +241,26 @@ struct AmxRows {
         close_rows<KIND>(step_of<KIND>(w0, w1, b), 0, NT, c, msum, xs, nb, b, t0, acc);
     }
 
-    // a tile's sums (NT rows) into c, with the NT float steps of the tile before it (sums prev, rows
-    // t0p at accp) in four parts between its four product pairs. The core overlaps the two better
-    // so: measured on an AMX Xeon (scripts/amx_parts.py --hot, 256 rows, 2 threads), tile products
-    // 59.6 ms alone, float steps 43.6, both 79.3 (products then all float steps: ~sum of the two);
-    // one thread, spans 1.07-1.08x (kernel_ab.py), 12-16 rows 1.00-1.02x. The same steps in the
-    // same order for every row: the same bits.
+    // c = the tile sums (see Tiles::store) of a tile of NT rows of x (row stride xrow; x at a
+    // super-block's first input) against that super-block's weight tiles w: four full-depth
+    // products a part. With step, the NT float steps of the tile before it (its sums prev, rows t0p
+    // at accp) run in four parts between the product pairs: the core overlaps the two better so.
+    // Measured on an AMX Xeon (scripts/amx_parts.py --hot, 256 rows, 2 threads), tile products 59.6
+    // ms alone, float steps 43.6, both 79.3 (products then all float steps: ~sum of the two); one
+    // thread, spans 1.07-1.08x (kernel_ab.py), 12-16 rows 1.00-1.02x. The same steps in the same
+    // order for every row: the same bits.
     template <int KIND, int NT>
-    KERNEL_TARGET static void sums_and_close(const int8_t* x, int64_t xrow, const uint8_t (*w)[8 * 512], int32_t* c,
-                                             const Step<KIND>& step, const int32_t* prev, const int32_t* msum,
-                                             const float* xs, int64_t nb, int64_t b, int64_t t0p, float* accp) {
+    KERNEL_TARGET static void tile_sums(const int8_t* x, int64_t xrow, const uint8_t (*w)[8 * 512], int32_t* c,
+                                        const Step<KIND>* step = nullptr, const int32_t* prev = nullptr,
+                                        const int32_t* msum = nullptr, const float* xs = nullptr, int64_t nb = 0,
+                                        int64_t b = 0, int64_t t0p = 0, float* accp = nullptr) {
+        // the tile loads and stores are asm that the compiler does not see touch memory
         __asm__ volatile("" ::: "memory");
         Tiles::zero();
         for (int i = 0; i < 4; ++i) {
             Tiles::template product<KIND == 6>(x + 64 * i, xrow, w[0] + 1024 * i, w[1] + 1024 * i);
             constexpr int R = (NT + 3) / 4;
-            close_rows<KIND>(step, std::min(NT, R * i), std::min(NT, R * i + R), prev, msum, xs, nb, b, t0p, accp);
+            if (step) close_rows<KIND>(*step, std::min(NT, R * i), std::min(NT, R * i + R), prev, msum, xs, nb, b, t0p, accp);
         }
         Tiles::store(c);
         __asm__ volatile("" ::: "memory");
@@ -289,11 +279,12 @@ struct AmxRows {
         for (int64_t b = 0; b < nb; ++b) {
             const uint8_t (*w)[8 * 512] = wt[b & 1];
             unpack<KIND>(w0 + b * REC, w1 + b * REC, b + VNNI_PREFETCH<16> < nb ? 0 : nb * REC, wt[b & 1]);
-            if (b == 0)
-                tile_sums<KIND>(x, xrow, w, sums[0]);
-            else
-                sums_and_close<KIND, NT>(x + b * xblk, xrow, w, sums[b & 1], step_of<KIND>(w0, w1, b - 1), sums[(b - 1) & 1],
-                                         msum, xs, nb, b - 1, t0, acc);
+            if (b == 0) {
+                tile_sums<KIND, NT>(x, xrow, w, sums[0]);
+            } else {
+                const Step<KIND> step = step_of<KIND>(w0, w1, b - 1);
+                tile_sums<KIND, NT>(x + b * xblk, xrow, w, sums[b & 1], &step, sums[(b - 1) & 1], msum, xs, nb, b - 1, t0, acc);
+            }
         }
         close<KIND, NT>(w0, w1, sums[(nb - 1) & 1], msum, xs, nb, nb - 1, t0, acc);
         for (int r = 0; r < NT; ++r) Zmm::store(out + (t0 + r) * ldy, valid, _mm512_load_ps(acc + 16 * r));
@@ -312,7 +303,7 @@ struct AmxRows {
     // unpacking the Q4_K kernel's tile products and float steps take 3.5 of its 6.1 ms at 16 rows
     // (weights in the caches, an AMX Xeon: BENCHMARKS.md, 2026-11-28). Each row takes the same
     // steps in the same order as in rows<KIND, 16>: the same bits. A tile's float steps run
-    // between the next tile's products (sums_and_close).
+    // between the next tile's products (tile_sums).
     template <int KIND>
     KERNEL_TARGET static void span(const uint8_t* w0, const uint8_t* w1, const int8_t* x, int64_t xrow,
                                    const float* xs, const int32_t* msum, int64_t nb, int64_t t0, int64_t tiles,
@@ -328,10 +319,10 @@ struct AmxRows {
             const uint8_t (*w)[8 * 512] = wt[b & 1];
             unpack<KIND>(w0 + b * REC, w1 + b * REC, b + VNNI_PREFETCH<16> < nb ? 0 : nb * REC, wt[b & 1]);
             const Step<KIND> step = step_of<KIND>(w0, w1, b);
-            tile_sums<KIND>(x + b * 256, xrow, w, sums[0]);
+            tile_sums<KIND, 16>(x + b * 256, xrow, w, sums[0]);
             for (int64_t j = 1; j < tiles; ++j)
-                sums_and_close<KIND, 16>(x + 16 * j * xrow + b * 256, xrow, w, sums[j & 1], step, sums[(j - 1) & 1], msum, xs,
-                                     nb, b, t0 + 16 * (j - 1), acc + 256 * (j - 1));
+                tile_sums<KIND, 16>(x + 16 * j * xrow + b * 256, xrow, w, sums[j & 1], &step, sums[(j - 1) & 1], msum, xs, nb, b,
+                                    t0 + 16 * (j - 1), acc + 256 * (j - 1));
             close<KIND, 16>(w0, w1, sums[(tiles - 1) & 1], msum, xs, nb, b, t0 + 16 * (tiles - 1), acc + 256 * (tiles - 1));
         }
         for (int64_t r = 0; r < 16 * tiles; ++r) Zmm::store(out + (t0 + r) * ldy, valid, _mm512_load_ps(acc + 16 * r));

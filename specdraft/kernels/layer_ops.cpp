@@ -98,7 +98,8 @@ torch::Tensor rope_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
     const float *pqn = nullptr, *pkn = nullptr;
     if (q_norm) {
         TORCH_CHECK(q_norm->dtype() == torch::kFloat32 && k_norm->dtype() == torch::kFloat32 && q_norm->is_contiguous() &&
-                    k_norm->is_contiguous() && q_norm->numel() == hd && k_norm->numel() == hd, "q_norm, k_norm: float32 [hd]");
+                    k_norm->is_contiguous() && q_norm->numel() == hd && k_norm->numel() == hd && hd <= 1024,
+                    "q_norm, k_norm: float32 [hd], hd up to 1024");
         pqn = q_norm->data_ptr<float>(), pkn = k_norm->data_ptr<float>();
     }
     auto q = torch::empty({nh, T, hd}, torch::kFloat32);
@@ -111,8 +112,7 @@ torch::Tensor rope_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin
 void rope_cache_rows(const float* pqkv, const RopeShape& shape, const float* pc, const float* ps, float* pk, float* pv,
                      const float* pqn, const float* pkn, double eps, float* pq) {
     const int64_t T = shape.T, nh = shape.nh, nkv = shape.nkv, hd = shape.hd, C = shape.C, start = shape.start;
-    alignas(32) float normed[1024];  // one head's normed values (hd <= 1024)
-    TORCH_CHECK(!pqn || hd <= 1024, "q_norm, k_norm: head_dim up to 1024");
+    alignas(32) float normed[1024];  // one head's normed values (hd <= 1024: checked by the callers)
     const int64_t half = hd / 2, width = (nh + 2 * nkv) * hd;
     for (int64_t t = 0; t < T; ++t) {
         const float *row = pqkv + t * width, *c = pc + t * hd, *s = ps + t * hd;
