@@ -128,9 +128,9 @@ struct EmuTiles {
 // no per-sub-block scale step. q * s for a byte pair (one output's) is one vpmullw:
 // (q1 << 8 | q0) * s = q1 s << 8 | q0 s, no carry since q0 s < 256. Weight tile row 2c of
 // sub-block s holds the low nibbles of record chunk c (inputs 8c .. 8c + 3 of the sub-block), row
-// 2c + 1 the high ones (+ 4 .. 7); a tile holds two sub-blocks (rows 0-7, 8-15). Weight tiles and
-// sums go through two buffers each, so a super-block's unpacking and the previous one's float steps
-// can overlap its tile products. (Measured on an AMX Xeon, kernels alone, two runs: as fast as the
+// 2c + 1 the high ones (+ 4 .. 7); a tile holds two sub-blocks (rows 0-7, 8-15). Weight tiles
+// (one tile at a time in rows, a super-block's in spans) and sums go through two buffers each, so
+// unpacking and the previous super-block's float steps can overlap the tile products. (Measured on an AMX Xeon, kernels alone, two runs: as fast as the
 // kernel before it, one tile product a sub-block and one vpmulld a row of x to scale it, 0.96-1.01x
 // at 12 and 16 rows: the scale steps were not what bounds it. Two token tiles of up to 16 rows
 // sharing the weight tiles, for passes of 17-32 rows, measured 0.91-1.03x against two passes; full
@@ -140,7 +140,8 @@ struct EmuTiles {
 // products alone 38.8, unpacking and closing alone 25.4; unpacking a super-block ahead of its
 // products 1.00x. On a Sapphire Rapids kind (scripts/amx_parts.py, weights from memory): whole 37.0
 // against one VNNI row's 33.0, the tile products alone 13.0: near the weights' read bound, the tile
-// unit not what bounds it. BENCHMARKS.md, 2026-11-28.)
+// unit not what bounds it. Unpacking one tile at a time in rows, 2 KB of weight tiles in L1 instead
+// of 16: 1.04-1.07x at 12 / 16 rows; a third 8 KB buffer instead: 0.83x. BENCHMARKS.md, 2026-11-28/29.)
 // Q6_K's float step of a super-block, called as Q4kClose is: acc += sum d xs (q6k_rows's)
 struct Q6kClose {
     __m512 d;
@@ -158,11 +159,13 @@ struct AmxRows {
 
     // the weight tiles of super-block records r0, r1: wt[0] the high parts, wt[1] the low ones
     // (each 8 sub-blocks x 512 bytes: tile i = sub-blocks 2i, 2i + 1 at 1024 i)
-    KERNEL_TARGET static void unpack_q4k(const uint8_t* r0, const uint8_t* r1, int64_t skip, uint8_t (*wt)[8 * 512]) {
+    // (sub-blocks s0 .. s1 - 1 only, written from whi, wlo on: one tile's are s0 = 2i, s1 = 2i + 2)
+    KERNEL_TARGET static void unpack_q4k(const uint8_t* r0, const uint8_t* r1, int64_t skip, int s0, int s1, uint8_t* whi,
+                                         uint8_t* wlo) {
         using V = Zmm;
         using I = __m512i;
         const I low4 = V::bytes(0x0F), m15 = V::set1(15);
-        for (int s = 0; s < 8; ++s) {
+        for (int s = s0; s < s1; ++s) {
             prefetch_ahead<Q4K_REC, 8, VNNI_PREFETCH<16>>(r0, s, skip);
             prefetch_ahead<Q4K_REC, 8, VNNI_PREFETCH<16>>(r1, s, skip);
             const I sc = V::u8to32(r0 + 1024 + 8 * s, r1 + 1024 + 8 * s);  // lane o: output o's scale
@@ -171,7 +174,7 @@ struct AmxRows {
             for (int c = 0; c < 4; ++c) {
                 const I v = V::load32(r0 + 128 * s + 32 * c, r1 + 128 * s + 32 * c);
                 const I q0 = V::and_(v, low4), q1 = V::and_(V::srli16(v, 4), low4);
-                uint8_t *h = wt[0] + 512 * s + 128 * c, *l = wt[1] + 512 * s + 128 * c;
+                uint8_t *h = whi + 512 * (s - s0) + 128 * c, *l = wlo + 512 * (s - s0) + 128 * c;
                 _mm512_store_si512(h, _mm512_mullo_epi16(q0, hi16));
                 _mm512_store_si512(h + 64, _mm512_mullo_epi16(q1, hi16));
                 _mm512_store_si512(l, _mm512_mullo_epi16(q0, lo16));
@@ -185,11 +188,13 @@ struct AmxRows {
     // parts, wt[1] the low ones; weight tile row 4 (s mod 4) + k holds quad k (inputs 4k .. 4k + 3)
     // of sub-block s, a tile four sub-blocks (tile i at 1024 i). A quad's bytes of 16 outputs are
     // the VNNI kernel's vector q[k] (q6k_rows), scaled in 16-bit lanes: even bytes, then odd ones.
-    KERNEL_TARGET static void unpack_q6k(const uint8_t* r0, const uint8_t* r1, int64_t skip, uint8_t (*wt)[8 * 512]) {
+    // (sub-blocks s0 .. s1 - 1 only, written from whi, wlo on: one tile's are s0 = 4i, s1 = 4i + 4)
+    KERNEL_TARGET static void unpack_q6k(const uint8_t* r0, const uint8_t* r1, int64_t skip, int s0, int s1, uint8_t* whi,
+                                         uint8_t* wlo) {
         using V = Zmm;
         using I = __m512i;
         const I lo7 = _mm512_set1_epi16(0x7F), byte = _mm512_set1_epi16(0xFF), half = V::set1(0xFFFF);
-        for (int s = 0; s < 16; ++s) {
+        for (int s = s0; s < s1; ++s) {
             prefetch_ahead<Q6K_REC, 16, VNNI_PREFETCH<16>>(r0, s, skip);
             prefetch_ahead<Q6K_REC, 16, VNNI_PREFETCH<16>>(r1, s, skip);
             const I sc = V::i8to32(r0 + 1536 + 8 * s, r1 + 1536 + 8 * s);  // lane o: output o's scale
@@ -201,8 +206,8 @@ struct AmxRows {
                 const I wo = _mm512_mullo_epi16(_mm512_srai_epi16(q[k], 8), sc16);
                 const I lo = V::or_(V::and_(we, lo7), V::slli16(V::and_(wo, lo7), 8));
                 const I hi = V::or_(V::and_(_mm512_srai_epi16(we, 7), byte), V::slli16(_mm512_srai_epi16(wo, 7), 8));
-                _mm512_store_si512(wt[0] + 256 * s + 64 * k, hi);
-                _mm512_store_si512(wt[1] + 256 * s + 64 * k, lo);
+                _mm512_store_si512(whi + 256 * (s - s0) + 64 * k, hi);
+                _mm512_store_si512(wlo + 256 * (s - s0) + 64 * k, lo);
             }
         }
     }
@@ -266,36 +271,57 @@ struct AmxRows {
         __asm__ volatile("" ::: "memory");
     }
 
-    // NT rows of x (row stride xrow, super-blocks xblk apart) against two groups of a KIND matrix
+    // NT rows of x (row stride xrow, super-blocks xblk apart) against two groups of a KIND matrix.
+    // Each weight tile is unpacked just before its products, into one of two 2 KB buffers: a
+    // super-block's whole 8 KB of tiles, double-buffered, and 16 rows of x (24 KB at 1536
+    // inputs) overflowed the 48 KB L1 (measured on an AMX Xeon: a third buffer made the 16-row
+    // products 0.83x). The previous super-block's float steps run between the products.
     template <int KIND, int NT>
     KERNEL_TARGET static void rows(const uint8_t* w0, const uint8_t* w1, const int8_t* x, int64_t xrow, int64_t xblk,
                                    const float* xs, const int32_t* msum, int64_t nb, int64_t t0, float* out, int64_t ldy,
                                    int valid) {
         constexpr int64_t REC = KIND == 4 ? Q4K_REC : Q6K_REC;
-        alignas(64) uint8_t wt[2][2][8 * 512];
+        constexpr int R = (NT + 3) / 4;  // the previous super-block's rows closed after each tile
+        alignas(64) uint8_t tb[2][2][1024];
         alignas(64) int32_t sums[2][2 * 256];
         alignas(64) float acc[NT * 16] = {};
         Tiles::configure(NT);
         for (int64_t b = 0; b < nb; ++b) {
-            const uint8_t (*w)[8 * 512] = wt[b & 1];
-            unpack<KIND>(w0 + b * REC, w1 + b * REC, b + VNNI_PREFETCH<16> < nb ? 0 : nb * REC, wt[b & 1]);
-            if (b == 0) {
-                tile_sums<KIND, NT>(x, xrow, w, sums[0]);
-            } else {
-                const Step<KIND> step = step_of<KIND>(w0, w1, b - 1);
-                tile_sums<KIND, NT>(x + b * xblk, xrow, w, sums[b & 1], &step, sums[(b - 1) & 1], msum, xs, nb, b - 1, t0, acc);
+            const uint8_t *r0 = w0 + b * REC, *r1 = w1 + b * REC;
+            const int64_t skip = b + VNNI_PREFETCH<16> < nb ? 0 : nb * REC;
+            const Step<KIND> step = step_of<KIND>(w0, w1, b > 0 ? b - 1 : 0);
+            Tiles::zero();
+            for (int i = 0; i < 4; ++i) {
+                unpack_tile<KIND>(r0, r1, skip, i, tb[i & 1][0], tb[i & 1][1]);
+                // the tile loads are asm that the compiler does not see read the stores above
+                __asm__ volatile("" ::: "memory");
+                Tiles::template product<KIND == 6>(x + b * xblk + 64 * i, xrow, tb[i & 1][0], tb[i & 1][1]);
+                __asm__ volatile("" ::: "memory");
+                if (b > 0)
+                    close_rows<KIND>(step, std::min(NT, R * i), std::min(NT, R * i + R), sums[(b - 1) & 1], msum, xs, nb,
+                                     b - 1, t0, acc);
             }
+            Tiles::store(sums[b & 1]);
+            __asm__ volatile("" ::: "memory");
         }
         close<KIND, NT>(w0, w1, sums[(nb - 1) & 1], msum, xs, nb, nb - 1, t0, acc);
         for (int r = 0; r < NT; ++r) Zmm::store(out + (t0 + r) * ldy, valid, _mm512_load_ps(acc + 16 * r));
     }
 
+    // a super-block's weight tiles (spans), or tile i's alone (rows: i >= 0, into hi, lo [1024] each)
     template <int KIND>
     KERNEL_TARGET static void unpack(const uint8_t* r0, const uint8_t* r1, int64_t skip, uint8_t (*wt)[8 * 512]) {
         if constexpr (KIND == 4)
-            unpack_q4k(r0, r1, skip, wt);
+            unpack_q4k(r0, r1, skip, 0, 8, wt[0], wt[1]);
         else
-            unpack_q6k(r0, r1, skip, wt);
+            unpack_q6k(r0, r1, skip, 0, 16, wt[0], wt[1]);
+    }
+    template <int KIND>
+    KERNEL_TARGET static void unpack_tile(const uint8_t* r0, const uint8_t* r1, int64_t skip, int i, uint8_t* hi, uint8_t* lo) {
+        if constexpr (KIND == 4)
+            unpack_q4k(r0, r1, skip, 2 * i, 2 * i + 2, hi, lo);
+        else
+            unpack_q6k(r0, r1, skip, 4 * i, 4 * i + 4, hi, lo);
     }
 
     // tiles x 16 rows (t0 ..) against two groups, each super-block's weight tiles unpacked once
