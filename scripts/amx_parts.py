@@ -29,7 +29,7 @@ from specdraft.kernels import HERE, build_source_dir, gguf_ops
 from specdraft.kernels.plan import DEFAULT_TARGET_SHAPES
 
 # the statements of AmxRows (rows, span, tile_sums) that each part bit switches off (every occurrence)
-SWITCHES = {1: ("unpack<KIND>(w0 + b * REC", "unpack_tile<KIND>(r0, r1"), 2: ("Tiles::template product<KIND == 6>(",),
+SWITCHES = {1: ("unpack<KIND>(w0 + b * REC", "unpack_tile<KIND>(w0"), 2: ("Tiles::template product<KIND == 6>(",),
             4: ("close_rows<KIND>(",)}
 
 
