@@ -128,10 +128,10 @@ struct EmuTiles {
 // no per-sub-block scale step. q * s for a byte pair (one output's) is one vpmullw:
 // (q1 << 8 | q0) * s = q1 s << 8 | q0 s, no carry since q0 s < 256. Weight tile row 2c of
 // sub-block s holds the low nibbles of record chunk c (inputs 8c .. 8c + 3 of the sub-block), row
-// 2c + 1 the high ones (+ 4 .. 7); a tile holds two sub-blocks (rows 0-7, 8-15). Weight tiles
-// (one tile at a time in rows, a super-block's in spans) and sums go through two buffers each, so
-// unpacking and the previous super-block's float steps can overlap the tile products. (Measured on an AMX Xeon, kernels alone, two runs: as fast as the
-// kernel before it, one tile product a sub-block and one vpmulld a row of x to scale it, 0.96-1.01x
+// 2c + 1 the high ones (+ 4 .. 7); a tile holds two sub-blocks (rows 0-7, 8-15). Weight tiles go
+// through two buffers of one tile each in rows (one of a super-block's tiles in spans), sums
+// through two, so unpacking and the previous super-block's float steps can overlap the tile
+// products. (Measured on an AMX Xeon, kernels alone, two runs: as fast as the kernel before it, one tile product a sub-block and one vpmulld a row of x to scale it, 0.96-1.01x
 // at 12 and 16 rows: the scale steps were not what bounds it. Two token tiles of up to 16 rows
 // sharing the weight tiles, for passes of 17-32 rows, measured 0.91-1.03x against two passes; full
 // tiles of 16 rows sharing them from 32 rows on (q4k_span) measured 1.07 / 1.05 / 1.09 / 1.15x at
@@ -157,9 +157,8 @@ struct AmxRows {
     static constexpr bool TAKES_X_TILES = false;  // x row-major: a tile load reads rows at any stride
     static constexpr bool HAS_SPAN = true;  // spans: 16-row tiles sharing each super-block's unpacking
 
-    // the weight tiles of super-block records r0, r1: wt[0] the high parts, wt[1] the low ones
-    // (each 8 sub-blocks x 512 bytes: tile i = sub-blocks 2i, 2i + 1 at 1024 i)
-    // (sub-blocks s0 .. s1 - 1 only, written from whi, wlo on: one tile's are s0 = 2i, s1 = 2i + 2)
+    // the weight tiles of super-block records r0, r1, sub-blocks s0 .. s1 - 1: whi the high parts,
+    // wlo the low ones (512 bytes a sub-block from sub-block s0's: tile i = sub-blocks 2i, 2i + 1)
     KERNEL_TARGET static void unpack_q4k(const uint8_t* r0, const uint8_t* r1, int64_t skip, int s0, int s1, uint8_t* whi,
                                          uint8_t* wlo) {
         using V = Zmm;
@@ -184,11 +183,11 @@ struct AmxRows {
     }
 
     // Q6_K: each quant times its sub-block's signed scale, w = sc (q - 32) (|w| <= 4096), split as
-    // w = 128 hi + lo (lo = w & 127, hi = w >> 7 in -32 .. 32: both signed bytes), wt[0] the high
-    // parts, wt[1] the low ones; weight tile row 4 (s mod 4) + k holds quad k (inputs 4k .. 4k + 3)
-    // of sub-block s, a tile four sub-blocks (tile i at 1024 i). A quad's bytes of 16 outputs are
-    // the VNNI kernel's vector q[k] (q6k_rows), scaled in 16-bit lanes: even bytes, then odd ones.
-    // (sub-blocks s0 .. s1 - 1 only, written from whi, wlo on: one tile's are s0 = 4i, s1 = 4i + 4)
+    // w = 128 hi + lo (lo = w & 127, hi = w >> 7 in -32 .. 32: both signed bytes), whi the high
+    // parts, wlo the low ones (sub-blocks s0 .. s1 - 1, 256 bytes each from s0's: tile i = sub-blocks
+    // 4i .. 4i + 3); weight tile row 4 (s mod 4) + k holds quad k (inputs 4k .. 4k + 3) of sub-block
+    // s. A quad's bytes of 16 outputs are the VNNI kernel's vector q[k] (q6k_rows), scaled in 16-bit
+    // lanes: even bytes, then odd ones.
     KERNEL_TARGET static void unpack_q6k(const uint8_t* r0, const uint8_t* r1, int64_t skip, int s0, int s1, uint8_t* whi,
                                          uint8_t* wlo) {
         using V = Zmm;
