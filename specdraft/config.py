@@ -120,6 +120,12 @@ class SpecConfig:
     # against 1.56, mtp 1.33 against 1.23) and ran as fast or faster; on the AVX2 EPYC (4 runs each)
     # the two ran within each other's spread (head 1.09-1.11x against 1.06-1.18x). BENCHMARKS.md.
     trees: bool = True
+    # fusion / hybrid-head, with trees: the likeliest nodes of each draft extended by what followed
+    # their branch's last tokens earlier in the text (drafters.extend: lookup after a guess, where
+    # lookup from the context alone finds nothing). Measured on the AMX Xeon, 13 and 26 dev prompts
+    # (BENCHMARKS.md): fusion 2.19-2.23 -> 2.30 tokens a forward, 1.43-1.48x -> 1.47-1.52x `none`;
+    # hybrid-head 2.09 -> 2.14, 1.41x -> 1.43x. False: the drafts as their prophets made them.
+    extend: bool = True
     # head / hybrid-head: the directory of a trained drafting head (head.json + head.safetensors);
     # None = the one shipped for the target, when there is one.
     head: str | None = None

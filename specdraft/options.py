@@ -54,6 +54,9 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="draft-model / hybrid / head / hybrid-head / eagle / medusa / hydra / mtp: greedy drafts as token trees "
                         "(EAGLE-2 style), sized by the "
                         "measured cost curve (default); --no-trees: one chain")
+    p.add_argument("--extend", action=argparse.BooleanOptionalAction, default=_DEFAULTS_SPEC.extend,
+                   help="fusion / hybrid-head, with trees: extend the likeliest guesses by what followed them earlier in "
+                        "the text (default); --no-extend: the drafts as the prophets made them")
     p.add_argument("--cost-rule", action=argparse.BooleanOptionalAction, default=_DEFAULTS_SPEC.cost_rule,
                    help="send the guesses that pay for their check by the measured forward costs, and stop drafting "
                         "where another guess would not pay (default); --no-cost-rule: only --k and --min-confidence "
@@ -94,7 +97,8 @@ def spec_from_args(method: str, args) -> SpecConfig:
     return SpecConfig(method=method, k=args.k, ngram_max=args.ngram_max, ngram_min=args.ngram_min,
                       min_confidence=args.min_confidence, draft_window=args.draft_window,
                       head=args.head, eagle=args.eagle, medusa=args.medusa, hydra=args.hydra, mtp=args.mtp,
-                      skip_layers=args.skip_layers, trees=args.trees, index=args.index, cost_rule=args.cost_rule)
+                      skip_layers=args.skip_layers, trees=args.trees, extend=args.extend, index=args.index,
+                      cost_rule=args.cost_rule)
 
 
 def speculator_options(args) -> dict:

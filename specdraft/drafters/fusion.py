@@ -13,6 +13,7 @@ sampled its guesses: verification against a one-hot draft is exact whatever chos
 a node two components share needs no common q.
 
 Components: ``suffix`` and the head (``head``), and ``retrieval`` where an ``--index`` is given.
+The fused tree's likeliest nodes are then extended by lookup after them (drafters.extend).
 
 Example: suffix proposes ``a b`` and ``a c`` (a tree), the head the chain ``a b d``: one tree
 a -> (b -> d, c), whose ``a`` and ``b`` carry the better of the two ratings.
@@ -23,6 +24,7 @@ import torch
 
 from ..config import SamplingConfig
 from .base import Draft, Drafter, DrafterContext, build_drafter, register
+from .extend import LookupExtension
 from .feature_head import FeatureHeadDrafter
 from .suffix import SuffixTree
 from .trees import best_branch
@@ -75,8 +77,9 @@ def matched_depth(draft: Draft, accepted: list[int]) -> int:
 class Fusion(Drafter):
     name = "fusion"
 
-    def __init__(self, components: list[Drafter], trees: bool = True):
+    def __init__(self, components: list[Drafter], trees: bool = True, extension: LookupExtension | None = None):
         self.components = components
+        self.extension = extension if trees else None  # the likeliest nodes extended by lookup (drafters.extend)
         self.uses_features = any(c.uses_features for c in components)
         self.prompt_features = any(c.prompt_features for c in components if c.uses_features)
         readers = {c.feature_layers for c in components if c.uses_features}
@@ -125,7 +128,8 @@ class Fusion(Drafter):
             at = {node: i for i, node in enumerate(branch)}
             self.where = [[at.get(node, -1) for node in merged] for merged in self.where]
             return Draft([tokens[j] for j in branch], chances=[chance[j] for j in branch])
-        return Draft(tokens, parents=parents, chances=chance)
+        fused = Draft(tokens, parents=parents, chances=chance)
+        return self.extension.extend(context, fused, k) if self.extension is not None else fused
 
     def learn(self, judged: list[tuple[int, bool]]) -> None:
         """Each component learns from the judged nodes it had proposed."""
@@ -134,6 +138,8 @@ class Fusion(Drafter):
             own = [(j, verdict[node]) for j, node in enumerate(merged) if node in verdict]
             if own:
                 c.learn(own)
+        if self.extension is not None:
+            self.extension.learn(judged)
 
     def observe(self, context: list[int], num_accepted: int) -> None:
         accepted = context[len(context) - 1 - num_accepted:len(context) - 1]
@@ -155,4 +161,5 @@ def _build(ctx: DrafterContext) -> Fusion:
     components: list[Drafter] = [suffix, head]
     if ctx.spec.index is not None:
         components.append(build_drafter("retrieval", ctx))
-    return Fusion(components, trees=trees)
+    return Fusion(components, trees=trees,
+                  extension=LookupExtension(ctx.spec.ngram_max) if ctx.spec.extend and trees else None)

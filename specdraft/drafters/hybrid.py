@@ -12,6 +12,9 @@ Why: a 0.5B draft round costs a quarter to two fifths of a 1.5B target forward (
 EPYC), so the draft model pays only where it guesses well, while copies are free and long where the answer quotes the
 prompt (summaries, RAG, code edits). The draft model's cache catches up lazily: after a run of
 copied steps its next ``propose`` feeds every committed token it has not seen in one block.
+
+``hybrid-head`` with trees also extends each draft's likeliest nodes by lookup after them
+(drafters.extend): a node the head guessed right is often where a copy starts.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import torch
 from ..config import SamplingConfig
 from .base import Draft, Drafter, DrafterContext, register
 from .draft_model import DraftModel, trees_for
+from .extend import LookupExtension
 from .feature_head import FeatureHeadDrafter
 from .prompt_lookup import PromptLookup
 
@@ -27,7 +31,8 @@ from .prompt_lookup import PromptLookup
 class Hybrid(Drafter):
     name = "hybrid"
 
-    def __init__(self, model, *, model_k: int, ngram_max: int, ngram_min: int):
+    def __init__(self, model, *, model_k: int, ngram_max: int, ngram_min: int,
+                 extension: LookupExtension | None = None):
         self.model = model  # the model prophet: DraftModel or FeatureHeadDrafter
         self.uses_features = model.uses_features
         self.prompt_features = model.prompt_features
@@ -37,6 +42,8 @@ class Hybrid(Drafter):
         self.copied = 0  # steps drafted by lookup in the current sequence (for statistics)
         self.modelled = 0  # steps drafted by the model
         self.drafter: Drafter | None = None  # the part that drafted the last step (None: neither did)
+        self.extension = extension  # its drafts' likeliest nodes extended by lookup (drafters.extend; trees only)
+        self.drafted = 0  # nodes of the part's own draft last step (the extension's come after them)
 
     def use_policy(self, policy) -> None:
         super().use_policy(policy)
@@ -49,6 +56,11 @@ class Hybrid(Drafter):
 
     def propose(self, context: list[int], k: int, sampling: SamplingConfig,
                 generator: torch.Generator) -> Draft:
+        draft = self._propose(context, k, sampling, generator)
+        self.drafted = len(draft)
+        return self.extension.extend(context, draft, k) if self.extension is not None else draft
+
+    def _propose(self, context: list[int], k: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         copy = self.lookup.propose(context, k, sampling, generator)
         if copy:
             self.copied += 1
@@ -67,7 +79,9 @@ class Hybrid(Drafter):
 
     def learn(self, judged: list[tuple[int, bool]]) -> None:
         if self.drafter is not None:
-            self.drafter.learn(judged)
+            self.drafter.learn([(j, passed) for j, passed in judged if j < self.drafted])
+        if self.extension is not None:
+            self.extension.learn(judged)
 
     def take_features(self, hidden: torch.Tensor) -> None:
         self.model.take_features(hidden)
@@ -91,6 +105,7 @@ def _build_head(ctx: DrafterContext) -> Hybrid:
     model = FeatureHeadDrafter(ctx.target, ctx.head, min_confidence=spec.min_confidence,
                                trees=spec.trees and getattr(ctx.target, "supports_tree", False))
     model_k = spec.cap_for("head")
-    hybrid = Hybrid(model, model_k=model_k, ngram_max=spec.ngram_max, ngram_min=spec.ngram_min)
+    hybrid = Hybrid(model, model_k=model_k, ngram_max=spec.ngram_max, ngram_min=spec.ngram_min,
+                    extension=LookupExtension(spec.ngram_max) if spec.extend and model.trees else None)
     hybrid.name = "hybrid-head"
     return hybrid
