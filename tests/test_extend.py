@@ -16,14 +16,14 @@ from specdraft.drafters.fusion import Fusion
 from specdraft.drafters.suffix import SuffixTree
 
 
-def scan_after(seq: list[int], tail: list[int], lo: int, hi: int) -> int | None:
+def scan_after(seq: list[int], tail: list[int], lo: int, hi: int) -> tuple[int, int] | None:
     """The index's definition, by brute force: for the longest suffix n-gram of tail (n from hi
-    down to lo) that occurs in seq followed by a token, where its latest such occurrence ends."""
+    down to lo) that occurs in seq followed by a token, where its latest such occurrence ends, and n."""
     for n in range(min(hi, len(tail)), lo - 1, -1):
         gram = tail[len(tail) - n:]
         ends = [e for e in range(n, len(seq)) if seq[e - n:e] == gram]
         if ends:
-            return ends[-1]
+            return ends[-1], n
     return None
 
 
@@ -39,9 +39,9 @@ def test_index_grown_in_steps_finds_what_a_scan_finds(seq, tail, cut):
 def test_index_starts_over_on_another_sequence():
     ix = NgramIndex(2, 3)
     ix.update([1, 2, 3, 1, 2])
-    assert ix.after([1, 2]) == 2
+    assert ix.after([1, 2]) == (2, 2)
     ix.update([7, 8, 9])  # not a continuation of the last one: a new request
-    assert ix.after([1, 2]) is None and ix.after([7, 8]) == 2
+    assert ix.after([1, 2]) is None and ix.after([7, 8]) == (2, 2)
 
 
 def test_branch_of_walks_to_the_root():
@@ -56,8 +56,8 @@ def test_likeliest_nodes_are_extended_by_what_followed_them():
     d = ext.extend(context, tree, k=5)
     # "1 2 3" occurred, 4 5 9 1 followed (k - 1 of them below a depth-1 node); "3 7" never did
     assert d.tokens == [3, 7, 6, 4, 5, 9, 1] and d.parents == [-1, 0, -1, 0, 3, 4, 5]
-    assert d.chances == pytest.approx([0.8, 0.3, 0.1] + [0.8 * r for r in ext.rates.chances(4)])
-    assert ext.depths == [-1, -1, -1, 0, 1, 2, 3]
+    assert d.chances == pytest.approx([0.8, 0.3, 0.1] + [0.8 * r for r in ext.rates[3].chances(4)])  # a 3-gram match
+    assert ext.depths == [None] * 3 + [(3, 0), (3, 1), (3, 2), (3, 3)]
     assert ext.extend(context, tree, k=1) is tree  # no room below a depth-1 node
     assert ext.extend(context, Draft([3, 3], parents=[-1, -1], chances=[0.8, 0.7]), k=5).tokens == [3, 3]  # not a trie
 
@@ -67,8 +67,8 @@ def test_an_existing_node_keeps_its_number_and_takes_the_better_rating():
     chain = Draft([3, 4, 8], chances=[0.9, 0.1, 0.05])  # a chain: the copy 4 5 runs through node 1
     d = ext.extend([1, 2, 3, 4, 5, 1, 2], chain, k=4)
     assert d.tokens == [3, 4, 8, 5, 1] and d.parents == [-1, 0, 1, 1, 3]  # 4 5 1 followed "1 2 3"
-    first = ext.rates.chances(1)[0]
-    assert d.chances[1] == pytest.approx(max(0.1, 0.9 * first)) and ext.depths == [-1, -1, -1, 1, 2]
+    first = ext.rates[3].chances(1)[0]
+    assert d.chances[1] == pytest.approx(max(0.1, 0.9 * first)) and ext.depths == [None] * 3 + [(3, 1), (3, 2)]
 
 
 def test_fusion_numbers_component_nodes_first_and_learns_extension_depths():
@@ -86,10 +86,12 @@ def test_fusion_numbers_component_nodes_first_and_learns_extension_depths():
     f = Fusion([head], trees=True, extension=LookupExtension(ngram_max=3))
     d = f.propose([1, 2, 3, 4, 5, 6, 1, 2], 4, SamplingConfig(), torch.Generator())
     assert d.tokens == [3, 8, 4, 5, 6] and d.parents == [-1, -1, 0, 2, 3]  # head's nodes keep 0, 1
-    before = list(f.extension.rates.passed), list(f.extension.rates.tried)
+    rates = f.extension.rates[3]  # "1 2 3" matched
+    before = list(rates.passed), list(rates.tried)
     f.learn([(0, True), (1, False), (2, True), (3, False)])  # 4 passed, 5 did not, 6 not judged
     assert head.judged == [(0, True), (1, False)]
-    passed, tried = f.extension.rates.passed, f.extension.rates.tried
+    passed, tried = rates.passed, rates.tried
+    assert sum(f.extension.rates[2].tried) == sum(LookupExtension().rates[2].tried)  # no 2-gram match
     assert (tried[0] - before[1][0], passed[0] - before[0][0]) == (1, 1)  # depth 0: one judged, passed
     assert (tried[1] - before[1][1], passed[1] - before[0][1]) == (1, 0)  # depth 1: judged, failed
     assert tried[2] == before[1][2]
@@ -130,4 +132,5 @@ def test_greedy_fusion_with_extension_equals_plain(target, twin):  # noqa: F811
         assert ids == plain and stats.accepted_tokens > 0
     if target.weight_format == "dense":  # its answer repeats bigrams ("95 55", "23 54"): lookup after a
         # right guess finds what followed, and with the one-guess twin every deeper node is the extension's
-        assert sum(fusion.extension.rates.tried) > 3 * LookupExtension().rates.SIZE
+        fresh = LookupExtension().rates
+        assert sum(sum(r.tried) for r in fusion.extension.rates.values()) > sum(sum(r.tried) for r in fresh.values())
