@@ -122,9 +122,9 @@ class SpecConfig:
     trees: bool = True
     # fusion / hybrid-head, with trees: the likeliest nodes of each draft extended by what followed
     # their branch's last tokens earlier in the text (drafters.extend: lookup after a guess, where
-    # lookup from the context alone finds nothing). Measured on the AMX Xeon, 13 and 26 dev prompts
-    # (BENCHMARKS.md): fusion 2.19-2.23 -> 2.30 tokens a forward, 1.43-1.48x -> 1.47-1.52x `none`;
-    # hybrid-head 2.09 -> 2.14, 1.41x -> 1.43x. False: the drafts as their prophets made them.
+    # lookup from the context alone finds nothing). Measured on the AMX Xeon, 26 dev prompts
+    # (scripts/extend_ab.py, BENCHMARKS.md): fusion 2.21 -> 2.28 tokens a forward, 1.49x -> 1.51x
+    # `none`; hybrid-head 2.12 -> 2.19, 1.47x -> 1.49x. False: the drafts as their prophets made them.
     extend: bool = True
     # head / hybrid-head: the directory of a trained drafting head (head.json + head.safetensors);
     # None = the one shipped for the target, when there is one.
