@@ -134,3 +134,20 @@ def test_greedy_fusion_with_extension_equals_plain(target, twin):  # noqa: F811
         # right guess finds what followed, and with the one-guess twin every deeper node is the extension's
         fresh = LookupExtension().rates
         assert sum(sum(r.tried) for r in fusion.extension.rates.values()) > sum(sum(r.tried) for r in fresh.values())
+
+
+def test_sampled_drafts_are_not_extended():
+    from specdraft.drafters.hybrid import Hybrid
+
+    class One(Drafter):
+        trees = True
+
+        def propose(self, context, k, sampling, generator):
+            return Draft([3], chances=[0.9])
+
+    context, sampled = [1, 2, 3, 4, 5, 6, 1, 2], SamplingConfig(temperature=0.7, seed=0)
+    f = Fusion([One()], trees=True, extension=LookupExtension(ngram_max=3))
+    h = Hybrid(One(), model_k=4, ngram_max=3, ngram_min=3, extension=LookupExtension(ngram_max=3))
+    for d in (f, h):
+        assert d.propose(context, 4, SamplingConfig(), torch.Generator()).tokens == [3, 4, 5, 6]  # greedy: extended
+        assert d.propose(context, 4, sampled, torch.Generator()).tokens == [3]

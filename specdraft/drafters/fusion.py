@@ -13,7 +13,7 @@ sampled its guesses: verification against a one-hot draft is exact whatever chos
 a node two components share needs no common q.
 
 Components: ``suffix`` and the head (``head``), and ``retrieval`` where an ``--index`` is given.
-The fused tree's likeliest nodes are then extended by lookup after them (drafters.extend).
+The fused tree's likeliest nodes are then extended by lookup after them (drafters.extend; greedy only).
 
 Example: suffix proposes ``a b`` and ``a c`` (a tree), the head the chain ``a b d``: one tree
 a -> (b -> d, c), whose ``a`` and ``b`` carry the better of the two ratings.
@@ -129,7 +129,7 @@ class Fusion(Drafter):
             self.where = [[at.get(node, -1) for node in merged] for merged in self.where]
             return Draft([tokens[j] for j in branch], chances=[chance[j] for j in branch])
         fused = Draft(tokens, parents=parents, chances=chance)
-        return self.extension.extend(context, fused, k) if self.extension is not None else fused
+        return self.extension.extend(context, fused, k) if self.extension is not None and sampling.greedy else fused
 
     def learn(self, judged: list[tuple[int, bool]]) -> None:
         """Each component learns from the judged nodes it had proposed."""

@@ -13,7 +13,7 @@ EPYC), so the draft model pays only where it guesses well, while copies are free
 prompt (summaries, RAG, code edits). The draft model's cache catches up lazily: after a run of
 copied steps its next ``propose`` feeds every committed token it has not seen in one block.
 
-``hybrid-head`` with trees also extends each draft's likeliest nodes by lookup after them
+``hybrid-head`` with trees also extends each greedy draft's likeliest nodes by lookup after them
 (drafters.extend): a node the head guessed right is often where a copy starts.
 """
 from __future__ import annotations
@@ -58,7 +58,7 @@ class Hybrid(Drafter):
                 generator: torch.Generator) -> Draft:
         draft = self._propose(context, k, sampling, generator)
         self.drafted = len(draft)
-        return self.extension.extend(context, draft, k) if self.extension is not None else draft
+        return self.extension.extend(context, draft, k) if self.extension is not None and sampling.greedy else draft
 
     def _propose(self, context: list[int], k: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         copy = self.lookup.propose(context, k, sampling, generator)
