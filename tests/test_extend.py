@@ -42,6 +42,16 @@ def test_index_starts_over_on_another_sequence():
     assert ix.after([1, 2]) == (2, 2)
     ix.update([7, 8, 9])  # not a continuation of the last one: a new request
     assert ix.after([1, 2]) is None and ix.after([7, 8]) == (2, 2)
+    ix.update([5, 8, 9, 7, 8])  # the same token where the last one ended, but another sequence
+    assert ix.after([7, 8]) is None and ix.after([8, 9]) == (3, 2)
+
+
+def test_a_new_request_is_indexed_afresh():
+    ext = LookupExtension(ngram_max=3)
+    f = Fusion([Drafter()], trees=True, extension=ext)
+    ext.index.update([1, 2, 3, 4])
+    f.begin([9])
+    assert ext.index.seen == [] and ext.index.after([2, 3]) is None
 
 
 def test_branch_of_walks_to_the_root():

@@ -101,6 +101,8 @@ class Fusion(Drafter):
     def begin(self, prompt: list[int]) -> None:
         for c in self.components:
             c.begin(prompt)
+        if self.extension is not None:
+            self.extension.begin()
         self.accepted_by = [0] * len(self.components)
 
     def take_features(self, hidden: torch.Tensor) -> None:

@@ -52,6 +52,8 @@ class Hybrid(Drafter):
 
     def begin(self, prompt: list[int]) -> None:
         self.model.begin(prompt)
+        if self.extension is not None:
+            self.extension.begin()
         self.copied = self.modelled = 0
 
     def propose(self, context: list[int], k: int, sampling: SamplingConfig,
