@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from test_fusion import Twin, generate
+from test_fusion import Learner, Twin, generate
 from test_suffix_tree import run, target, twin  # noqa: F401  (fixtures)
 
 from specdraft.config import SamplingConfig
@@ -82,17 +82,7 @@ def test_an_existing_node_keeps_its_number_and_takes_the_better_rating():
 
 
 def test_fusion_numbers_component_nodes_first_and_learns_extension_depths():
-    class Fixed(Drafter):
-        def __init__(self, draft):
-            self.draft, self.judged = draft, []
-
-        def propose(self, context, k, sampling, generator):
-            return self.draft
-
-        def learn(self, judged):
-            self.judged += judged
-
-    head = Fixed(Draft([3, 8], parents=[-1, -1], chances=[0.9, 0.05]))
+    head = Learner(Draft([3, 8], parents=[-1, -1], chances=[0.9, 0.05]))
     f = Fusion([head], trees=True, extension=LookupExtension(ngram_max=3))
     d = f.propose([1, 2, 3, 4, 5, 6, 1, 2], 4, SamplingConfig(), torch.Generator())
     assert d.tokens == [3, 8, 4, 5, 6] and d.parents == [-1, -1, 0, 2, 3]  # head's nodes keep 0, 1
@@ -110,19 +100,7 @@ def test_fusion_numbers_component_nodes_first_and_learns_extension_depths():
 def test_hybrid_parts_learn_only_their_own_nodes():
     from specdraft.drafters.hybrid import Hybrid
 
-    class Model(Drafter):
-        trees = True
-
-        def __init__(self):
-            self.judged = []
-
-        def propose(self, context, k, sampling, generator):
-            return Draft([3], chances=[0.9])
-
-        def learn(self, judged):
-            self.judged += judged
-
-    model = Model()
+    model = Learner(Draft([3], chances=[0.9]))
     h = Hybrid(model, model_k=4, ngram_max=3, ngram_min=3, extension=LookupExtension(ngram_max=3))
     d = h.propose([1, 2, 3, 4, 5, 6, 1, 2], 4, SamplingConfig(), torch.Generator())  # no 3-gram copy: the model
     assert d.tokens == [3, 4, 5, 6] and d.parents == [-1, 0, 1, 2]
@@ -149,15 +127,10 @@ def test_greedy_fusion_with_extension_equals_plain(target, twin):  # noqa: F811
 def test_sampled_drafts_are_not_extended():
     from specdraft.drafters.hybrid import Hybrid
 
-    class One(Drafter):
-        trees = True
-
-        def propose(self, context, k, sampling, generator):
-            return Draft([3], chances=[0.9])
-
     context, sampled = [1, 2, 3, 4, 5, 6, 1, 2], SamplingConfig(temperature=0.7, seed=0)
-    f = Fusion([One()], trees=True, extension=LookupExtension(ngram_max=3))
-    h = Hybrid(One(), model_k=4, ngram_max=3, ngram_min=3, extension=LookupExtension(ngram_max=3))
+    one = Draft([3], chances=[0.9])
+    f = Fusion([Learner(one)], trees=True, extension=LookupExtension(ngram_max=3))
+    h = Hybrid(Learner(one), model_k=4, ngram_max=3, ngram_min=3, extension=LookupExtension(ngram_max=3))
     for d in (f, h):
         assert d.propose(context, 4, SamplingConfig(), torch.Generator()).tokens == [3, 4, 5, 6]  # greedy: extended
         assert d.propose(context, 4, sampled, torch.Generator()).tokens == [3]

@@ -24,17 +24,20 @@ def test_merge_shares_prefixes_and_keeps_the_best_rating():
     assert merge_drafts([Draft(), Draft()]) == ([], [], [], [[], []])
 
 
+class Learner(Drafter):
+    """Proposes the same draft every step; keeps what the verifier judged of it."""
+
+    def __init__(self, draft):
+        self.draft, self.judged = draft, []
+
+    def propose(self, context, k, sampling, generator):
+        return self.draft
+
+    def learn(self, judged):
+        self.judged += judged
+
+
 def test_each_component_learns_from_its_own_judged_nodes():
-    class Learner(Drafter):
-        def __init__(self, draft):
-            self.draft, self.judged = draft, []
-
-        def propose(self, context, k, sampling, generator):
-            return self.draft
-
-        def learn(self, judged):
-            self.judged += judged
-
     a = Learner(Draft([1, 2, 4], chances=[0.5, 0.2, 0.1]))
     b = Learner(Draft([1, 3, 2], parents=[-1, 0, 0], chances=[0.7, 0.3, 0.25]))
     f = Fusion([a, b])
