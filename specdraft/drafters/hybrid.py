@@ -80,10 +80,11 @@ class Hybrid(Drafter):
         return self.drafter
 
     def learn(self, judged: list[tuple[int, bool]]) -> None:
-        if self.drafter is not None:
-            self.drafter.learn([(j, passed) for j, passed in judged if j < self.drafted])
-        if self.extension is not None:
+        if self.extension is not None:  # the part learns from its own nodes, the extension from its
             self.extension.learn(judged)
+            judged = [(j, passed) for j, passed in judged if j < self.drafted]
+        if self.drafter is not None:
+            self.drafter.learn(judged)
 
     def take_features(self, hidden: torch.Tensor) -> None:
         self.model.take_features(hidden)
