@@ -15,6 +15,8 @@ from specdraft.drafters.extend import LookupExtension, NgramIndex, branch_of
 from specdraft.drafters.fusion import Fusion
 from specdraft.drafters.suffix import SuffixTree
 
+GREEDY = SamplingConfig()
+
 
 def scan_after(seq: list[int], tail: list[int], lo: int, hi: int) -> tuple[int, int] | None:
     """The index's definition, by brute force: for the longest suffix n-gram of tail (n from hi
@@ -63,19 +65,19 @@ def test_likeliest_nodes_are_extended_by_what_followed_them():
     context = [1, 2, 3, 4, 5, 9, 1, 2]
     # tree: 3 (0.8) -> 7 (0.3); 6 (0.1, too unlikely to extend)
     tree = Draft([3, 7, 6], parents=[-1, 0, -1], chances=[0.8, 0.3, 0.1])
-    d = ext.extend(context, tree, k=5)
+    d = ext.extend(context, tree, 5, GREEDY)
     # "1 2 3" occurred, 4 5 9 1 followed (k - 1 of them below a depth-1 node); "3 7" never did
     assert d.tokens == [3, 7, 6, 4, 5, 9, 1] and d.parents == [-1, 0, -1, 0, 3, 4, 5]
     assert d.chances == pytest.approx([0.8, 0.3, 0.1] + [0.8 * r for r in ext.rates[3].chances(4)])  # a 3-gram match
     assert ext.depths == [None] * 3 + [(3, 0), (3, 1), (3, 2), (3, 3)]
-    assert ext.extend(context, tree, k=1) is tree  # no room below a depth-1 node
-    assert ext.extend(context, Draft([3, 3], parents=[-1, -1], chances=[0.8, 0.7]), k=5).tokens == [3, 3]  # not a trie
+    assert ext.extend(context, tree, 1, GREEDY) is tree  # no room below a depth-1 node
+    assert ext.extend(context, Draft([3, 3], parents=[-1, -1], chances=[0.8, 0.7]), 5, GREEDY).tokens == [3, 3]  # not a trie
 
 
 def test_an_existing_node_keeps_its_number_and_takes_the_better_rating():
     ext = LookupExtension(ngram_max=3, nodes=1, min_chance=0.0)
     chain = Draft([3, 4, 8], chances=[0.9, 0.1, 0.05])  # a chain: the copy 4 5 runs through node 1
-    d = ext.extend([1, 2, 3, 4, 5, 1, 2], chain, k=4)
+    d = ext.extend([1, 2, 3, 4, 5, 1, 2], chain, 4, GREEDY)
     assert d.tokens == [3, 4, 8, 5, 1] and d.parents == [-1, 0, 1, 1, 3]  # 4 5 1 followed "1 2 3"
     first = ext.rates[3].chances(1)[0]
     assert d.chances[1] == pytest.approx(max(0.1, 0.9 * first)) and ext.depths == [None] * 3 + [(3, 1), (3, 2)]
@@ -132,5 +134,8 @@ def test_sampled_drafts_are_not_extended():
     f = Fusion([Learner(one)], trees=True, extension=LookupExtension(ngram_max=3))
     h = Hybrid(Learner(one), model_k=4, ngram_max=3, ngram_min=3, extension=LookupExtension(ngram_max=3))
     for d in (f, h):
-        assert d.propose(context, 4, SamplingConfig(), torch.Generator()).tokens == [3, 4, 5, 6]  # greedy: extended
+        assert d.propose(context, 4, GREEDY, torch.Generator()).tokens == [3, 4, 5, 6]  # greedy: extended
         assert d.propose(context, 4, sampled, torch.Generator()).tokens == [3]
+        before = [list(r.tried) for r in d.extension.rates.values()]
+        d.learn([(0, True), (1, True), (2, False)])  # a sampled step: no stale extension node learns
+        assert [list(r.tried) for r in d.extension.rates.values()] == before

@@ -17,7 +17,7 @@ scripts/lookup_after_guess.py benchmarks/dev-2-spr-38530ec.json`): where lookup 
 alone finds nothing, lookup after the right next token finds 0.30 right tokens a position
 (summarization 0.70, RAG 0.59, math 0.41, coding 0.28, roleplay 0.09).
 
-Greedy only (the drafters that hold one skip it when the target samples): at temperature 0.7 a
+Greedy only (a sampled draft is left as it is): at temperature 0.7 a
 copied token passes with the target's probability of it, and the extensions' nodes displaced
 better ones; `python scripts/extend_ab.py --temperature 0.7 --seed 1` (13 dev prompts, AMX
 Xeon): fusion 1.44x -> 1.39x `none`, hybrid-head 1.43x -> 1.37x with them.
@@ -27,6 +27,7 @@ after ``... a b c`` finds ``d``: the tree gains ``c -> d`` at 0.8 times the exte
 """
 from __future__ import annotations
 
+from ..config import SamplingConfig
 from ..costs import CopyRates
 from .base import Draft
 
@@ -100,13 +101,13 @@ class LookupExtension:
         """A new sequence: its context is indexed afresh."""
         self.index = NgramIndex(NGRAM_MIN, self.ngram_max)
 
-    def extend(self, context: list[int], draft: Draft, k: int) -> Draft:
+    def extend(self, context: list[int], draft: Draft, k: int, sampling: SamplingConfig) -> Draft:
         """The draft (a chain or tree with chances) with continuations of its likeliest nodes
         added as a tree of at most k levels; its own nodes keep their numbers, the new ones come
-        after them."""
+        after them. A sampled draft as it is (see the module's text)."""
         self.depths = [None] * len(draft)
-        if not len(draft) or draft.chances is None or draft.probs is not None:
-            return draft  # nothing to rate them by; or q rows to keep aligned (a sampled chain)
+        if not sampling.greedy or not len(draft) or draft.chances is None or draft.probs is not None:
+            return draft  # sampled; nothing to rate them by; or q rows to keep aligned
         parents = draft.parents if draft.parents is not None else list(range(-1, len(draft) - 1))
         tokens, chance = list(draft.tokens), list(draft.chances)
         children = {(parents[j], t): j for j, t in enumerate(tokens)}  # (parent, token) -> node

@@ -131,7 +131,7 @@ class Fusion(Drafter):
             self.where = [[at.get(node, -1) for node in merged] for merged in self.where]
             return Draft([tokens[j] for j in branch], chances=[chance[j] for j in branch])
         fused = Draft(tokens, parents=parents, chances=chance)
-        return self.extension.extend(context, fused, k) if self.extension is not None and sampling.greedy else fused
+        return self.extension.extend(context, fused, k, sampling) if self.extension is not None else fused
 
     def learn(self, judged: list[tuple[int, bool]]) -> None:
         """Each component learns from the judged nodes it had proposed."""

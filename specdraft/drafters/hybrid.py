@@ -60,7 +60,7 @@ class Hybrid(Drafter):
                 generator: torch.Generator) -> Draft:
         draft = self._propose(context, k, sampling, generator)
         self.drafted = len(draft)
-        return self.extension.extend(context, draft, k) if self.extension is not None and sampling.greedy else draft
+        return self.extension.extend(context, draft, k, sampling) if self.extension is not None else draft
 
     def _propose(self, context: list[int], k: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         copy = self.lookup.propose(context, k, sampling, generator)
