@@ -11,9 +11,10 @@ from test_suffix_tree import run, target, twin  # noqa: F401  (fixtures)
 
 from specdraft.config import SamplingConfig
 from specdraft.drafters import Draft, Drafter
-from specdraft.drafters.extend import LookupExtension, NgramIndex, branch_of
+from specdraft.drafters.extend import LookupExtension, NgramIndex
 from specdraft.drafters.fusion import Fusion
 from specdraft.drafters.suffix import SuffixTree
+from specdraft.drafters.trees import branch_of
 
 GREEDY = SamplingConfig()
 

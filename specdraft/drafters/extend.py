@@ -30,6 +30,7 @@ from __future__ import annotations
 from ..config import SamplingConfig
 from ..costs import CopyRates
 from .base import Draft
+from .trees import branch_of
 
 NODES = 8  # the likeliest nodes extended a step
 MIN_CHANCE = 0.05  # nodes less likely than this are not extended
@@ -68,19 +69,6 @@ class NgramIndex:
             if end is not None:
                 return end, n
         return None
-
-
-def branch_of(node: int, parents: list[int]) -> list[int]:
-    """The nodes from the root's child down to ``node``.
-
-    >>> branch_of(3, [-1, 0, -1, 1])
-    [0, 1, 3]
-    """
-    out = []
-    while node >= 0:
-        out.append(node)
-        node = parents[node]
-    return out[::-1]
 
 
 class LookupExtension:

@@ -1,5 +1,6 @@
-"""Helpers for token trees: depths, the best nodes or branch of a tree, a subtree, the trie of
-several continuations, the attention mask of drafted nodes, and EAGLE-2's dynamic tree."""
+"""Helpers for token trees: depths, a node's branch, the best nodes or branch of a tree, a
+subtree, the trie of several continuations, the attention mask of drafted nodes, and EAGLE-2's
+dynamic tree."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -33,6 +34,19 @@ def node_depths(parents: list[int]) -> list[int]:
     for parent in parents:
         depth.append(1 if parent < 0 else depth[parent] + 1)
     return depth
+
+
+def branch_of(node: int, parents: list[int]) -> list[int]:
+    """The nodes from the root's child down to ``node`` (-1, the root: none).
+
+    >>> branch_of(3, [-1, 0, -1, 1])
+    [0, 1, 3]
+    """
+    out = []
+    while node >= 0:
+        out.append(node)
+        node = parents[node]
+    return out[::-1]
 
 
 def child_steps(nodes: list[int], parents: list[int]) -> list[int]:
@@ -110,10 +124,8 @@ def node_mask(nodes: list[int], parents: list[int], row_of: dict[int, int], pref
     mask = torch.zeros(B, before + B, dtype=torch.bool)
     mask[:, :prefix] = True
     for b, j in enumerate(nodes):
-        a = parents[j]
-        while a >= 0:
+        for a in branch_of(parents[j], parents):
             mask[b, row_of[a]] = True
-            a = parents[a]
         mask[b, before + b] = True
     return mask
 

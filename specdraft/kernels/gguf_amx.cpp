@@ -287,14 +287,14 @@ struct AmxRows {
         alignas(64) int32_t sums[2][2 * 256];
         alignas(64) float acc[NT * 16] = {};
         Tiles::configure(NT);
-        unpack_tile<KIND>(w0, w1, VNNI_PREFETCH<16> < nb ? 0 : nb * REC, 0, tb[0][0], tb[0][1]);
+        unpack_tile<KIND>(w0, w1, stream_skip<16, REC>(0, nb, 1), 0, tb[0][0], tb[0][1]);
         for (int64_t b = 0; b < nb; ++b) {
             const Step<KIND> step = step_of<KIND>(w0, w1, b > 0 ? b - 1 : 0);
             Tiles::zero();
             for (int i = 0; i < 4; ++i) {
                 const int64_t nk = 4 * b + i + 1, nbk = nk >> 2;  // the next tile, unpacked ahead of this one's products
                 if (nbk < nb)
-                    unpack_tile<KIND>(w0 + nbk * REC, w1 + nbk * REC, nbk + VNNI_PREFETCH<16> < nb ? 0 : nb * REC, int(nk & 3),
+                    unpack_tile<KIND>(w0 + nbk * REC, w1 + nbk * REC, stream_skip<16, REC>(nbk, nb, 1), int(nk & 3),
                                       tb[nk & 1][0], tb[nk & 1][1]);
                 // the tile loads are asm that the compiler does not see read the stores above
                 __asm__ volatile("" ::: "memory");
@@ -349,7 +349,7 @@ struct AmxRows {
         Tiles::configure(16);
         for (int64_t b = 0; b < nb; ++b) {
             const uint8_t (*w)[8 * 512] = wt;
-            unpack<KIND>(w0 + b * REC, w1 + b * REC, b + VNNI_PREFETCH<16> < nb ? 0 : nb * REC, wt);
+            unpack<KIND>(w0 + b * REC, w1 + b * REC, stream_skip<16, REC>(b, nb, 1), wt);
             const Step<KIND> step = step_of<KIND>(w0, w1, b);
             tile_sums<KIND, 16>(x + b * 256, xrow, w, sums[0]);
             for (int64_t j = 1; j < tiles; ++j)

@@ -33,6 +33,14 @@ inline void prefetch_ahead(const uint8_t* rec, int s, int64_t skip = 0) {
     for (int o = 0; o < span + 63; o += 64) _mm_prefetch((const char*)(p + o), _MM_HINT_T0);
 }
 
+// prefetch_ahead's skip at super-block b of nb, for a pass of NT rows over groups read side by
+// side: none while the records AHEAD are still the group's own, else past its end, where the
+// stream goes on in the next side-by-side set (after the `beside` groups read with this one)
+template <int NT, int REC>
+inline int64_t stream_skip(int64_t b, int64_t nb, int64_t beside) {
+    return b + VNNI_PREFETCH<NT> < nb ? 0 : beside * nb * REC;
+}
+
 // f(std::integral_constant<int, n>{}, t0) for a tile of n (1 .. TILE) rows starting at t0
 template <int TILE, typename F>
 inline void tile_call(int64_t n, int64_t t0, F& f) {

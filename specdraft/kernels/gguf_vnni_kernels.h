@@ -94,7 +94,7 @@ KERNEL_TARGET void q4k_rows(const uint8_t* w0, const uint8_t* w1, const int8_t* 
     for (int r = 0; r < NT; ++r) acc[r] = V::fzero();
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *r0 = w0 + b * Q4K_REC, *r1 = w1 + b * Q4K_REC;
-        const int64_t skip = b + VNNI_PREFETCH<NT> < nb ? 0 : (V::GROUPS - 1) * nb * Q4K_REC;  // past its end, a stream goes on in the next pair
+        const int64_t skip = stream_skip<NT, Q4K_REC>(b, nb, V::GROUPS - 1);
         const int8_t* xb = x0 + b * xblk;
         I sum[NT];
         for (int r = 0; r < NT; ++r) sum[r] = V::zero();
@@ -158,7 +158,7 @@ KERNEL_TARGET void q6k_rows(const uint8_t* w0, const uint8_t* w1, const uint8_t*
     for (int r = 0; r < NT; ++r) V::fstore(acc[r], V::fzero());
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *r0 = w0 + b * Q6K_REC, *r1 = w1 + b * Q6K_REC;
-        const int64_t skip = b + VNNI_PREFETCH<NT> < nb ? 0 : (V::GROUPS - 1) * nb * Q6K_REC;
+        const int64_t skip = stream_skip<NT, Q6K_REC>(b, nb, V::GROUPS - 1);
         const uint8_t* xb = xt + b * NT * 256;
         I sum[NT];
         for (int r = 0; r < NT; ++r) sum[r] = V::zero();
