@@ -128,10 +128,15 @@ class LookupExtension:
             return draft
         return Draft(tokens, parents=parents, chances=chance)
 
-    def learn(self, judged: list[tuple[int, bool]]) -> None:
+    def learn(self, judged: list[tuple[int, bool]]) -> list[tuple[int, bool]]:
         """The verifier's judged nodes (node, passed) of the draft extended last: the new nodes'
-        outcomes by their match's n and their depth below the node they extend."""
+        outcomes by their match's n and their depth below the node they extend. Returns the
+        verdicts on the draft's own nodes, for the drafter that made it."""
+        own = []
         for j, passed in judged:
             if j < len(self.depths) and self.depths[j] is not None:
                 n, depth = self.depths[j]
                 self.rates[n].record(depth, passed)
+            else:
+                own.append((j, passed))
+        return own

@@ -43,7 +43,6 @@ class Hybrid(Drafter):
         self.modelled = 0  # steps drafted by the model
         self.drafter: Drafter | None = None  # the part that drafted the last step (None: neither did)
         self.extension = extension  # its drafts' likeliest nodes extended by lookup (drafters.extend; trees only)
-        self.drafted = 0  # nodes of the part's own draft last step (the extension's come after them)
 
     def use_policy(self, policy) -> None:
         super().use_policy(policy)
@@ -59,7 +58,6 @@ class Hybrid(Drafter):
     def propose(self, context: list[int], k: int, sampling: SamplingConfig,
                 generator: torch.Generator) -> Draft:
         draft = self._propose(context, k, sampling, generator)
-        self.drafted = len(draft)
         return self.extension.extend(context, draft, k, sampling) if self.extension is not None else draft
 
     def _propose(self, context: list[int], k: int, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
@@ -80,9 +78,8 @@ class Hybrid(Drafter):
         return self.drafter
 
     def learn(self, judged: list[tuple[int, bool]]) -> None:
-        if self.extension is not None:  # the part learns from its own nodes, the extension from its
-            self.extension.learn(judged)
-            judged = [(j, passed) for j, passed in judged if j < self.drafted]
+        if self.extension is not None:  # the extension learns from its nodes, the part from its own
+            judged = self.extension.learn(judged)
         if self.drafter is not None:
             self.drafter.learn(judged)
 
