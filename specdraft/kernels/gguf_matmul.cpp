@@ -241,40 +241,37 @@ std::vector<torch::Tensor> quantize_q8k(torch::Tensor x) {
     return {qx, xs, bsums};
 }
 
-void quantize_q8k_rows(const float* px, int64_t T, const Q8Rows& out) {
-    const int64_t nb = out.in / 256;
-    int8_t* pq = out.qx;
-    float* ps = out.xs;
-    int16_t* pb = out.bsums;
+void quantize_q8k_block(const float* v, int8_t* q, float* scale, int16_t* bsums) {
     // 8 floats a step; the same values as the scalar definition (|x| max, 127 / amax, round to
     // nearest even, sums of 16 in int), only faster
-    // blocks are independent: split across threads from 64 blocks on (a row of 16384 inputs)
-    at::parallel_for(0, T * nb, 64, [&](int64_t first, int64_t last) {
-        const __m256 sign = _mm256_set1_ps(-0.0f);
-        for (int64_t blk = first; blk < last; ++blk) {
-            const float* v = px + blk * 256;
-            __m256 mx = _mm256_setzero_ps();
-            for (int i = 0; i < 256; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
-            const float amax = simd::hmax(mx);
-            const float iscale = amax > 0.f ? 127.f / amax : 0.f;
-            ps[blk] = amax > 0.f ? 1.f / iscale : 0.f;
-            const __m256 is = _mm256_set1_ps(iscale);
-            int8_t* q = pq + blk * 256;
-            for (int g = 0; g < 16; ++g) {  // 16 inputs: two vectors of 8 -> 16 int8 and their sum
-                const __m256i a = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + 16 * g), is),
-                                                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-                const __m256i b = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + 16 * g + 8), is),
-                                                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-                const __m256i ab = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);  // 16 x i16 in order
-                const __m128i q8 = _mm_packs_epi16(_mm256_castsi256_si128(ab), _mm256_extracti128_si256(ab, 1));
-                _mm_storeu_si128((__m128i*)(q + 16 * g), q8);
-                __m256i s = _mm256_add_epi32(a, b);
-                __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-                s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-                pb[blk * 16 + g] = (int16_t)_mm_cvtsi128_si32(s4);
-            }
-        }
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 mx = _mm256_setzero_ps();
+    for (int i = 0; i < 256; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
+    const float amax = simd::hmax(mx);
+    const float iscale = amax > 0.f ? 127.f / amax : 0.f;
+    *scale = amax > 0.f ? 1.f / iscale : 0.f;
+    const __m256 is = _mm256_set1_ps(iscale);
+    for (int g = 0; g < 16; ++g) {  // 16 inputs: two vectors of 8 -> 16 int8 and their sum
+        const __m256i a = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + 16 * g), is),
+                                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        const __m256i b = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + 16 * g + 8), is),
+                                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        const __m256i ab = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);  // 16 x i16 in order
+        const __m128i q8 = _mm_packs_epi16(_mm256_castsi256_si128(ab), _mm256_extracti128_si256(ab, 1));
+        _mm_storeu_si128((__m128i*)(q + 16 * g), q8);
+        __m256i s = _mm256_add_epi32(a, b);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+        bsums[g] = (int16_t)_mm_cvtsi128_si32(s4);
+    }
+}
+
+void quantize_q8k_rows(const float* px, int64_t T, const Q8Rows& out) {
+    // blocks are independent: split across threads from 16 blocks on (~0.1 us each; a thread's
+    // start costs ~1 us)
+    at::parallel_for(0, T * (out.in / 256), 16, [&](int64_t first, int64_t last) {
+        for (int64_t blk = first; blk < last; ++blk) out.quantize_block(px + blk * 256, blk);
     });
 }
 

@@ -7,9 +7,17 @@
 
 // gguf_matmul.cpp: 8-bit activations against GGUF Q4_K / Q6_K weight records
 std::vector<torch::Tensor> quantize_q8k(torch::Tensor x);
+// one super-block of 256 floats -> 256 int8 q, its scale (1 / (127 / max |v|)) and 16 sums of 16 q
+void quantize_q8k_block(const float* v, int8_t* q, float* scale, int16_t* bsums);
 // quantize_q8k's three outputs for T rows of width in (a multiple of 256), in caller-owned memory:
 // qx [T, in], xs [T, in / 256], bsums [T, in / 16]
-struct Q8Rows { int8_t* qx; float* xs; int16_t* bsums; int64_t in; };
+struct Q8Rows {
+    int8_t* qx; float* xs; int16_t* bsums; int64_t in;
+    // super-block blk of the rows (row blk / (in / 256), its block blk % (in / 256)) from v [256]
+    void quantize_block(const float* v, int64_t blk) const {
+        quantize_q8k_block(v, qx + blk * 256, xs + blk, bsums + blk * 16);
+    }
+};
 // quantize_q8k of x [T, out.in] float32 (row stride out.in; a padded row's tail holds zeros) into out
 void quantize_q8k_rows(const float* x, int64_t T, const Q8Rows& out);
 torch::Tensor q4k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums, torch::Tensor w, int64_t out_features);
