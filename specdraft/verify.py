@@ -58,17 +58,32 @@ def verify_greedy(target_logits: torch.Tensor, draft: list[int]) -> Verdict:
     return Verdict(n, int(best[n]), n == K)
 
 
+class RowProbs:
+    """probs_from_logits of [N, V] target logits, one row at a time as a verification walks to
+    it: a walk reads the root's row and those of the nodes it accepts (~2-3 of a tree's 5-7), and
+    each row is its own (temperature, top-k and top-p apply row by row)."""
+
+    def __init__(self, logits: torch.Tensor, cfg: SamplingConfig):
+        self.logits, self.cfg, self.rows = logits, cfg, {}
+        self.width = logits.shape[-1]
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i not in self.rows:
+            self.rows[i] = probs_from_logits(self.logits[i:i + 1], self.cfg)[0]
+        return self.rows[i]
+
+
 def verify_sampling(target_logits: torch.Tensor, draft: list[int], draft_probs: torch.Tensor | None,
                     cfg: SamplingConfig, generator: torch.Generator) -> Verdict:
     """Speculative sampling. target_logits [K+1, V]; draft_probs [K, V] (q) or None (one-hot)."""
     K = len(draft)
-    p = probs_from_logits(target_logits, cfg)  # [K+1, V]
-    if draft_probs is not None and draft_probs.shape[-1] != p.shape[-1]:
+    p = RowProbs(target_logits, cfg)  # p[i]: [V], row i's alone, as the walk reaches it
+    if draft_probs is not None and draft_probs.shape[-1] != p.width:
         # Same tokenizer, differently padded output heads: ids past the tokenizer's vocabulary
         # carry no mass in either model, so q is cut or zero-padded to the target's width.
-        draft_probs = _match_width(draft_probs, p.shape[-1])
+        draft_probs = _match_width(draft_probs, p.width)
     for i, x in enumerate(draft):
-        p_x = float(p[i, x])
+        p_x = float(p[i][x])
         q_x = 1.0 if draft_probs is None else float(draft_probs[i, x])
         # q_x > 0 whenever the drafter sampled x from q; guard the division anyway.
         r = float(torch.rand((), generator=generator))
@@ -84,7 +99,8 @@ def verify_sampling(target_logits: torch.Tensor, draft: list[int], draft_probs: 
         # through float round-off; falling back to p keeps the draw well-defined.
         dist = residual / total if total > 0.0 else p[i]
         return Verdict(i, int(sample(dist[None], generator)[0]), False)
-    return Verdict(K, int(sample(p[K:K + 1], generator)[0]), True)
+    return Verdict(K, int(sample(p[K][None], generator)[0]), True)
+
 
 
 @dataclass(frozen=True)
@@ -133,9 +149,9 @@ def verify_tree(target_logits: torch.Tensor, draft: list[int], parents: list[int
                 return TreeVerdict(tuple(path), int(best[node + 1]), not kids[node + 1])
             path.append(nxt)
             node = nxt
-    p_all = probs_from_logits(target_logits, cfg)  # [N+1, V]
-    if draft_probs is not None and draft_probs.shape[-1] != p_all.shape[-1]:
-        draft_probs = _match_width(draft_probs, p_all.shape[-1])
+    p_all = RowProbs(target_logits, cfg)  # row j + 1: after node j
+    if draft_probs is not None and draft_probs.shape[-1] != p_all.width:
+        draft_probs = _match_width(draft_probs, p_all.width)
     while True:
         p = p_all[node + 1]
         for c in kids[node + 1]:
