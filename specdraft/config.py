@@ -120,11 +120,13 @@ class SpecConfig:
     # against 1.56, mtp 1.33 against 1.23) and ran as fast or faster; on the AVX2 EPYC (4 runs each)
     # the two ran within each other's spread (head 1.09-1.11x against 1.06-1.18x). BENCHMARKS.md.
     trees: bool = True
-    # fusion / hybrid-head, with trees, greedy: the likeliest nodes of each draft extended by what followed
-    # their branch's last tokens earlier in the text (drafters.extend: lookup after a guess, where
-    # lookup from the context alone finds nothing). Measured on the AMX Xeon, 26 dev prompts
-    # (scripts/extend_ab.py, BENCHMARKS.md): fusion 2.21 -> 2.28 tokens a forward, 1.49x -> 1.51x
-    # `none`; hybrid-head 2.12 -> 2.19, 1.47x -> 1.49x. False: the drafts as their prophets made them.
+    # the drafters on the target's features (head, eagle, medusa, hydra, mtp, hybrid-head, fusion),
+    # with trees, greedy: the likeliest nodes of each draft extended by what followed their branch's
+    # last tokens earlier in the text (drafters.extend: lookup after a guess, where lookup from the
+    # context alone finds nothing). Measured on the AMX Xeon, 26 dev prompts (scripts/extend_ab.py,
+    # BENCHMARKS.md): fusion 2.21 -> 2.28 tokens a forward, 1.49x -> 1.51x `none`; hybrid-head 2.12 ->
+    # 2.19, 1.47x -> 1.49x; head 2.01 -> 2.11, 1.41x -> 1.45x; eagle 1.90 -> 2.06, 1.33x -> 1.38x.
+    # False: the drafts as their prophets made them.
     extend: bool = True
     # head / hybrid-head: the directory of a trained drafting head (head.json + head.safetensors);
     # None = the one shipped for the target, when there is one.

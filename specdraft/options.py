@@ -55,8 +55,8 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                         "(EAGLE-2 style), sized by the "
                         "measured cost curve (default); --no-trees: one chain")
     p.add_argument("--extend", action=argparse.BooleanOptionalAction, default=_DEFAULTS_SPEC.extend,
-                   help="fusion / hybrid-head, with trees, greedy: extend the likeliest guesses by what followed them earlier in "
-                        "the text (default); --no-extend: the drafts as the prophets made them")
+                   help="drafters on the target's features, with trees, greedy: extend the likeliest guesses by what "
+                        "followed them earlier in the text (default); --no-extend: the drafts as the prophets made them")
     p.add_argument("--cost-rule", action=argparse.BooleanOptionalAction, default=_DEFAULTS_SPEC.cost_rule,
                    help="send the guesses that pay for their check by the measured forward costs, and stop drafting "
                         "where another guess would not pay (default); --no-cost-rule: only --k and --min-confidence "

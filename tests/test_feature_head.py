@@ -13,7 +13,7 @@ import torch
 
 from _tiny import VOCAB, build_hf, drafted, drafting_engine, load_native, own_texts, save
 from specdraft.config import GenerationConfig, SamplingConfig
-from specdraft.drafters import needs_head
+from specdraft.drafters import Draft, needs_head
 from specdraft.drafters.feature_head import output_weight
 from specdraft.errors import ModelFileError
 from specdraft.heads.data import FeatureSet, record
@@ -123,6 +123,29 @@ def test_greedy_equals_plain_and_guesses_are_accepted(target, trained, method, t
         assert stats.drafts > 0 and stats.draft_tokens > 0
         accepted += stats.accepted_tokens
     assert accepted > 0  # the trained head does predict the target
+
+
+def test_the_head_alone_extends_its_trees_and_hybrid_head_extends_once(target, trained):
+    """Drafting alone with trees, the head's likeliest nodes are extended by lookup after them
+    (drafters.extend), unless --no-extend; inside hybrid-head the composite extends, not the head.
+    learn hands the extension's nodes to the extension and the head's own to its rates."""
+    _, head, _ = trained
+    alone = engine(target, "head", head, trees=True).drafter
+    assert alone.extension is not None
+    assert engine(target, "head", head, trees=True, extend=False).drafter.extension is None
+    assert engine(target, "head", head, trees=False).drafter.extension is None
+    hybrid = engine(target, "hybrid-head", head, trees=True).drafter
+    assert hybrid.extension is not None and hybrid.model.extension is None
+    alone.feature = torch.zeros(target.spec.hidden_size)  # ready; its tree: one guess, 3
+    alone._propose_tree = lambda context, k, costed, draft_cost: Draft([3], parents=[-1], chances=[0.9])
+    d = alone.propose([1, 2, 3, 4, 5, 6, 1, 2], 4, SamplingConfig(), torch.Generator())
+    assert d.tokens == [3, 4, 5, 6] and d.parents == [-1, 0, 1, 2]  # ... 1 2 | 3 -> what followed 2 3
+    alone.proposed = [0.9]
+    own_before = sum(alone.rates.tried)
+    copy_before = sum(sum(r.tried) for r in alone.extension.rates.values())
+    alone.learn([(0, True), (1, True), (2, False)])
+    assert sum(alone.rates.tried) == own_before + 1
+    assert sum(sum(r.tried) for r in alone.extension.rates.values()) == copy_before + 2
 
 
 def test_greedy_head_drafts_are_branched_trees_and_chains_without(target, trained):

@@ -21,7 +21,7 @@ import torch
 from ..heads.eagle import attend
 from ..models.small_linear import drafter_linear_of
 from .base import DrafterContext, register
-from .feature_head import FeatureHeadDrafter
+from .feature_head import FeatureHeadDrafter, drafter_of
 from .trees import node_depths, node_mask
 
 
@@ -29,8 +29,8 @@ class EagleDrafter(FeatureHeadDrafter):
     name = "eagle"
     prompt_features = True  # every prompt row's feature fills its layer's cache
 
-    def __init__(self, target, head, *, min_confidence: float = 0.0, trees: bool = False):
-        super().__init__(target, head, min_confidence=min_confidence, trees=trees)
+    def __init__(self, target, head, **options):
+        super().__init__(target, head, **options)
         c = head.cfg
         self.max_length = target.max_length
         self.k_cache = torch.zeros(self.max_length, c.num_kv_heads, c.head_dim)  # [L, nkv, hd] real pairs
@@ -47,7 +47,8 @@ class EagleDrafter(FeatureHeadDrafter):
         return {name: drafter_linear_of(getattr(head, name)) for name in head.LINEARS}
 
     def begin(self, prompt: list[int]) -> None:
-        self.cached, self.pending, self.feature, self.root = 0, [], None, None
+        super().begin(prompt)  # no feature yet; the extension's index afresh
+        self.cached, self.pending, self.root = 0, [], None
 
     @torch.inference_mode()
     def take_features(self, hidden: torch.Tensor) -> None:
@@ -107,5 +108,4 @@ class EagleDrafter(FeatureHeadDrafter):
 
 @register("eagle", needs_head="eagle")
 def _build(ctx: DrafterContext) -> EagleDrafter:
-    return EagleDrafter(ctx.target, ctx.head, min_confidence=ctx.spec.min_confidence,
-                        trees=ctx.spec.trees and getattr(ctx.target, "supports_tree", False))
+    return drafter_of(EagleDrafter, ctx)

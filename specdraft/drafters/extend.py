@@ -140,3 +140,9 @@ class LookupExtension:
             else:
                 own.append((j, passed))
         return own
+
+
+def lookup_extension(spec, trees: bool) -> LookupExtension | None:
+    """The extension a tree drafter built for ``spec`` (config.SpecConfig) runs: on by default
+    (``extend``), for drafters that propose trees."""
+    return LookupExtension(spec.ngram_max) if spec.extend and trees else None

@@ -28,6 +28,7 @@ from ..errors import ParameterError
 from ..models.quant import DenseLinear, W8A8Linear
 from ..models.small_linear import drafter_linear, drafter_linear_of
 from .base import Draft, DrafterContext, RatedGuesses, choose, register
+from .extend import LookupExtension, lookup_extension
 from .trees import GrownTree
 
 
@@ -84,8 +85,12 @@ class FeatureHeadDrafter(RatedGuesses):
     uses_features = True
     prompt_features = False  # a draft starts from the newest committed row alone
 
-    def __init__(self, target, head, *, min_confidence: float = 0.0, trees: bool = False):
+    def __init__(self, target, head, *, min_confidence: float = 0.0, trees: bool = False,
+                 extension: LookupExtension | None = None):
         super().__init__()  # rates: the head's confidences -> how often such guesses passed
+        # its trees' likeliest nodes extended by lookup after them (drafters.extend; greedy only),
+        # where it drafts alone: inside hybrid-head and fusion the composite extends the whole tree
+        self.extension = extension if trees else None
         self.feature_layers = getattr(head.cfg, "taps", ())  # EAGLE-3 fused features (heads.model)
         self.fuse = None if not self.feature_layers else \
             drafter_linear(head.fuse.weight)  # [(k+1)H] -> [H], quantized like the step
@@ -117,6 +122,8 @@ class FeatureHeadDrafter(RatedGuesses):
 
     def begin(self, prompt: list[int]) -> None:
         self.feature = None
+        if self.extension is not None:
+            self.extension.begin()
 
     def to_target(self, index: int, q: torch.Tensor | None = None) -> tuple[int, torch.Tensor | None]:
         """A guess's draft index as the target's token id, and its distribution q [V'] over the
@@ -165,7 +172,8 @@ class FeatureHeadDrafter(RatedGuesses):
         costed = self.costed
         draft_cost = self.policy.in_forwards(self.step_seconds) if costed else 0.0  # a guess, in one-token forwards
         if self.trees:  # (sampling too: deterministic children, verified one-hot, are lossless)
-            return self._propose_tree(context, k, costed, draft_cost)
+            tree = self._propose_tree(context, k, costed, draft_cost)
+            return tree if self.extension is None else self.extension.extend(context, tree, k, sampling)
         t0 = time.perf_counter()
         self.drawn = None if sampling.greedy else \
             (self.sample_from_q if self.sample_from_q is not None else self.ways.pick())
@@ -219,7 +227,10 @@ class FeatureHeadDrafter(RatedGuesses):
         return self.q_rates if self.drawn else self.rates
 
     def learn(self, judged: list[tuple[int, bool]]) -> None:
-        """RatedGuesses.learn, and the first guess's outcome for the way it was guessed (BetterOfTwo)."""
+        """RatedGuesses.learn, and the first guess's outcome for the way it was guessed (BetterOfTwo);
+        the extension's nodes teach the extension."""
+        if self.extension is not None:
+            judged = self.extension.learn(judged)
         if self.drawn is not None:
             for j, passed in judged:
                 if j == 0:
@@ -227,7 +238,14 @@ class FeatureHeadDrafter(RatedGuesses):
         super().learn(judged)
 
 
+def drafter_of(cls, ctx: DrafterContext) -> FeatureHeadDrafter:
+    """A drafter on the target's features of class ``cls`` as ``--method`` builds it: trees where
+    the target verifies them, extended by lookup after a guess unless ``--no-extend``."""
+    trees = ctx.spec.trees and getattr(ctx.target, "supports_tree", False)
+    return cls(ctx.target, ctx.head, min_confidence=ctx.spec.min_confidence, trees=trees,
+               extension=lookup_extension(ctx.spec, trees))
+
+
 @register("head", needs_head=True)
 def _build(ctx: DrafterContext) -> FeatureHeadDrafter:
-    return FeatureHeadDrafter(ctx.target, ctx.head, min_confidence=ctx.spec.min_confidence,
-                              trees=ctx.spec.trees and getattr(ctx.target, "supports_tree", False))
+    return drafter_of(FeatureHeadDrafter, ctx)

@@ -24,7 +24,7 @@ import torch
 
 from ..config import SamplingConfig
 from .base import Draft, Drafter, DrafterContext, build_drafter, register
-from .extend import LookupExtension
+from .extend import LookupExtension, lookup_extension
 from .feature_head import FeatureHeadDrafter
 from .suffix import SuffixTree
 from .trees import best_branch
@@ -164,4 +164,4 @@ def _build(ctx: DrafterContext) -> Fusion:
     if ctx.spec.index is not None:
         components.append(build_drafter("retrieval", ctx))
     return Fusion(components, trees=trees,
-                  extension=LookupExtension(ctx.spec.ngram_max) if ctx.spec.extend and trees else None)
+                  extension=lookup_extension(ctx.spec, trees))

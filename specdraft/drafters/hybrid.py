@@ -23,7 +23,7 @@ import torch
 from ..config import SamplingConfig
 from .base import Draft, Drafter, DrafterContext, register
 from .draft_model import DraftModel, trees_for
-from .extend import LookupExtension
+from .extend import LookupExtension, lookup_extension
 from .feature_head import FeatureHeadDrafter
 from .prompt_lookup import PromptLookup
 
@@ -106,6 +106,6 @@ def _build_head(ctx: DrafterContext) -> Hybrid:
                                trees=spec.trees and getattr(ctx.target, "supports_tree", False))
     model_k = spec.cap_for("head")
     hybrid = Hybrid(model, model_k=model_k, ngram_max=spec.ngram_max, ngram_min=spec.ngram_min,
-                    extension=LookupExtension(spec.ngram_max) if spec.extend and model.trees else None)
+                    extension=lookup_extension(spec, model.trees))
     hybrid.name = "hybrid-head"
     return hybrid

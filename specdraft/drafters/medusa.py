@@ -13,7 +13,7 @@ import torch
 
 from ..models.small_linear import drafter_linear_of
 from .base import DrafterContext, register
-from .feature_head import FeatureHeadDrafter
+from .feature_head import FeatureHeadDrafter, drafter_of
 from .trees import child_steps
 
 
@@ -39,8 +39,7 @@ class HydraDrafter(MedusaDrafter):
 
 
 def _build(ctx: DrafterContext, cls=MedusaDrafter) -> MedusaDrafter:
-    return cls(ctx.target, ctx.head, min_confidence=ctx.spec.min_confidence,
-               trees=ctx.spec.trees and getattr(ctx.target, "supports_tree", False))
+    return drafter_of(cls, ctx)
 
 
 register("medusa", needs_head="medusa")(_build)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .base import DrafterContext, register
-from .feature_head import FeatureHeadDrafter, QuantizedStep
+from .feature_head import FeatureHeadDrafter, QuantizedStep, drafter_of
 from .trees import child_steps
 
 
@@ -37,5 +37,4 @@ class MTPDrafter(FeatureHeadDrafter):
 
 @register("mtp", needs_head="mtp")
 def _build(ctx: DrafterContext) -> MTPDrafter:
-    return MTPDrafter(ctx.target, ctx.head, min_confidence=ctx.spec.min_confidence,
-                      trees=ctx.spec.trees and getattr(ctx.target, "supports_tree", False))
+    return drafter_of(MTPDrafter, ctx)
