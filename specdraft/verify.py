@@ -102,7 +102,6 @@ def verify_sampling(target_logits: torch.Tensor, draft: list[int], draft_probs: 
     return Verdict(K, int(sample(p[K][None], generator)[0]), True)
 
 
-
 @dataclass(frozen=True)
 class TreeVerdict:
     """The outcome of verifying a token tree: the accepted path and the target's next token."""

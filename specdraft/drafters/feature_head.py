@@ -238,12 +238,13 @@ class FeatureHeadDrafter(RatedGuesses):
         super().learn(judged)
 
 
-def drafter_of(cls, ctx: DrafterContext) -> FeatureHeadDrafter:
+def drafter_of(cls, ctx: DrafterContext, alone: bool = True) -> FeatureHeadDrafter:
     """A drafter on the target's features of class ``cls`` as ``--method`` builds it: trees where
-    the target verifies them, extended by lookup after a guess unless ``--no-extend``."""
+    the target verifies them, extended by lookup after a guess unless ``--no-extend``, when it
+    drafts ``alone`` (a composite's part is not: the composite extends its whole tree)."""
     trees = ctx.spec.trees and getattr(ctx.target, "supports_tree", False)
     return cls(ctx.target, ctx.head, min_confidence=ctx.spec.min_confidence, trees=trees,
-               extension=lookup_extension(ctx.spec, trees))
+               extension=lookup_extension(ctx.spec, trees) if alone else None)
 
 
 @register("head", needs_head=True)

@@ -25,7 +25,7 @@ import torch
 from ..config import SamplingConfig
 from .base import Draft, Drafter, DrafterContext, build_drafter, register
 from .extend import LookupExtension, lookup_extension
-from .feature_head import FeatureHeadDrafter
+from .feature_head import FeatureHeadDrafter, drafter_of
 from .suffix import SuffixTree
 from .trees import best_branch
 
@@ -159,7 +159,7 @@ def _build(ctx: DrafterContext) -> Fusion:
     """suffix and the head, and retrieval too where an --index is given."""
     trees = getattr(ctx.target, "supports_tree", False)
     suffix = SuffixTree(ctx.spec.ngram_max, ctx.spec.ngram_min, trees=trees)
-    head = FeatureHeadDrafter(ctx.target, ctx.head, min_confidence=ctx.spec.min_confidence, trees=ctx.spec.trees and trees)
+    head = drafter_of(FeatureHeadDrafter, ctx, alone=False)
     components: list[Drafter] = [suffix, head]
     if ctx.spec.index is not None:
         components.append(build_drafter("retrieval", ctx))

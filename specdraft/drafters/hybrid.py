@@ -24,7 +24,7 @@ from ..config import SamplingConfig
 from .base import Draft, Drafter, DrafterContext, register
 from .draft_model import DraftModel, trees_for
 from .extend import LookupExtension, lookup_extension
-from .feature_head import FeatureHeadDrafter
+from .feature_head import FeatureHeadDrafter, drafter_of
 from .prompt_lookup import PromptLookup
 
 
@@ -102,8 +102,7 @@ def _build(ctx: DrafterContext) -> Hybrid:
 @register("hybrid-head", needs_head=True)
 def _build_head(ctx: DrafterContext) -> Hybrid:
     spec = ctx.spec
-    model = FeatureHeadDrafter(ctx.target, ctx.head, min_confidence=spec.min_confidence,
-                               trees=spec.trees and getattr(ctx.target, "supports_tree", False))
+    model = drafter_of(FeatureHeadDrafter, ctx, alone=False)
     model_k = spec.cap_for("head")
     hybrid = Hybrid(model, model_k=model_k, ngram_max=spec.ngram_max, ngram_min=spec.ngram_min,
                     extension=lookup_extension(spec, model.trees))

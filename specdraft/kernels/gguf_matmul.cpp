@@ -268,9 +268,8 @@ void quantize_q8k_block(const float* v, int8_t* q, float* scale, int16_t* bsums)
 }
 
 void quantize_q8k_rows(const float* px, int64_t T, const Q8Rows& out) {
-    // blocks are independent: split across threads from 16 blocks on (~0.1 us each; a thread's
-    // start costs ~1 us)
-    at::parallel_for(0, T * (out.in / 256), 16, [&](int64_t first, int64_t last) {
+    // blocks are independent: split across threads from 64 blocks on (a row of 16384 inputs)
+    at::parallel_for(0, T * (out.in / 256), 64, [&](int64_t first, int64_t last) {
         for (int64_t blk = first; blk < last; ++blk) out.quantize_block(px + blk * 256, blk);
     });
 }

@@ -23,11 +23,15 @@ static inline float rms_scale(const float* x, int64_t n, double eps) {
     return 1.0f / std::sqrt(simd::hsum(ss) / (float)n + (float)eps);
 }
 
+// out[i] = w[i] * (x[i] * r) for i in [lo, hi) (multiples of 8)
+static inline void scaled(const float* x, const float* w, __m256 r, int64_t lo, int64_t hi, float* out) {
+    for (int64_t i = lo; i < hi; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(x + i), r)));
+}
+
 // One row's RMSNorm: out[0 .. n) = w * (x / sqrt(mean(x^2) + eps)), n a multiple of 8, fixed order
 static inline void rms_row(const float* x, const float* w, int64_t n, double eps, float* out) {
-    const __m256 r = _mm256_set1_ps(rms_scale(x, n, eps));
-    for (int64_t i = 0; i < n; i += 8)
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(x + i), r)));
+    scaled(x, w, _mm256_set1_ps(rms_scale(x, n, eps)), 0, n, out);
 }
 
 // RMSNorm then 8-bit quantization for the next product: h = w * (x / sqrt(mean(x^2) + eps)).
@@ -58,8 +62,7 @@ void rms_quantize_rows(const float* x, const float* w, int64_t T, int64_t H, dou
             const float* xr = x + t * H;
             if (t != row) r = _mm256_set1_ps(rms_scale(xr, H, eps)), row = t;
             float* hr = h + t * out.in;
-            for (int64_t i = lo; i < hi; i += 8)
-                _mm256_storeu_ps(hr + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(xr + i), r)));
+            scaled(xr, w, r, lo, hi, hr);
             out.quantize_block(hr + lo, task);
         }
     });
