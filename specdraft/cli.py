@@ -22,6 +22,7 @@ from .drafters import drafter_names, needs_draft_model
 from .errors import ParameterError, SpecdraftError
 from .heads.command import add_export_args, add_train_args, export_from_args, train_from_args
 from .heads.model import shipped_head_dir
+from .models.hugepages import pages_note
 from .models.packaged import DEFAULT_TARGET, PACKAGED, resolve_model_dir
 from .options import (
     DTYPES,
@@ -285,9 +286,11 @@ def _cmd_calibrate(args) -> int:
     paths = {r["kernel_path"] for r in reports.values()} - {None}
     if paths:
         forms = gguf_kernel_forms()
-        print(f"GGUF kernel path: {', '.join(sorted(paths))}" + (f"; {forms}" if forms else ""))
+        pages = pages_note()
+        print(f"GGUF kernel path: {', '.join(sorted(paths))}" + (f"; {forms}" if forms else "") + f"; weights in {pages}")
         for r in reports.values():
             r["kernel_forms"] = forms if r["kernel_path"] else None
+            r["weight_pages"] = pages
     if len(reports) > 1:
         fastest = min(reports, key=lambda label: reports[label]["seconds"][0])
         for label, r in reports.items():
@@ -345,8 +348,8 @@ def _calibrate_steps(args, blocks: tuple[int, ...], name: str, model) -> int:
                             repeats=args.repeats)
     finally:
         ops.set_kernel_path(before)
-    print(f"{name}, weight format {model.weight_format}, {torch.get_num_threads()} threads, context {args.context}: "
-          f"ms a forward in each step (medians of {args.repeats})")
+    print(f"{name}, weight format {model.weight_format}, {torch.get_num_threads()} threads, context {args.context}, "
+          f"weights in {pages_note()}: ms a forward in each step (medians of {args.repeats})")
     cols = [(p, i) for i in range(len(blocks)) for p in paths]
     print(f"{'step':<20s}" + "".join(f"{f'{p} x{blocks[i]}':>20s}" for p, i in cols))
     for step in got[paths[0]]["steps"]:

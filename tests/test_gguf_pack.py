@@ -1,5 +1,6 @@
-"""The packed copy of a GGUF file's kernel records: made once, mapped on later starts, rebuilt when
-damaged, and stacked projections (q, k; gate, up) read as views of the map, not copies."""
+"""The packed copy of a GGUF file's kernel records: made once, read into huge pages (or mapped) on
+later starts, rebuilt when damaged, and stacked projections (q, k; gate, up) read as views of the
+records, not copies."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +8,7 @@ import torch
 from test_gguf_kernels import random_blocks
 
 from specdraft.errors import ModelFileError
-from specdraft.models import gguf_weights
+from specdraft.models import gguf_weights, hugepages
 from specdraft.models.gguf_weights import GGUFLinear, GGUFTensors, unpack_q4k, unpack_q6k
 
 gguf = pytest.importorskip("gguf")
@@ -21,10 +22,14 @@ TENSORS = [("blk.0.attn_k.weight", "model.layers.0.self_attn.k_proj.weight", "Q4
            ("blk.0.ffn_up.weight", "model.layers.0.mlp.up_proj.weight", "Q4_K", INNER, H)]
 
 
-@pytest.fixture()
-def gguf_file(tmp_path, monkeypatch):
+@pytest.fixture(params=["2M", "4K"])
+def gguf_file(tmp_path, monkeypatch, request):
     # packs in a fresh directory; the compiled kernels stay where they are
     monkeypatch.setattr(gguf_weights, "cache_root", lambda: tmp_path / "cache")
+    # the records read into huge pages (however small; where the kernel has none, this falls back
+    # to the map too) or mapped (SPECDRAFT_HUGE_PAGES=0): every test here both ways
+    monkeypatch.setattr(hugepages, "MIN_BYTES", 0)
+    monkeypatch.setenv("SPECDRAFT_HUGE_PAGES", "1" if request.param == "2M" else "0")
     path = tmp_path / "tiny.gguf"
     w = gguf.GGUFWriter(str(path), "qwen2")
     data = {}
@@ -47,6 +52,8 @@ def test_pack_holds_the_records_and_is_reused(gguf_file, monkeypatch):
         assert got.kind == kind and got.out_features == b.shape[0] and torch.equal(got.w, expect)
         assert torch.equal(t.get(hf, rows=9).w, expect[:2])  # 9 rows: the first 2 records of 8
     assert not t.has_kernel("model.layers.0.mlp.nothing.weight")
+    if hugepages.enabled():
+        assert t._flat.data_ptr() % hugepages.HUGE == 0  # read into its own huge-page buffer
 
     def no_parse(*a, **k):
         raise AssertionError("a packed GGUF must not be parsed again")
@@ -79,6 +86,16 @@ def test_a_damaged_pack_is_removed_with_one_line(gguf_file):
         GGUFTensors(path, progress=False)
     assert "\n" not in str(e.value) and not pack.exists()
     assert GGUFTensors(path, progress=False).has_kernel(TENSORS[0][1])  # made again
+
+
+def test_a_pack_cut_short_is_removed_with_one_line(gguf_file):
+    path, _ = gguf_file
+    GGUFTensors(path, progress=False)
+    pack = gguf_weights._pack_path(path)
+    pack.write_bytes(pack.read_bytes()[:-100])  # the header intact, the records 100 bytes short
+    with pytest.raises(ModelFileError, match="damaged") as e:
+        GGUFTensors(path, progress=False)
+    assert "\n" not in str(e.value) and not pack.exists()
 
 
 def test_a_full_disk_while_packing_is_one_line_and_leaves_nothing(gguf_file, monkeypatch):

@@ -11,6 +11,7 @@ import transformers
 
 from ..kernels import KernelUnavailable, gguf_ops
 from ..kernels.plan import PATHS_WITH_FORMS, forms_note
+from ..models.hugepages import pages_note
 
 # The CPU flags that decide which kernels run and how fast: AVX2 (the GGUF kernels' baseline),
 # AVX-512 with VNNI (their int8 dot-product path), native bf16, and AMX.
@@ -89,7 +90,7 @@ def rates_line(probes: list[dict]) -> str | None:
 def machine_info() -> dict:
     return dict(torch=torch.__version__, transformers=transformers.__version__, python=platform.python_version(),
                 platform=platform.platform(), cpu=cpu_info(), gguf_kernel_path=gguf_kernel_path(),
-                gguf_kernel_forms=gguf_kernel_forms(),
+                gguf_kernel_forms=gguf_kernel_forms(), weight_pages=pages_note(),
                 torch_threads=torch.get_num_threads(), torch_interop_threads=torch.get_num_interop_threads())
 
 
@@ -100,5 +101,6 @@ def machine_line(info: dict) -> str:
     return (f"machine: {cpu['model']} ({numbers + '; ' if numbers else ''}{cpu['logical_cpus']} logical CPUs; flags: "
             f"{', '.join(cpu['vector_flags']) or 'none of ' + ', '.join(CPU_FLAGS)}); "
             f"GGUF kernel path: {info['gguf_kernel_path'] or 'none'}"
-            f"{' (' + info['gguf_kernel_forms'] + ')' if info.get('gguf_kernel_forms') else ''}; torch {info['torch']}, "
+            f"{' (' + info['gguf_kernel_forms'] + ')' if info.get('gguf_kernel_forms') else ''}; "
+            f"{'weights in ' + info['weight_pages'] + '; ' if info.get('weight_pages') else ''}torch {info['torch']}, "
             f"{info['torch_threads']} threads")

@@ -29,6 +29,7 @@ from ..errors import ModelFileError
 from ..kernels import KernelUnavailable, gguf_ops
 from ..kernels.plan import use_forms
 from .files import safetensors_header, save_safetensors
+from .hugepages import in_huge_pages, read_huge
 from .packaged import gguf_file
 
 QK = 256  # inputs per super-block
@@ -189,7 +190,7 @@ def quantize_q4k(weight: torch.Tensor, chunk: int = 4096) -> QuantTensor:
         q = q.round().clamp(0, 15).to(torch.uint8).reshape(w.shape[0], w.shape[1], QK)
         parts.append(_q4k_records(q.numpy(), sc.to(torch.uint8).numpy(), mn.to(torch.uint8).numpy(),
                                   d.numpy(), dmin.numpy()))
-    return QuantTensor("Q4_K", O, n_in, torch.cat(parts) if len(parts) > 1 else parts[0])
+    return QuantTensor("Q4_K", O, n_in, in_huge_pages(torch.cat(parts) if len(parts) > 1 else parts[0]))
 
 
 def quantize_q6k(weight: torch.Tensor, chunk: int = 4096) -> QuantTensor:
@@ -356,9 +357,9 @@ class GGUFTensors:
 
     The records are made once per file and kept in the cache: a safetensors file whose one tensor
     ``records`` holds every matrix's records back to back (name -> kind, shape and byte offset in
-    its metadata). A start maps that file into memory (no copy; processes share its pages) instead
-    of parsing the GGUF's metadata (~11 s for Qwen2.5's tokenizer arrays) and unpacking every
-    matrix (~6 s)."""
+    its metadata). A start reads that file into 2 MB pages (models.hugepages; where there are none,
+    maps it, processes sharing its pages) instead of parsing the GGUF's metadata (~11 s for
+    Qwen2.5's tokenizer arrays) and unpacking every matrix (~6 s)."""
 
     def __init__(self, path: str | Path, progress: bool = True):
         self.path = Path(path)
@@ -371,9 +372,12 @@ class GGUFTensors:
             self.arch = meta["arch"]
             self._entries: dict[str, tuple] = {k: tuple(v) for k, v in json.loads(meta["tensors"]).items()}
             start, end = header["records"]["data_offsets"]
-            # copy-on-write map: torch wants writable memory; nothing writes, so pages stay shared
-            flat = np.memmap(pack, dtype=np.uint8, mode="c", offset=8 + n + start, shape=(end - start,))
-            self._flat = torch.from_numpy(flat)
+            # read into 2 MB pages where the kernel gives them (models.hugepages: a forward streams
+            # every record, ~13% faster than through 4 KB pages), else a copy-on-write map (torch
+            # wants writable memory; nothing writes, so the pages stay shared between processes)
+            flat = read_huge(pack, 8 + n + start, end - start)
+            self._flat = flat if flat is not None else torch.from_numpy(
+                np.memmap(pack, dtype=np.uint8, mode="c", offset=8 + n + start, shape=(end - start,)))
         except Exception:
             pack.unlink(missing_ok=True)
             raise ModelFileError(f"the packed copy of {self.path.name} in {pack.parent} was damaged and is "
@@ -459,7 +463,7 @@ def _stack(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if _adjacent(a, b):
         return torch.empty(0, dtype=a.dtype).set_(a.untyped_storage(), a.storage_offset(),
                                                   (a.shape[0] + b.shape[0], a.shape[1]))
-    return torch.cat([a, b])
+    return in_huge_pages(torch.cat([a, b]))
 
 
 class GGUFLinear:

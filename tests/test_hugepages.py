@@ -1,0 +1,114 @@
+"""Weight buffers in 2 MB pages (models.hugepages): aligned and marked for huge pages where the
+kernel gives them, the same bytes as the file or tensor they copy, and a quiet fallback (None, or
+the tensor itself) where huge pages are off."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdraft.models import hugepages
+from specdraft.models.hugepages import (
+    HUGE,
+    MIN_BYTES,
+    huge_empty,
+    huge_page_bytes,
+    in_huge_pages,
+    pages_note,
+    process_huge_bytes,
+    read_huge,
+    thp_mode,
+)
+
+needs_thp = pytest.mark.skipif(not hugepages.enabled(),
+                               reason=f"transparent huge pages are off here ({thp_mode()})")
+
+
+def smaps_fields(ptr: int) -> dict[str, str]:
+    """/proc/self/smaps' fields of the mapping holding address ``ptr``."""
+    fields, inside = {}, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(maxsplit=1)[0]
+        if "-" in head and not head.endswith(":"):
+            start, end = (int(x, 16) for x in head.split("-"))
+            inside = start <= ptr < end
+        elif inside:
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+    return fields
+
+
+@needs_thp
+def test_a_buffer_starts_on_a_huge_page_in_a_mapping_marked_for_them():
+    t = huge_empty(3 * HUGE + 5)
+    assert t is not None and t.dtype == torch.uint8 and t.numel() == 3 * HUGE + 5
+    assert t.data_ptr() % HUGE == 0
+    t.fill_(7)  # writable, every byte
+    assert int(t.sum()) == 7 * t.numel()
+    fields = smaps_fields(t.data_ptr())
+    assert "hg" in fields["VmFlags"].split()  # MADV_HUGEPAGE on the range
+    assert fields.get("THPeligible", "1") == "1"
+
+
+@needs_thp
+def test_read_huge_reads_the_file_from_an_offset_and_refuses_a_short_file(tmp_path):
+    data = torch.randint(0, 256, (MIN_BYTES + 100_000,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    path = tmp_path / "records.bin"
+    path.write_bytes(data.numpy().tobytes())
+    got = read_huge(path, 1234, MIN_BYTES, chunk=1 << 20)  # several chunks
+    assert got is not None and got.data_ptr() % HUGE == 0
+    assert torch.equal(got, data[1234:1234 + MIN_BYTES])
+    with pytest.raises(OSError, match="ends"):
+        read_huge(path, 200_000, MIN_BYTES)
+
+
+@needs_thp
+def test_in_huge_pages_copies_values_dtype_and_shape():
+    t = torch.randn(1024, 1024, generator=torch.Generator().manual_seed(1))  # 4 MiB
+    c = in_huge_pages(t)
+    assert c.data_ptr() != t.data_ptr() and c.data_ptr() % HUGE == 0
+    assert c.dtype == t.dtype and c.shape == t.shape and c.is_contiguous() and torch.equal(c, t)
+    small = t[:4]
+    assert in_huge_pages(small) is small  # under MIN_BYTES: kept as it is
+
+
+def test_turned_off_every_function_falls_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDRAFT_HUGE_PAGES", "0")
+    assert not hugepages.enabled()
+    assert huge_empty(4 * HUGE) is None
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(4 * HUGE))
+    assert read_huge(path, 0, 4 * HUGE) is None
+    t = torch.zeros(4 * HUGE, dtype=torch.uint8)
+    assert in_huge_pages(t) is t
+    assert pages_note() == "4 KB pages (SPECDRAFT_HUGE_PAGES=0)"
+
+
+@pytest.mark.parametrize("text, mode", [("always [madvise] never\n", "madvise"), ("[always] madvise never\n", "always"),
+                                        ("always madvise [never]\n", "never"), (None, "unavailable")])
+def test_the_kernel_setting_is_read_and_never_means_off(tmp_path, monkeypatch, text, mode):
+    path = tmp_path / "enabled"
+    if text is not None:
+        path.write_text(text)
+    monkeypatch.setattr(hugepages, "THP_ENABLED", path)
+    monkeypatch.delenv("SPECDRAFT_HUGE_PAGES", raising=False)
+    assert thp_mode() == mode
+    if mode in ("never", "unavailable"):
+        assert not hugepages.enabled() and huge_empty(4 * HUGE) is None
+        assert pages_note() == f"4 KB pages (transparent huge pages: {mode})"
+
+
+def test_huge_page_bytes_sums_the_mappings_a_tensor_overlaps(tmp_path):
+    t = torch.zeros(1024, dtype=torch.uint8)
+    lo, hi = t.data_ptr(), t.data_ptr() + t.nbytes
+    smaps = tmp_path / "smaps"
+    smaps.write_text(
+        f"{lo - 8192:x}-{lo + 512:x} rw-p 00000000 00:00 0\nSize:   8 kB\nAnonHugePages:   2048 kB\n"
+        f"{lo + 512:x}-{hi + 4096:x} rw-p 00000000 00:00 0\nAnonHugePages:   4096 kB\nVmFlags: rd wr hg\n"
+        f"{hi + 4096:x}-{hi + 8192:x} rw-p 00000000 00:00 0 [heap]\nAnonHugePages:   8192 kB\n")
+    assert huge_page_bytes(t, smaps) == (2048 + 4096) * 1024  # not the third mapping: it starts past the tensor
+    assert huge_page_bytes(t, tmp_path / "missing") == 0
+    rollup = tmp_path / "rollup"
+    rollup.write_text("Rss:  100 kB\nAnonHugePages:   6144 kB\n")
+    assert process_huge_bytes(rollup) == 6144 * 1024 and process_huge_bytes(tmp_path / "missing") == 0
