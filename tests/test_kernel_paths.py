@@ -303,38 +303,6 @@ def test_timed_forms_give_the_same_bits_and_time_both(vnni, kind, out_f, in_f):
         assert ymm >= 1 and zmm >= 1 and ymm + zmm == 18 and ns_ymm > 0 and ns_zmm > 0
 
 
-@pytest.mark.parametrize("path", ["amx-int8", "amx-int8-emulated"])
-def test_tiles_or_vnni_timed_for_6_to_15_rows_give_the_same_bits(ops, path):
-    """By default the amx-int8 path times its tiles against the VNNI kernels for blocks of 6-15
-    rows, per product and rows (gguf_amx.cpp): every call the AVX2 path's bits, both timed for each
-    rows; fewer rows VNNI and 16 the tiles untimed; a threshold set (tests, SPECDRAFT_AMX_MIN_ROWS)
-    times nothing."""
-    from specdraft.kernels import plan
-
-    use(ops, path)
-    ops.set_amx_min_rows(0)  # the default: timed
-    ops.set_vnni_forms_timed(True)
-    qt, _ = quant_tensor("Q4_K", 32, 512, seed=11)
-    xq = ops.quantize_q8k(torch.randn(16, 512))
-    ops.set_kernel_path("avx2")
-    base = matmul(ops, "Q4_K", xq, qt)
-    ops.set_kernel_path("amx-int8")
-    ops.clear_vnni_form_stats()
-    for _ in range(18):
-        for T in range(1, 17):
-            assert torch.equal(matmul(ops, "Q4_K", tuple(t[:T] for t in xq), qt), base[:T]), T
-    stats = ops.amx_tile_stats()
-    assert sorted(int(key) >> 1 & 15 for key, *_ in stats) == list(range(6, 16))
-    for _, vnni, tiles, ns_vnni, ns_tiles in stats:
-        assert vnni >= 1 and tiles >= 1 and vnni + tiles == 16 and ns_vnni > 0 and ns_tiles > 0
-    assert "AMX tiles' share so far 6 rows" in plan.tiles_note(ops)
-    ops.clear_vnni_form_stats()
-    ops.set_amx_min_rows(8)
-    for T in (6, 8, 12):
-        assert torch.equal(matmul(ops, "Q4_K", tuple(t[:T] for t in xq), qt), base[:T])
-    assert ops.amx_tile_stats() == [] and plan.tiles_note(ops) == ""
-
-
 def test_form_choice_follows_the_times(ops):
     """The timed choice (gguf_forms.h) on made-up times: the fixed form until both are timed, then
     the faster one, the other tried at most every 16th product, following when they trade places."""

@@ -12,15 +12,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           pybind11::arg("seconds") = 0.02);
     m.def("amx_emulated", &gguf::amx_emulated, "whether the amx-int8 path runs its tiles emulated (tests)");
     m.def("amx_min_rows", &gguf::amx_min_rows, "rows of x from which the amx-int8 path takes the tiles (fewer: AVX-512 VNNI)");
-    m.def("set_amx_min_rows", &gguf::set_amx_min_rows, "fix those rows (n <= 0: SPECDRAFT_AMX_MIN_ROWS, else the built-in default with 6-15 rows chosen by timing)");
+    m.def("set_amx_min_rows", &gguf::set_amx_min_rows, "set those rows (n <= 0: SPECDRAFT_AMX_MIN_ROWS or the built-in default)");
     m.def("set_amx_emulated", &set_amx_emulated, "emulate the AMX tiles (on an AVX-512 VNNI CPU: the amx-int8 path becomes available, slow; tests)");
     m.def("vnni_forms", &vnni_forms, "the AVX-512 VNNI form masks [Q4_K short, Q4_K long, Q6_K short, Q6_K long rows]: bit n set = n rows a pass a zmm");
     m.def("set_vnni_forms", &set_vnni_forms, "set the AVX-512 VNNI form masks [Q4_K short, Q4_K long, Q6_K short, Q6_K long rows]");
     m.def("vnni_forms_timed", &gguf::vnni_forms_timed, "whether the VNNI form of 1..8 rows is chosen per product by timing (else by the masks)");
     m.def("set_vnni_forms_timed", &gguf::set_vnni_forms_timed, "choose the VNNI forms by timing (True, the default) or by the masks");
     m.def("vnni_form_stats", &gguf::vnni_form_stats, "[key, timed ymm, timed zmm, mean ns ymm, mean ns zmm] per product the timing saw");
-    m.def("clear_vnni_form_stats", &gguf::clear_vnni_form_stats, "forget every product's times (the tiles' timed choice too)");
-    m.def("amx_tile_stats", &gguf::amx_tile_stats, "[key, timed VNNI, timed tiles, mean ns VNNI, mean ns tiles] per product of 6-15 rows the amx-int8 path timed");
+    m.def("clear_vnni_form_stats", &gguf::clear_vnni_form_stats, "forget every product's times");
     m.def("simulate_form_choice", &gguf::simulate_form_choice, "the timed choice's picks (0 ymm, 1 zmm) for made-up times per product, the fixed form first",
           pybind11::arg("ymm_ns"), pybind11::arg("zmm_ns"), pybind11::arg("fixed") = 0);
     m.def("block_attention", &block_attention, "q [nh, T, hd], k/v cache [nkv, C, hd], length L, mask [T, L] or None -> [T, nh, hd]",

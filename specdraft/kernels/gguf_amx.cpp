@@ -11,7 +11,6 @@
 #include <immintrin.h>
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -22,7 +21,6 @@
 #endif
 
 #include "gguf_common.h"
-#include "gguf_forms.h"
 
 #define KERNEL_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
 #define YMM_DPBUSD _mm256_dpbusd_epi32
@@ -405,38 +403,20 @@ bool cpu_has_amx_int8() {
     return ok;
 }
 
-// Rows of x from which a block takes the tiles: SPECDRAFT_AMX_MIN_ROWS or set_amx_min_rows
-// (measuring, tests) fix a threshold; by default blocks of AMX_TIMED_FROM .. AMX_ALWAYS_FROM - 1 rows
-// take the tiles or the VNNI kernels by timing, per product and rows, as the VNNI forms are chosen
-// (gguf_forms.h; the same bits either way). Where the two cross depends on the CPU and the memory's
-// state: on the AMX Xeon (Sapphire Rapids kind, weights in 2 MB pages, whole forwards of the default
-// target) the tiles were 4% slower at 6 rows, 2% faster at 8, 9% at 10 and level at 12; on an
-// Emerald Rapids host they won from ~10 rows.
+// Rows of x from which a block takes the tiles: SPECDRAFT_AMX_MIN_ROWS or AMX_MIN_ROWS, unless
+// set_amx_min_rows says otherwise (measuring, tests)
 namespace {
-const char* env_min_rows() { return std::getenv("SPECDRAFT_AMX_MIN_ROWS"); }
 int64_t default_min_rows() {
-    const char* env = env_min_rows();
+    const char* env = std::getenv("SPECDRAFT_AMX_MIN_ROWS");
     return env ? std::max<int64_t>(1, std::atoll(env)) : int64_t(AMX_MIN_ROWS);
 }
 std::atomic<int64_t> min_rows{default_min_rows()};
-std::atomic<bool> rows_fixed{env_min_rows() != nullptr};  // a threshold set: no timed choice
 std::atomic<bool> emulated{false};
-FormChooser& tile_chooser() {  // form 0: the VNNI kernels, 1: the tiles
-    static FormChooser c;
-    return c;
-}
 }  // namespace
 
 int64_t amx_min_rows() { return min_rows.load(); }
 
-void set_amx_min_rows(int64_t n) {
-    min_rows = n > 0 ? n : default_min_rows();
-    rows_fixed = n > 0 || env_min_rows() != nullptr;
-}
-
-std::vector<std::array<double, 5>> amx_tile_stats() { return tile_chooser().stats(); }
-
-void clear_amx_tile_stats() { tile_chooser().clear(); }
+void set_amx_min_rows(int64_t n) { min_rows = n > 0 ? n : default_min_rows(); }
 
 bool amx_emulated() { return emulated.load(); }
 
@@ -449,21 +429,12 @@ void set_amx_emulated(bool on) { emulated = on; }
 // 77.9 ms at 16 / 32 rows against 24.5 / 62.0).
 void amx_matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, const float* xs,
                 const int16_t* bsums, int64_t T, int64_t in, int64_t O, float* y, int64_t ldy) {
-    const auto run = [&](int tiles) {
-        if (!tiles)
-            vnni_matmul(kind, pw, groups, qx, xs, bsums, T, in, O, y, ldy);
-        else if (emulated.load())
-            amx::matmul<amx::Zmm, 16, amx::AmxRows<amx::EmuTiles>>(kind, pw, groups, qx, xs, bsums, T, in, O, y, ldy);
-        else
-            amx::matmul<amx::Zmm, 16, amx::AmxRows<amx::HwTiles>>(kind, pw, groups, qx, xs, bsums, T, in, O, y, ldy);
-    };
-    const int fixed = T >= amx_min_rows();
-    if (rows_fixed.load() || !vnni_forms_timed() || T < AMX_TIMED_FROM || T >= AMX_ALWAYS_FROM) return run(fixed);
-    const uint64_t key = form_key(kind, in, O, T);
-    const int tiles = tile_chooser().pick(key, fixed);
-    const auto t0 = std::chrono::steady_clock::now();
-    run(tiles);
-    tile_chooser().record(key, tiles, std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
+    if (T < amx_min_rows())
+        vnni_matmul(kind, pw, groups, qx, xs, bsums, T, in, O, y, ldy);
+    else if (emulated.load())
+        amx::matmul<amx::Zmm, 16, amx::AmxRows<amx::EmuTiles>>(kind, pw, groups, qx, xs, bsums, T, in, O, y, ldy);
+    else
+        amx::matmul<amx::Zmm, 16, amx::AmxRows<amx::HwTiles>>(kind, pw, groups, qx, xs, bsums, T, in, O, y, ldy);
 }
 
 }  // namespace gguf

@@ -20,11 +20,7 @@ constexpr int PREFETCH = 2;  // records ahead in the weight stream (AVX2 kernels
 // for passes of 9-16 (their products take long enough; 4 ahead measured 0.96-1.00 there)
 template <int NT>
 constexpr int VNNI_PREFETCH = NT <= 8 ? 4 : 2;
-// Rows of x from which the AMX path takes tiles (fewer: AVX-512 VNNI): with the forms timed (the
-// default) blocks of AMX_TIMED_FROM .. AMX_ALWAYS_FROM - 1 rows take whichever of the two is faster
-// for that product now (gguf_amx.cpp), AMX_MIN_ROWS being the choice before both are timed; else
-// (forms fixed, or the threshold set) the tiles from AMX_MIN_ROWS rows
-constexpr int AMX_MIN_ROWS = 12, AMX_TIMED_FROM = 6, AMX_ALWAYS_FROM = 16;
+constexpr int AMX_MIN_ROWS = 12;  // rows of x from which the AMX path takes tiles (fewer: AVX-512 VNNI)
 
 // Step s of a record's STEPS (its sub-blocks) prefetches the matching 1 / STEPS of the record
 // AHEAD records ahead: spread over the record, not one burst at its start (measured, Q6_K
@@ -122,13 +118,8 @@ bool cpu_has_amx_int8();
 bool amx_emulated();
 void set_amx_emulated(bool on);
 // rows of x from which the amx-int8 path takes the tiles (fewer: AVX-512 VNNI); n <= 0: the default
-// (SPECDRAFT_AMX_MIN_ROWS, else AMX_MIN_ROWS with the timed choice above); what the timed choice saw,
-// as vnni_form_stats ([key, timed VNNI, timed tiles, mean ns VNNI, mean ns tiles]; clear_vnni_form_stats
-// forgets it too)
 int64_t amx_min_rows();
 void set_amx_min_rows(int64_t n);
-std::vector<std::array<double, 5>> amx_tile_stats();
-void clear_amx_tile_stats();
 void amx_matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, const float* xs,
                 const int16_t* bsums, int64_t T, int64_t in, int64_t O, float* y, int64_t ldy);
 

@@ -71,10 +71,7 @@ void set_vnni_forms_timed(bool on) { timed_forms = on; }
 
 std::vector<std::array<double, 5>> vnni_form_stats() { return chooser().stats(); }
 
-void clear_vnni_form_stats() {
-    chooser().clear();
-    clear_amx_tile_stats();  // the tiles' timed choice against these kernels (gguf_amx.cpp)
-}
+void clear_vnni_form_stats() { chooser().clear(); }
 
 std::vector<int> simulate_form_choice(const std::vector<double>& ymm_ns, const std::vector<double>& zmm_ns, int fixed) {
     FormChooser c;

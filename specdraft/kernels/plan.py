@@ -23,7 +23,7 @@ CLASSES = ("Q4_K short", "Q4_K long", "Q6_K short", "Q6_K long")  # ops.vnni_for
 _EVEN = [("Q4_K", 2048, 1536), ("Q4_K", 1536, 1536), ("Q4_K", 17920, 1536), ("Q4_K", 1536, 8960)]
 _ODD = [("Q4_K", 1792, 1536), ("Q6_K", 256, 1536), ("Q4_K", 1536, 1536), ("Q4_K", 17920, 1536), ("Q6_K", 1536, 8960)]
 DEFAULT_TARGET_SHAPES = [s for layer in range(28) for s in (_EVEN if layer % 2 == 0 else _ODD)] + [("Q6_K", 151936, 1536)]
-PATHS_WITH_FORMS = ("avx512-vnni", "amx-int8")  # amx-int8 runs small blocks on VNNI (6-15 rows: timed)
+PATHS_WITH_FORMS = ("avx512-vnni", "amx-int8")  # amx-int8 runs blocks under AMX_MIN_ROWS on VNNI
 
 
 _set: list[bool] = []  # whether use_forms has set the forms in this process
@@ -56,19 +56,7 @@ def forms_note() -> str:
     if not seen:
         return "form timed per product and rows (no product of 1-8 rows yet)"
     return "form timed per product and rows; zmm share so far " + ", ".join(
-        f"{n} rows {share:.0%}" for n, share in seen.items()) + tiles_note(ops)
-
-
-def tiles_note(ops) -> str:
-    """The amx-int8 path's timed choice of tiles or VNNI for blocks of 6-15 rows (gguf_amx.cpp) so
-    far, as "; AMX tiles' share ...", or "" where it timed none (another path, or a fixed threshold)."""
-    picked: dict[int, list[float]] = {}
-    for key, vnni, tiles, _, _ in ops.amx_tile_stats():
-        counts = picked.setdefault(int(key) >> 1 & 15, [0.0, 0.0])  # gguf_forms.h form_key: bits 1-4 the rows
-        counts[0] += vnni
-        counts[1] += tiles
-    shares = {n: t / (v + t) for n, (v, t) in sorted(picked.items()) if v + t}
-    return "; AMX tiles' share so far " + ", ".join(f"{n} rows {s:.0%}" for n, s in shares.items()) if shares else ""
+        f"{n} rows {share:.0%}" for n, share in seen.items())
 
 
 def describe(masks) -> str:
