@@ -18,19 +18,21 @@ from ..errors import ParameterError, SpecdraftError
 from ..kernels import KernelUnavailable, gguf_ops
 from ..kernels.plan import DEFAULT_TARGET_SHAPES
 from ..models.gguf_weights import GROUP, QK, REC, QuantTensor, set_q6k_offsets
+from ..models.hugepages import in_huge_pages
 
 _SCALES = {"Q4_K": (1152, 1216), "Q6_K": (1664, 1696)}  # byte range of a record's f32 scales (d, dmin)
 
 
 def random_records(kind: str, out_f: int, in_f: int, gen: torch.Generator) -> QuantTensor:
-    """A matrix of random quants in the kernels' layout, its scales small finite floats."""
+    """A matrix of random quants in the kernels' layout, its scales small finite floats, in 2 MB
+    pages where a model's records get them (models.hugepages)."""
     groups, nb = -(-out_f // GROUP), in_f // QK
     w = torch.randint(0, 256, (groups, nb, REC[kind]), dtype=torch.uint8, generator=gen)
     lo, hi = _SCALES[kind]
     w[..., lo:hi] = (torch.rand(groups, nb, (hi - lo) // 4, generator=gen) * 1e-3).view(torch.uint8)
     if kind == "Q6_K":
         set_q6k_offsets(w)  # what the records of a real matrix carry
-    return QuantTensor(kind, out_f, in_f, w.reshape(groups, -1))
+    return QuantTensor(kind, out_f, in_f, in_huge_pages(w.reshape(groups, -1)))  # as a model's records lie
 
 
 def product(ops, w: QuantTensor, xq) -> torch.Tensor:
