@@ -287,7 +287,8 @@ class QuantTensor:
             per_row = field.permute(0, 3, 1, 2, 4).reshape(G * GROUP, nb, before, -1)  # [row, b, before, after]
             picked = per_row[pad].reshape(-1, GROUP, nb, before, per_row.shape[-1]).permute(0, 2, 3, 1, 4)
             out[..., start:end] = picked.reshape(-1, nb, end - start)
-        return QuantTensor(self.kind, len(ids), self.in_features, out.reshape(len(pad) // GROUP, -1))
+        # in 2 MB pages as the matrix it comes from (a drafter reads these rows every round)
+        return QuantTensor(self.kind, len(ids), self.in_features, in_huge_pages(out.reshape(len(pad) // GROUP, -1)))
 
     def dequantize(self) -> torch.Tensor:
         """[out, in] float32 (for tests, and for drafters that read the output head)."""
