@@ -14,6 +14,7 @@ from specdraft.models.hugepages import (
     MIN_BYTES,
     huge_empty,
     huge_page_bytes,
+    huge_zeros,
     in_huge_pages,
     pages_note,
     process_huge_bytes,
@@ -73,6 +74,16 @@ def test_in_huge_pages_copies_values_dtype_and_shape():
     assert in_huge_pages(small) is small  # under MIN_BYTES: kept as it is
 
 
+def test_huge_zeros_are_zero_distinct_and_shaped():
+    caches = huge_zeros((2, 1024, 128), torch.float32, 3)  # 1 MiB each: one mapping of 3 MiB
+    assert [c.shape for c in caches] == [(2, 1024, 128)] * 3 and all(c.dtype == torch.float32 for c in caches)
+    assert all(c.is_contiguous() and not c.any() for c in caches)
+    caches[1][1, 5] = 1.0  # each its own memory
+    assert not caches[0].any() and not caches[2].any() and caches[1].sum() == 128
+    if hugepages.enabled():
+        assert caches[0].data_ptr() % HUGE == 0 and caches[1].data_ptr() == caches[0].data_ptr() + caches[0].nbytes
+
+
 def test_turned_off_every_function_falls_back(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDRAFT_HUGE_PAGES", "0")
     assert not hugepages.enabled()
@@ -82,6 +93,8 @@ def test_turned_off_every_function_falls_back(tmp_path, monkeypatch):
     assert read_huge(path, 0, 4 * HUGE) is None
     t = torch.zeros(4 * HUGE, dtype=torch.uint8)
     assert in_huge_pages(t) is t
+    zeros = huge_zeros((4, HUGE), torch.uint8, 2)  # torch.zeros each
+    assert [z.shape for z in zeros] == [(4, HUGE)] * 2 and not any(z.any() for z in zeros)
     assert pages_note() == "4 KB pages (SPECDRAFT_HUGE_PAGES=0)"
 
 
