@@ -22,7 +22,7 @@ from .drafters import drafter_names, needs_draft_model
 from .errors import ParameterError, SpecdraftError
 from .heads.command import add_export_args, add_train_args, export_from_args, train_from_args
 from .heads.model import shipped_head_dir
-from .models.hugepages import pages_note
+from .models.hugepages import PAYS_FROM_TOKENS, pages_note, short_run
 from .models.packaged import DEFAULT_TARGET, PACKAGED, resolve_model_dir
 from .options import (
     DTYPES,
@@ -184,8 +184,10 @@ def _cmd_generate(args) -> int:
     sampling = sampling_from_args(args)
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, stop=tuple(args.stop))
     with_draft = needs_draft_model(args.method)
-    sd = Speculator(args.target, args.draft, dtype=args.dtype, runtime=args.runtime, max_length=args.max_context,
-                    load_draft=with_draft, **speculator_options(args))
+    # a short one-shot run loads into 4 KB pages: 2 MB ones start slower than they pay (models.hugepages)
+    with short_run(args.max_new_tokens < PAYS_FROM_TOKENS):
+        sd = Speculator(args.target, args.draft, dtype=args.dtype, runtime=args.runtime, max_length=args.max_context,
+                        load_draft=with_draft, **speculator_options(args))
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
     engine = sd.engine(spec)
     ids = sd.encode_prompt(args.prompt, chat=not args.no_chat)

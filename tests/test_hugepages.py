@@ -19,6 +19,7 @@ from specdraft.models.hugepages import (
     pages_note,
     process_huge_bytes,
     read_huge,
+    short_run,
     thp_mode,
 )
 
@@ -125,3 +126,18 @@ def test_huge_page_bytes_sums_the_mappings_a_tensor_overlaps(tmp_path):
     rollup = tmp_path / "rollup"
     rollup.write_text("Rss:  100 kB\nAnonHugePages:   6144 kB\n")
     assert process_huge_bytes(rollup) == 6144 * 1024 and process_huge_bytes(tmp_path / "missing") == 0
+
+
+@needs_thp
+def test_a_short_run_takes_4_kb_pages_unless_asked_and_restores(monkeypatch):
+    monkeypatch.delenv("SPECDRAFT_HUGE_PAGES", raising=False)
+    with short_run():
+        assert huge_empty(4 * HUGE) is None and pages_note().startswith("4 KB pages (a short run")
+        with short_run(False):  # no change inside
+            assert huge_empty(4 * HUGE) is None
+        monkeypatch.setenv("SPECDRAFT_HUGE_PAGES", "1")
+        assert huge_empty(4 * HUGE) is not None
+        monkeypatch.delenv("SPECDRAFT_HUGE_PAGES")
+    assert huge_empty(4 * HUGE) is not None  # restored
+    with short_run(False):
+        assert huge_empty(4 * HUGE) is not None

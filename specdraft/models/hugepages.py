@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -30,6 +32,15 @@ THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 # the smallest buffer given its own mapping (a draft model's re-quantized matrices are ~0.5-10 MB; a
 # mapping's last huge page may hold up to 2 MB of nothing)
 MIN_BYTES = HUGE
+
+
+# New tokens from which a one-shot command (specdraft generate) takes 2 MB pages by default. They
+# cost a start time: the kernel assembles ~1.3 GB of them, compacting memory where it is
+# fragmented (the README's first command, warm, on the AMX Xeon: 12.1-12.4 s of wall time against
+# 9.1-9.5 in 4 KB pages), and pay back ~6 ms a target forward, ~2 ms a token at hybrid-head's ~3.4
+# tokens a forward on code. Long-lived processes (serve, bench, calibrate, the Python API) take
+# them whatever they decode.
+PAYS_FROM_TOKENS = 1000
 
 
 def thp_mode() -> str:
@@ -42,11 +53,29 @@ def thp_mode() -> str:
     return text[start + 1:end] if 0 <= start < end else "unavailable"
 
 
+_unasked_off = [False]  # inside short_run(): huge pages only where SPECDRAFT_HUGE_PAGES=1 asks
+
+
+@contextmanager
+def short_run(short: bool = True) -> Iterator[None]:
+    """Loads within take 4 KB pages unless ``SPECDRAFT_HUGE_PAGES=1`` asks for 2 MB ones (a short
+    one-shot run, see PAYS_FROM_TOKENS); ``short=False``: no change."""
+    before = _unasked_off[0]
+    _unasked_off[0] = before or short
+    try:
+        yield
+    finally:
+        _unasked_off[0] = before
+
+
 def enabled() -> bool:
     """Whether buffers here are made in huge pages: THP on (always / madvise), Linux's madvise
-    available, and not turned off by ``SPECDRAFT_HUGE_PAGES=0``."""
-    return (os.environ.get("SPECDRAFT_HUGE_PAGES", "1") != "0" and thp_mode() in ("always", "madvise")
-            and hasattr(mmap, "MADV_HUGEPAGE") and hasattr(mmap, "MAP_ANONYMOUS"))
+    available, and not turned off by ``SPECDRAFT_HUGE_PAGES=0`` (or, in a short_run, not asked
+    for by ``SPECDRAFT_HUGE_PAGES=1``)."""
+    env = os.environ.get("SPECDRAFT_HUGE_PAGES")
+    wanted = env != "0" if env is not None else not _unasked_off[0]
+    return (wanted and thp_mode() in ("always", "madvise") and hasattr(mmap, "MADV_HUGEPAGE")
+            and hasattr(mmap, "MAP_ANONYMOUS"))
 
 
 def huge_empty(nbytes: int) -> torch.Tensor | None:
@@ -142,8 +171,10 @@ def process_huge_bytes(rollup: Path = Path("/proc/self/smaps_rollup")) -> int:
 
 def pages_note() -> str:
     """In words, the pages this process's large weight buffers get (a run's machine line)."""
-    if os.environ.get("SPECDRAFT_HUGE_PAGES", "1") == "0":
+    if os.environ.get("SPECDRAFT_HUGE_PAGES") == "0":
         return "4 KB pages (SPECDRAFT_HUGE_PAGES=0)"
+    if _unasked_off[0] and os.environ.get("SPECDRAFT_HUGE_PAGES") != "1":
+        return "4 KB pages (a short run; SPECDRAFT_HUGE_PAGES=1 asks for 2 MB)"
     if not enabled():
         return f"4 KB pages (transparent huge pages: {thp_mode()})"
     return f"2 MB pages (transparent huge pages: {thp_mode()}; {process_huge_bytes() / 2**20:.0f} MiB of the process)"
