@@ -33,9 +33,6 @@ using simd::hmax;
 
 namespace {
 
-// Cache rows prefetched ahead into L1, in keys, as attention_avx512.cpp does (see there)
-constexpr int64_t PF_KEYS = 32, PF_VALUES = 16;
-
 // The dot products of q with 8 key rows, as one vector (lane j: key j). Each lane sums its
 // key's 8 partial sums (dims d = l mod 8) by the same tree, so a key's score is a function of
 // (q, k) alone, whichever lane it lands in.
@@ -63,7 +60,7 @@ inline void weighted_sum16(const float* const* e, int64_t n, Key key, float* con
     __m256 acc[H][2];
     for (int h = 0; h < H; ++h) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; ++i) {
-        if (i + PF_VALUES < n) _mm_prefetch((const char*)key(i + PF_VALUES), _MM_HINT_T0);  // its 16 floats: one line
+        if (i + attn512::PF_VALUES < n) _mm_prefetch((const char*)key(i + attn512::PF_VALUES), _MM_HINT_T0);  // its 16 floats: one line
         const float* vr = key(i);
         const __m256 v0 = _mm256_loadu_ps(vr), v1 = _mm256_loadu_ps(vr + 8);
         for (int h = 0; h < H; ++h) {
@@ -192,8 +189,7 @@ void block_attention_rows(const float* pq, const AttentionShape& shape, const fl
                 attn512::scores(qi, pairs, kh, idx, n, hd, scale, sp);
             }
             for (int64_t i = 0; i < n8 && 2 * pairs < g; i += 8) {
-                for (int64_t j = i + PF_KEYS; j < i + PF_KEYS + 8 && j < n; ++j)
-                    for (int64_t d = 0; d < hd; d += 16) _mm_prefetch((const char*)(kh + idx[j] * hd + d), _MM_HINT_T0);
+                attn512::prefetch_rows8(kh, idx, i + attn512::PF_KEYS, n, hd);
                 const float* kr[8];
                 for (int j = 0; j < 8; ++j) kr[j] = kh + idx[i + j < n ? i + j : 0] * hd;  // padding: any key, masked below
                 for (int64_t a = 2 * pairs; a < g; ++a)

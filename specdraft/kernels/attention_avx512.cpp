@@ -22,13 +22,6 @@
 
 namespace attn512 {
 
-// Cache rows prefetched ahead into L1, in keys: after a layer's products stream the weights, the
-// KV cache comes from memory, and a decode step has too little work per key to hide its latency.
-// Measured on the AMX Xeon with the caches in 2 MB pages (one row, `specdraft calibrate --steps`'s
-// attention step, context 1500 / 300): 5.8 / 1.36 ms a forward without, 4.9-5.0 / 1.14 with these
-// (keys 16 ahead, 4 KB pages: no gain; 2 MB pages alone: 7.7 -> 5.8 / 2.0 -> 1.36).
-constexpr int64_t PF_KEYS = 32, PF_VALUES = 16;
-
 namespace {
 
 // lanes [head 0: 8 | head 1: 8] of a and b -> [head 0: a's 4 pair sums, b's 4 | head 1: likewise]
@@ -109,8 +102,7 @@ AVX512_TARGET void weighted_heads(const float* const* e, int64_t G, int64_t n, c
 AVX512_TARGET void scores(const float* qi, int64_t pairs, const float* kh, const int32_t* idx, int64_t n, int64_t hd,
                           float scale, float* const* s) {
     for (int64_t i = 0; i < n; i += 8) {
-        for (int64_t j = i + PF_KEYS; j < i + PF_KEYS + 8 && j < n; ++j)
-            for (int64_t d = 0; d < hd; d += 16) _mm_prefetch((const char*)(kh + (int64_t)idx[j] * hd + d), _MM_HINT_T0);
+        prefetch_rows8(kh, idx, i + PF_KEYS, n, hd);
         const float* kr[8];
         for (int j = 0; j < 8; ++j) kr[j] = kh + (int64_t)idx[i + j < n ? i + j : 0] * hd;  // padding: any key, masked later
         for (int64_t p0 = 0; p0 < pairs; p0 += 3) {  // passes of up to 3 pairs: 24 accumulators

@@ -19,6 +19,7 @@ quietly.
 """
 from __future__ import annotations
 
+import math
 import mmap
 import os
 from collections.abc import Iterator
@@ -128,9 +129,7 @@ def huge_zeros(shape: tuple[int, ...], dtype: torch.dtype, count: int) -> list[t
     """``count`` zero tensors of ``shape`` side by side in one huge-page mapping (an anonymous
     mapping reads as zeros until written; its pages are made on first touch), or ``count``
     torch.zeros where huge pages are off."""
-    numel = 1
-    for n in shape:
-        numel *= n
+    numel = math.prod(shape)
     buf = huge_empty(count * numel * dtype.itemsize)
     if buf is None:
         return [torch.zeros(shape, dtype=dtype) for _ in range(count)]
