@@ -14,7 +14,6 @@ import torch
 
 from .bench.arguments import add_bench_args
 from .bench.forward_cost import OnKernelPath, forward_costs, forward_steps, same_logits
-from .bench.harness import run_bench
 from .bench.kernel_cost import kernel_costs, kernel_paths
 from .bench.machine import gguf_kernel_forms, gguf_kernel_path
 from .config import GenerationConfig, SpecConfig
@@ -101,9 +100,15 @@ def _add_serve(sub) -> None:
                         "theirs (0: only the latest prefix is kept)")
 
 
+def _run_bench(args) -> int:
+    from .bench.harness import run_bench  # here: its reports' and peers' imports cost other commands' starts ~0.5 s
+
+    return run_bench(args)
+
+
 def _add_bench(sub) -> None:
     b = sub.add_parser("bench", help="benchmark methods on Spec-Bench prompts (the dev prompts ship with specdraft)")
-    b.set_defaults(func=run_bench)
+    b.set_defaults(func=_run_bench)
     add_bench_args(b)
     add_model_args(b)
     add_spec_args(b)

@@ -5,9 +5,12 @@ No model is loaded; per-prompt records are crafted by hand so the expected numbe
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
+from specdraft import cli
 from specdraft.bench import harness
 from specdraft.bench.errors import BenchError
 from specdraft.bench.machine import CPU_FLAGS, cpu_info, gguf_kernel_path, machine_line, rates_line, vector_rates
@@ -176,7 +179,16 @@ def test_cli_reports_user_errors_in_one_line(tmp_path, capsys):
 def test_cli_bench_options():
     args = build_parser().parse_args(["bench", "--prompts", "p.jsonl", "--json", "o.json", "--no-warmup"])
     assert args.warmup is False and args.hf_dtype_plain == "fp32" and args.hf_dtype_assisted == "auto"
-    assert args.func is harness.run_bench and str(args.prompts) == "p.jsonl" and str(args.json_out) == "o.json"
+    assert args.func is cli._run_bench and str(args.prompts) == "p.jsonl" and str(args.json_out) == "o.json"
+
+
+def test_cli_start_leaves_the_bench_and_transformers_models_unimported():
+    # what `specdraft generate` pays before it loads a model: the bench's harness (its reports,
+    # httpx, the peers' transformers models) is imported by `specdraft bench` alone
+    code = ("import sys, specdraft.cli; "
+            "print(sorted(m for m in ('specdraft.bench.harness', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 # ----------------------------------------------------------------------------- packaged prompts

@@ -7,7 +7,6 @@ import resource
 import sys
 
 import torch
-import transformers
 
 from ..kernels import KernelUnavailable, gguf_ops
 from ..kernels.plan import PATHS_WITH_FORMS, forms_note
@@ -88,6 +87,8 @@ def rates_line(probes: list[dict]) -> str | None:
 
 
 def machine_info() -> dict:
+    import transformers  # here: the CLI's start does without it
+
     return dict(torch=torch.__version__, transformers=transformers.__version__, python=platform.python_version(),
                 platform=platform.platform(), cpu=cpu_info(), gguf_kernel_path=gguf_kernel_path(),
                 gguf_kernel_forms=gguf_kernel_forms(), weight_pages=pages_note(),

@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, GenerationConfig
-from transformers.utils import logging as tlog
 
 from ..errors import ModelFileError
 from ..pipeline import DTYPES, resolve_dtype
@@ -58,12 +56,16 @@ def clean_generation_config(eos_ids: list[int]):
     transformers fills every unset value from it, so the peer would not decode what our greedy
     engine decodes. Starting from a blank config leaves only transformers' global defaults.
     """
+    from transformers import GenerationConfig  # here, not at import: the CLI's start does without its models
+
     return GenerationConfig(eos_token_id=list(eos_ids), pad_token_id=eos_ids[0])
 
 
 @contextmanager
 def quiet_transformers() -> Iterator[None]:
     """Silence transformers' tqdm bars and info logs, which would tear through our progress bar."""
+    from transformers.utils import logging as tlog
+
     was_enabled = tlog.is_progress_bar_enabled()
     verbosity = tlog.get_verbosity()
     tlog.disable_progress_bar()
@@ -96,6 +98,8 @@ class PeerModels:
         return self.loaded[key]
 
     def _load(self, path: Path, dtype: str):
+        from transformers import AutoModelForCausalLM
+
         try:
             with quiet_transformers():
                 model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[resolve_dtype(dtype)])

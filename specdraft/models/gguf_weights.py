@@ -281,11 +281,14 @@ class QuantTensor:
         rec = self.w.reshape(-1, nb, REC[self.kind])
         G = rec.shape[0]
         pad = torch.cat([ids, ids[-1:].expand(-len(ids) % GROUP)]).long()  # a last partial record repeats its row
+        group, o = pad // GROUP, pad % GROUP  # where each chosen row sits: its record, its slot in it
         out = torch.empty(len(pad) // GROUP, nb, REC[self.kind], dtype=torch.uint8)
         for start, end, before in _SECTIONS[self.kind]:  # each field is [before, o, after] in a record
             field = rec[..., start:end].reshape(G, nb, before, GROUP, -1)
-            per_row = field.permute(0, 3, 1, 2, 4).reshape(G * GROUP, nb, before, -1)  # [row, b, before, after]
-            picked = per_row[pad].reshape(-1, GROUP, nb, before, per_row.shape[-1]).permute(0, 2, 3, 1, 4)
+            # only the chosen rows' bytes are gathered (a view of the whole field copied it: ~0.7 s
+            # for the default target's output head, read from its map)
+            picked = field[group, :, :, o]  # [n, b, before, after]
+            picked = picked.reshape(-1, GROUP, nb, before, picked.shape[-1]).permute(0, 2, 3, 1, 4)
             out[..., start:end] = picked.reshape(-1, nb, end - start)
         # in 2 MB pages as the matrix it comes from (a drafter reads these rows every round)
         return QuantTensor(self.kind, len(ids), self.in_features, in_huge_pages(out.reshape(len(pad) // GROUP, -1)))
