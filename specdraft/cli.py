@@ -101,7 +101,7 @@ def _add_serve(sub) -> None:
 
 
 def _run_bench(args) -> int:
-    from .bench.harness import run_bench  # here: its reports' and peers' imports cost other commands' starts ~0.5 s
+    from .bench.harness import run_bench  # here: its imports were half of the CLI's (serve, index, --help)
 
     return run_bench(args)
 

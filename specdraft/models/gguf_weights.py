@@ -285,8 +285,8 @@ class QuantTensor:
         out = torch.empty(len(pad) // GROUP, nb, REC[self.kind], dtype=torch.uint8)
         for start, end, before in _SECTIONS[self.kind]:  # each field is [before, o, after] in a record
             field = rec[..., start:end].reshape(G, nb, before, GROUP, -1)
-            # only the chosen rows' bytes are gathered (a view of the whole field copied it: ~0.7 s
-            # for the default target's output head, read from its map)
+            # only the chosen rows' bytes are gathered (reordering the whole field first copied the
+            # default target's output head: 0.34 s against 0.18, warm, AVX2 EPYC)
             picked = field[group, :, :, o]  # [n, b, before, after]
             picked = picked.reshape(-1, GROUP, nb, before, picked.shape[-1]).permute(0, 2, 3, 1, 4)
             out[..., start:end] = picked.reshape(-1, nb, end - start)
