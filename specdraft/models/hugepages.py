@@ -71,13 +71,21 @@ def short_run(short: bool = True) -> Iterator[None]:
         _unasked_off[0] = before
 
 
+def _refused() -> str | None:
+    """Why this process does not want huge pages now, in words, or None: ``SPECDRAFT_HUGE_PAGES=0``,
+    or a short_run where SPECDRAFT_HUGE_PAGES does not ask for them."""
+    env = os.environ.get("SPECDRAFT_HUGE_PAGES")
+    if env == "0":
+        return "SPECDRAFT_HUGE_PAGES=0"
+    if env is None and _unasked_off[0]:
+        return "a short run; SPECDRAFT_HUGE_PAGES=1 asks for 2 MB"
+    return None
+
+
 def enabled() -> bool:
     """Whether buffers here are made in huge pages: THP on (always / madvise), Linux's madvise
-    available, and not turned off by ``SPECDRAFT_HUGE_PAGES=0`` (or, in a short_run, not asked
-    for by ``SPECDRAFT_HUGE_PAGES=1``)."""
-    env = os.environ.get("SPECDRAFT_HUGE_PAGES")
-    wanted = env != "0" if env is not None else not _unasked_off[0]
-    return (wanted and thp_mode() in ("always", "madvise") and hasattr(mmap, "MADV_HUGEPAGE")
+    available, and not refused (``SPECDRAFT_HUGE_PAGES=0``, or a short_run not asking for them)."""
+    return (_refused() is None and thp_mode() in ("always", "madvise") and hasattr(mmap, "MADV_HUGEPAGE")
             and hasattr(mmap, "MAP_ANONYMOUS"))
 
 
@@ -172,10 +180,9 @@ def process_huge_bytes(rollup: Path = Path("/proc/self/smaps_rollup")) -> int:
 
 def pages_note() -> str:
     """In words, the pages this process's large weight buffers get (a run's machine line)."""
-    if os.environ.get("SPECDRAFT_HUGE_PAGES") == "0":
-        return "4 KB pages (SPECDRAFT_HUGE_PAGES=0)"
-    if _unasked_off[0] and os.environ.get("SPECDRAFT_HUGE_PAGES") != "1":
-        return "4 KB pages (a short run; SPECDRAFT_HUGE_PAGES=1 asks for 2 MB)"
+    refused = _refused()
+    if refused:
+        return f"4 KB pages ({refused})"
     if not enabled():
         return f"4 KB pages (transparent huge pages: {thp_mode()})"
     return f"2 MB pages (transparent huge pages: {thp_mode()}; {process_huge_bytes() / 2**20:.0f} MiB of the process)"
