@@ -48,6 +48,9 @@ class ForwardCosts:
         self.since_one = 0  # forwards since the latest one-token forward
         self.cuts = 0  # drafts choose_length cut to nothing
         self.frozen = False  # record() learns nothing (ForwardCosts.fixed)
+        # T -> ratio(T) since the latest record (the policy asks ~80 times a tree step, for the same
+        # few sizes; each answer sorts the measured sizes)
+        self._ratios: dict[int, float] = {}
 
     @classmethod
     def fixed(cls, ratios: dict[int, float], one_seconds: float) -> ForwardCosts:
@@ -73,6 +76,7 @@ class ForwardCosts:
     def record(self, tokens: int, seconds: float) -> None:
         if self.frozen:
             return
+        self._ratios.clear()
         self.seconds[tokens] = running_mean(self.seconds.get(tokens, 0.0), seconds)
         self.since_one = 0 if tokens == 1 else self.since_one + 1
         if self.last is not None and self.last[0] != tokens:
@@ -104,6 +108,13 @@ class ForwardCosts:
     def ratio(self, tokens: int) -> float:
         """cost(tokens) / cost(1); linear between measured sizes, beyond them the last measured
         segment's slope (at least the prior's)."""
+        got = self._ratios.get(tokens)
+        if got is None:
+            got = self._ratios[tokens] = self._estimate(tokens)
+        return got
+
+    def _estimate(self, tokens: int) -> float:
+        """ratio(tokens) from the table as it stands."""
         if not self.measured or tokens <= 1:
             return 1.0 + PRIOR_SLOPE * (max(tokens, 1) - 1)
         known = sorted(t for t in self.log_ratio if t <= tokens)

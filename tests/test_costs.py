@@ -59,6 +59,23 @@ def test_ratios_come_from_neighbouring_forwards():
     assert c.one_now == pytest.approx(0.045 / r2, rel=0.2)  # a one-token forward of this phase
 
 
+def test_ratios_asked_between_forwards_are_those_of_the_table_as_it_stands():
+    """ratio keeps its answers until the next forward is recorded: asked after every forward, a
+    table answers as a new one fed the same forwards does (a kept answer would lag a forward
+    behind: the first check after 1.25x was learnt for 2 tokens would still say the prior)."""
+    rnd = random.Random(7)
+    forwards = [(rnd.choice([1, 2, 3, 4, 6, 9]), rnd.uniform(0.02, 0.06)) for _ in range(120)]
+    c = ForwardCosts()
+    for i, (tokens, seconds) in enumerate(forwards):
+        c.record(tokens, seconds)
+        if i % 7:
+            continue
+        fresh = ForwardCosts()
+        for t, sec in forwards[:i + 1]:
+            fresh.record(t, sec)
+        assert [c.ratio(t) for t in range(1, 20)] == [fresh.ratio(t) for t in range(1, 20)]
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_ratios_hold_through_phases(seed):
     """A machine that turns 1.8x slower every 60 forwards, where 1 forward in 25 is a one-token
