@@ -14,6 +14,7 @@ import sys
 import time
 
 from specdraft import engine, sampling, verify
+from specdraft.bench.forward_cost import watched_forwards
 from specdraft.config import GenerationConfig, SpecConfig
 from specdraft.drafters import base
 from specdraft.pipeline import Speculator
@@ -38,33 +39,26 @@ def main() -> None:
     sd = Speculator(load_draft=False, progress=False)
     target = sd.target.model
     spent = {"s": 0.0, "n": 0}
-    cls = type(target)
-    forward = cls.forward
 
-    # on the class, timing the target's own forwards only: a forward set on the instance would be
-    # copied into the views made from it (LlamaModel.with_layers: self-draft's copy would run the
-    # target's whole forward over the target's cache)
-    def timed(self, *args, **kwargs):
-        if self is not target:
-            return forward(self, *args, **kwargs)
+    def timed(forward, *args, **kwargs):
         t = time.perf_counter()
-        out = forward(self, *args, **kwargs)
+        out = forward(*args, **kwargs)
         spent["s"] += time.perf_counter() - t
         spent["n"] += 1
         return out
 
-    cls.forward = timed
     got: dict[tuple[str, str], list[float]] = {}
-    for r in range(rounds + 1):
-        for method in methods:
-            for way in WAYS:
-                use(way)
-                spent.update(s=0.0, n=0)
-                t = time.perf_counter()
-                sd.generate(PROMPT, spec=SpecConfig(method=method), gen=GenerationConfig(max_new_tokens=96))
-                outside = (time.perf_counter() - t - spent["s"]) / spent["n"] * 1e3
-                if r:
-                    got.setdefault((method, way), []).append(outside)
+    with watched_forwards(target, timed):
+        for r in range(rounds + 1):
+            for method in methods:
+                for way in WAYS:
+                    use(way)
+                    spent.update(s=0.0, n=0)
+                    t = time.perf_counter()
+                    sd.generate(PROMPT, spec=SpecConfig(method=method), gen=GenerationConfig(max_new_tokens=96))
+                    outside = (time.perf_counter() - t - spent["s"]) / spent["n"] * 1e3
+                    if r:
+                        got.setdefault((method, way), []).append(outside)
     for (method, way), ms in got.items():
         print(f"{method:12s} {way:10s} median {statistics.median(ms):5.2f} ms a step outside forwards "
               f"({', '.join(f'{m:.2f}' for m in ms)})")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 
-from specdraft.bench.forward_cost import forward_cost
+from specdraft.bench.forward_cost import forward_cost, watched_forwards
 from specdraft.bench.prompts import PACKAGED_PROMPTS, load_prompts, select_prompts
 from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdraft.costs import ForwardCosts
@@ -74,14 +74,12 @@ def main() -> None:
     print(f"one-token forward {one * 1000:.1f} ms; method {args.method}; {len(prompts)} prompts")
     model = sd.target.model
     rows: list[int] = []  # new tokens of each target forward for the prompt being decoded
-    forward = model.forward
 
-    def counted(ids, **kw):
+    def counted(forward, ids, **kw):
         rows.append(len(ids))
         return forward(ids, **kw)
 
-    model.forward = counted
-    try:
+    with watched_forwards(model, counted):
         for name in curves:
             table = ratios(CURVES[name])
             engine = sd.engine(SpecConfig(method=args.method, k=args.k))
@@ -103,8 +101,6 @@ def main() -> None:
                   f"{cost / forwards:.2f}x a check, drafting {1000 * draft / forwards:.1f} ms a forward, "
                   f"decode speedup on this curve {tokens / (cost + draft / one):.2f}x, exact {exact}/{len(encoded)}",
                   flush=True)
-    finally:
-        del model.forward  # the instance attribute: the class's forward again
 
 
 if __name__ == "__main__":

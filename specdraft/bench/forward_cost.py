@@ -10,10 +10,34 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 
 DEFAULT_BLOCKS = (1, 2, 4, 8, 16, 32)
+
+
+@contextmanager
+def watched_forwards(model, watch: Callable) -> Iterator[None]:
+    """Inside, ``model.forward(*args, **kwargs)`` returns ``watch(forward, *args, **kwargs)``, where
+    ``forward`` runs the model's own (scripts timing or counting the target's forwards). Set on
+    the class for this model alone: an attribute set on the instance would be copied into the
+    views made from it (LlamaModel.with_layers: self-draft's copy would run the target's whole
+    forward over the target's cache)."""
+    cls = type(model)
+    own = cls.forward
+
+    def forward(self, *args, **kwargs):
+        if self is not model:
+            return own(self, *args, **kwargs)
+        return watch(lambda *a, **kw: own(self, *a, **kw), *args, **kwargs)
+
+    cls.forward = forward
+    try:
+        yield
+    finally:
+        cls.forward = own
 
 
 def prefilled(models: dict[str, object], blocks, context: int) -> dict[int, torch.Tensor]:
