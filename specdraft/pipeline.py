@@ -20,11 +20,13 @@ from .errors import ModelFileError, ParameterError, TokenizerMismatchError
 from .heads.model import load_head, shipped_head_dir
 from .kernels import KernelUnavailable, gguf_ops
 from .metrics import SpecStats
+from .models.config_view import generation_eos, load_config
 from .models.gguf_weights import gguf_source
 from .models.hf import HFModel
 from .models.llama import LlamaModel, not_native
 from .models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model_dir
 from .models.quant import WEIGHT_FORMATS, resolve_format
+from .models.tokenizer import load_tokenizer
 from .prefix import DEFAULT_BUDGET, PrefixCache, reuses_exactly
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -79,9 +81,6 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
     head_vocab: draft models only: compute logits for the first ``head_vocab`` token ids only;
     "auto": DEFAULT_DRAFT_VOCAB of them where the vocabulary holds at least twice as many.
     """
-    from transformers import AutoConfig
-
-
     if dtype != "auto" and dtype not in DTYPES:
         raise ParameterError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
     dtype = resolve_dtype(dtype)
@@ -93,7 +92,7 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
         raise ParameterError(f"weight format must be auto or one of {', '.join(WEIGHT_FORMATS)}, got {weight_format!r}")
     path = resolve_model_dir(spec, progress=progress)
     try:
-        config = AutoConfig.from_pretrained(path)
+        config = load_config(path)
         tokenizer = load_tokenizer(path)
     except Exception as e:
         raise ModelFileError(f"cannot load config/tokenizer from {path} ({type(e).__name__}); "
@@ -122,17 +121,6 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
     return LoadedModel(spec, path, model, tokenizer, _eos_ids(path, config, tokenizer))
 
 
-def load_tokenizer(path: Path):
-    """The model directory's tokenizer. A ``tokenizer.json`` is read as it is, by the tokenizers
-    library (0.5 s for Qwen2.5's, against 0.85 s through the model's own tokenizer class, which
-    parses the file again in Python); a directory without one goes through AutoTokenizer."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    if (Path(path) / "tokenizer.json").is_file():
-        return PreTrainedTokenizerFast.from_pretrained(path)
-    return AutoTokenizer.from_pretrained(path)
-
-
 def _kernel_problem() -> str | None:
     """Why the native GGUF kernels cannot run here, or None when they can (built once, cached)."""
 
@@ -145,13 +133,7 @@ def _kernel_problem() -> str | None:
 
 def _eos_ids(path: Path, config, tokenizer) -> set[int]:
     ids: set[int] = set()
-    try:
-        from transformers import GenerationConfig as HFGen
-
-        g = HFGen.from_pretrained(path)
-        eos = g.eos_token_id
-    except Exception:
-        eos = getattr(config, "eos_token_id", None)
+    eos = generation_eos(path, config)
     for e in (eos if isinstance(eos, (list, tuple)) else [eos]):
         if e is not None:
             ids.add(int(e))

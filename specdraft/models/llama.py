@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from ..errors import ModelFileError
 from .base import ModelOutput, check_taps
+from .config_view import load_config
 from .gguf_weights import GGUFLinear, RequantizedWeights
 from .hugepages import huge_zeros
 from .quant import fbgemm_available, make_linear
@@ -96,13 +97,10 @@ def _attention_span(config) -> int:
 
 
 def rope_tables(config, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin tables [max_len, hd] in float32, from transformers' own RoPE initialisers.
-
-    Reusing transformers' functions covers every RoPE variant (default, llama3, yarn, linear...)
-    exactly as the reference implementation computes it.
-    """
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
+    """cos, sin tables [max_len, hd] in float32: the default kind computed here as transformers
+    computes it, every other kind (llama3, yarn, linear...) by transformers' own initialisers,
+    exactly as the reference implementation computes it (they want transformers' config object,
+    which config_view keeps for them)."""
     params = getattr(config, "rope_parameters", None) or {}
     rope_type = params.get("rope_type", "default")
     if rope_type == "default":
@@ -110,10 +108,12 @@ def rope_tables(config, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
         scale = 1.0
-    elif rope_type in ROPE_INIT_FUNCTIONS and rope_type != "dynamic":
-        inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config)
     else:
-        raise ModelFileError(f"RoPE type {rope_type!r} is not supported by the native runtime; use --runtime hf")
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        if rope_type not in ROPE_INIT_FUNCTIONS or rope_type == "dynamic":
+            raise ModelFileError(f"RoPE type {rope_type!r} is not supported by the native runtime; use --runtime hf")
+        inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config)
     factors = getattr(config, "rope_freq_factors", None)  # a GGUF's rope_freqs (models.convert)
     if factors is not None:
         inv_freq = inv_freq.float() / torch.tensor(factors, dtype=torch.float)
@@ -456,11 +456,9 @@ class LlamaModel:
                  gguf=None) -> LlamaModel:
         """weight_format "gguf" needs ``gguf``: the gguf_weights.GGUFTensors of the file the
         directory was converted from."""
-        from transformers import AutoConfig
-
         path = Path(path)
         try:
-            config = AutoConfig.from_pretrained(path)
+            config = load_config(path)
         except Exception as e:
             raise ModelFileError(f"cannot read {path}/config.json ({type(e).__name__}); is this a model directory?") from None
         if (why := not_native(config)) is not None:
