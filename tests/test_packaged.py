@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 
@@ -234,3 +235,46 @@ def test_safetensors_read_without_a_map_round_trips(tmp_path):
     got = dict(read_safetensors(tmp_path / "t.safetensors"))
     assert set(got) == set(tensors) and all(torch.equal(got[k], v) and got[k].dtype == v.dtype for k, v in tensors.items())
     assert safetensors_header(tmp_path / "t.safetensors")[1]["__metadata__"] == {"format": "pt"}
+
+
+def test_a_mapped_tensor_is_the_stored_one_and_writes_stay_in_the_process(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from specdraft.models.files import map_safetensor
+
+    tensors = {"a": torch.randn(3, 5).to(torch.bfloat16), "b": torch.randn(4, 2), "c": torch.randn(6).half(),
+               "d": torch.tensor([[1, 2], [3, 4]], dtype=torch.int64), "e": torch.zeros(0, 4, dtype=torch.bfloat16)}
+    path = tmp_path / "t.safetensors"
+    save_file(tensors, str(path))
+    before = path.read_bytes()
+    for name in "abc":
+        got = map_safetensor(path, name)
+        assert got.dtype == tensors[name].dtype and torch.equal(got, tensors[name])
+        got.zero_()  # copy-on-write: the file keeps its bytes
+    assert path.read_bytes() == before
+    assert map_safetensor(path, "d") is None and map_safetensor(path, "e") is None  # int64, empty: not mapped
+    assert map_safetensor(path, "missing") is None
+
+
+def test_a_bf16_embedding_is_mapped_and_gives_the_copy_s_outputs(tmp_path):
+    import numpy as np
+    import torch
+
+    from _tiny import build_hf, save
+    from specdraft.models.llama import LazyWeights, LlamaModel
+
+    directory = save(build_hf("qwen2").to(torch.bfloat16), tmp_path / "m")
+    mapped = LlamaModel.from_dir(directory, dtype=torch.float32, max_length=64)
+    ptr, file = mapped.embed.data_ptr(), str(directory / "model.safetensors")
+    spans = [line.split()[0].split("-") for line in Path("/proc/self/maps").read_text().splitlines()
+             if line.endswith(file)]
+    assert any(int(a, 16) <= ptr < int(b, 16) for a, b in spans)  # the embedding lies in the file's map
+    copied = LlamaModel.from_dir(directory, dtype=torch.float32, max_length=64)
+    weights = LazyWeights(sorted(directory.glob("*.safetensors")))
+    copied.embed = weights["model.embed_tokens.weight"].clone()  # the copy the loader made before
+    assert torch.equal(mapped.embed, copied.embed) and mapped.embed.dtype == torch.bfloat16
+    assert not np.shares_memory(mapped.embed.view(torch.int16).numpy(), copied.embed.view(torch.int16).numpy())
+    ids = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])
+    a, b = mapped.forward(ids).logits, copied.forward(ids).logits
+    assert torch.equal(a, b)

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from ..errors import ModelFileError
 from .base import ModelOutput, check_taps
 from .config_view import load_config
+from .files import map_safetensor
 from .gguf_weights import GGUFLinear, RequantizedWeights
 from .hugepages import huge_zeros
 from .quant import fbgemm_available, make_linear
@@ -280,6 +281,16 @@ class LazyWeights(dict):
     def get(self, name: str, default=None):
         return self[name] if name in self else default  # noqa: SIM401 - this is the get() that rule suggests
 
+    def mapped(self, name: str) -> torch.Tensor | None:
+        """The stored tensor ``name`` mapped on its own, copy-on-write (files.map_safetensor), or
+        None (an alias, or a dtype it does not map)."""
+        if dict.__contains__(self, name) or name not in self._where:
+            return None
+        try:
+            return map_safetensor(Path(self._where[name]), name)
+        except (OSError, ValueError):
+            return None
+
     def pop(self, name: str, default=None):
         self._where.pop(name, None)
         return dict.pop(self, name, default)
@@ -350,10 +361,16 @@ class LlamaModel:
         # The embedding is only gathered from: keep it in its stored dtype when that is bf16 (an
         # exact fp32 lookup at half the memory), else in the compute dtype.
         emb = weights.get("model.embed_tokens.weight")
-        # clone(): a tensor read from safetensors maps the whole file; a copy lets the map go
-        # (measured: the 2.9 GB file stayed resident behind a 0.45 GB embedding).
+        # Stored in bf16, it is mapped on its own (LazyWeights.mapped: only the rows a generation
+        # gathers are read, none copied at load); else a copy: a tensor read from safetensors maps
+        # the whole file, and a copy lets that map go (measured: the 2.9 GB file stayed resident
+        # behind a 0.45 GB embedding).
         bf16_copy = emb is not None and emb.dtype == torch.bfloat16
-        self.embed = emb.clone() if bf16_copy else w("model.embed_tokens.weight").clone()  # [V, H]
+        mapped = weights.mapped("model.embed_tokens.weight") if bf16_copy and isinstance(weights, LazyWeights) else None
+        if mapped is not None and mapped.dtype == torch.bfloat16:
+            self.embed = mapped  # [V, H]
+        else:
+            self.embed = emb.clone() if bf16_copy else w("model.embed_tokens.weight").clone()  # [V, H]
         # Draft models only: logits for the first head_vocab ids alone (BPE vocabularies put
         # frequent tokens first). The output head is the largest matrix of a small model; a
         # draft that cannot propose a rare token loses only that guess, never exactness.
