@@ -282,3 +282,55 @@ def test_packaged_tokenizers_from_snapshots_behave_as_transformers(name, module,
     ref = Path(__file__).parents[1] / "README.md"
     text = ref.read_text(encoding="utf-8")
     assert ours(text)["input_ids"] == transformers_tokenizer(path)(text)["input_ids"]
+
+
+# ----------------------------------------------------------------------------- a drafter's Q6_K records
+def test_a_large_drafter_matrix_s_records_are_kept_and_read_back_the_same(cache, monkeypatch):
+    from specdraft.models import small_linear
+    from specdraft.models.gguf_weights import quantize_q6k
+
+    weight = torch.randn(512, 2048, generator=torch.Generator().manual_seed(0))  # 1 M weights: kept
+    first = small_linear._q6k(weight)
+    assert torch.equal(first.w, quantize_q6k(weight).w)
+    assert len(list(cache.glob("snapshots/q6k-*.npy"))) == 1
+
+    def refuse(_):
+        raise AssertionError("quantized again")
+    monkeypatch.setattr(small_linear, "quantize_q6k", refuse)
+    again = small_linear._q6k(weight.clone())
+    assert (again.kind, again.out_features, again.in_features) == ("Q6_K", 512, 2048) and torch.equal(again.w, first.w)
+    other = weight.clone()
+    other[3, 5] += 1.0  # another matrix: another key
+    with pytest.raises(AssertionError, match="quantized again"):
+        small_linear._q6k(other)
+    with pytest.raises(AssertionError, match="quantized again"):
+        small_linear._q6k(torch.randn(64, 256))  # small matrices are not kept
+
+
+def test_a_damaged_records_file_is_quantized_again(cache):
+    from specdraft.models import small_linear
+    from specdraft.models.gguf_weights import quantize_q6k
+
+    weight = torch.randn(512, 2048, generator=torch.Generator().manual_seed(1))
+    small_linear._q6k(weight)
+    (saved,) = cache.glob("snapshots/q6k-*.npy")
+    saved.write_bytes(saved.read_bytes()[:1000])  # truncated
+    assert torch.equal(small_linear._q6k(weight).w, quantize_q6k(weight).w)
+    import numpy as np
+
+    assert np.load(saved).shape == tuple(quantize_q6k(weight).w.shape)  # written whole again
+
+
+def test_arrays_beyond_keep_go_oldest_used_first(cache):
+    import os
+
+    import numpy as np
+
+    for i in range(4):
+        snapshots.save_array("t", f"k{i}", np.full(3, i, np.uint8), keep=3)
+        path = cache / "snapshots" / f"t-k{i}.npy"
+        os.utime(path, (1000 + i, 1000 + i))  # the order of use, past the file system's clock resolution
+    assert sorted(p.name for p in cache.glob("snapshots/t-*.npy")) == ["t-k1.npy", "t-k2.npy", "t-k3.npy"]
+    assert snapshots.load_array("t", "k1").tolist() == [1, 1, 1]  # a use: k1 is now the newest
+    snapshots.save_array("t", "k4", np.zeros(2, np.uint8), keep=3)
+    assert sorted(p.name for p in cache.glob("snapshots/t-*.npy")) == ["t-k1.npy", "t-k3.npy", "t-k4.npy"]

@@ -193,6 +193,9 @@ def quantize_q4k(weight: torch.Tensor, chunk: int = 4096) -> QuantTensor:
     return QuantTensor("Q4_K", O, n_in, in_huge_pages(torch.cat(parts) if len(parts) > 1 else parts[0]))
 
 
+Q6K_RECORDS = 1  # the layout quantize_q6k writes; bump when it changes (small_linear keeps its records by it)
+
+
 def quantize_q6k(weight: torch.Tensor, chunk: int = 4096) -> QuantTensor:
     """A float matrix [O, in] quantized to Q6_K in the kernel's records (drafters' own matrices,
     models.small_linear): per sub-block of 16 inputs a signed 8-bit multiple of a per-super-block
