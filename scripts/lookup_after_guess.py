@@ -17,7 +17,7 @@ from pathlib import Path
 
 from specdraft.bench.prompts import PACKAGED_PROMPTS, load_prompts
 from specdraft.drafters.prompt_lookup import find_continuation
-from specdraft.pipeline import load_tokenizer
+from specdraft.models.tokenizer import load_tokenizer
 
 
 def right(proposal: list[int], answer: list[int], at: int) -> int:

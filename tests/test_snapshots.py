@@ -8,6 +8,7 @@ tokenizers against transformers on varied text and conversations.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -242,7 +243,7 @@ def test_a_second_start_generates_without_importing_transformers(tmp_path):
             f"sd = Speculator({str(path)!r}, load_draft=False, progress=False); "
             "r = sd.generate('ab', spec=SpecConfig(method='prompt-lookup'), gen=GenerationConfig(max_new_tokens=4)); "
             "print(r.token_ids, 'transformers' in sys.modules)")
-    env = {**__import__("os").environ, "SPECDRAFT_CACHE": str(cache)}
+    env = {**os.environ, "SPECDRAFT_CACHE": str(cache)}
     runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
             for _ in range(2)]
     assert runs[0].split("]")[0] == runs[1].split("]")[0]  # the same tokens
@@ -322,8 +323,6 @@ def test_a_damaged_records_file_is_quantized_again(cache):
 
 
 def test_arrays_beyond_keep_go_oldest_used_first(cache):
-    import os
-
     import numpy as np
 
     for i in range(4):

@@ -367,10 +367,9 @@ class LlamaModel:
         # behind a 0.45 GB embedding).
         bf16_copy = emb is not None and emb.dtype == torch.bfloat16
         mapped = weights.mapped("model.embed_tokens.weight") if bf16_copy and isinstance(weights, LazyWeights) else None
-        if mapped is not None and mapped.dtype == torch.bfloat16:
-            self.embed = mapped  # [V, H]
-        else:
-            self.embed = emb.clone() if bf16_copy else w("model.embed_tokens.weight").clone()  # [V, H]
+        if mapped is None:
+            mapped = emb.clone() if bf16_copy else w("model.embed_tokens.weight").clone()
+        self.embed = mapped  # [V, H]
         # Draft models only: logits for the first head_vocab ids alone (BPE vocabularies put
         # frequent tokens first). The output head is the largest matrix of a small model; a
         # draft that cannot propose a rare token loses only that guess, never exactness.
