@@ -113,7 +113,7 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
         raise ParameterError(f"weight format q4k needs the native kernels: {_kernel_problem()}; use w8a8")
     if native:
         model = LlamaModel.from_dir(path, dtype=DTYPES[dtype], max_length=max_length, weight_format=weight_format,
-                                    head_vocab=head_vocab, gguf=gguf)
+                                    head_vocab=head_vocab, gguf=gguf, config=config)
     elif weight_format != "dense":
         raise ParameterError(f"{config.model_type!r} runs through the transformers adapter, which has dense weights only")
     else:

@@ -469,12 +469,13 @@ class LlamaModel:
     @classmethod
     def from_dir(cls, path: str | Path, *, dtype=torch.bfloat16, max_length: int = 4096,
                  weight_format: str = "dense", head_vocab: int | None = None,
-                 gguf=None) -> LlamaModel:
+                 gguf=None, config=None) -> LlamaModel:
         """weight_format "gguf" needs ``gguf``: the gguf_weights.GGUFTensors of the file the
-        directory was converted from."""
+        directory was converted from. ``config``: the directory's (config_view.load_config), where
+        the caller has read it already."""
         path = Path(path)
         try:
-            config = load_config(path)
+            config = config if config is not None else load_config(path)
         except Exception as e:
             raise ModelFileError(f"cannot read {path}/config.json ({type(e).__name__}); is this a model directory?") from None
         if (why := not_native(config)) is not None:

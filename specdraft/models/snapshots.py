@@ -33,21 +33,18 @@ def _version(package: str) -> str:
 def key(directory: Path, names: tuple[str, ...]) -> str:
     """The digest of the files ``names`` of ``directory`` (a missing file counts as absent, not
     as empty) and of the versions that read them."""
-    h = hashlib.sha256(f"{FORMAT} {_version('transformers')} {_version('tokenizers')}".encode())
+    parts: list = [f"{_version('transformers')} {_version('tokenizers')}"]
     for name in names:
         try:
-            data = (Path(directory) / name).read_bytes()
+            parts += [name, (Path(directory) / name).read_bytes()]
         except OSError:
-            h.update(f"\0{name} absent".encode())
-            continue
-        h.update(f"\0{name} {len(data)}\0".encode())
-        h.update(data)
-    return h.hexdigest()[:32]
+            parts.append(f"{name} absent")
+    return digest_of(*parts)
 
 
 def digest_of(*parts) -> str:
-    """A KEY from data in hand instead of files: strings, or anything with contiguous bytes (a
-    numpy array's are hashed where they lie, not copied)."""
+    """A KEY from data in hand: strings, or anything with contiguous bytes (a numpy array's are
+    hashed where they lie, not copied); each part's length goes in before it."""
     h = hashlib.sha256(str(FORMAT).encode())
     for part in parts:
         data = memoryview(part.encode() if isinstance(part, str) else part).cast("B")
