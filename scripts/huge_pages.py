@@ -3,8 +3,8 @@ tokens (`specdraft calibrate`'s timing).
 
     python scripts/huge_pages.py [--rounds 3] [--blocks 1,4,8,16] [--repeats 7] [--context 300] [--processes]
 
-By default one process loads the default target twice, once in 4 KB pages (models.hugepages.
-short_run) and once in 2 MB pages, and times their forwards interleaved (forward_costs' round robin):
+By default one process loads the default target twice, once in 4 KB pages and once in 2 MB pages
+(models.hugepages.forced), and times their forwards interleaved (forward_costs' round robin):
 a phase of the machine hits both alike, so the ratio of each round is a paired one. --processes:
 separate processes alternated instead (SPECDRAFT_HUGE_PAGES=0 / 1), each loading the target once,
 as a user's process would. Prints how many bytes of the records sit in huge pages.
@@ -50,14 +50,15 @@ def in_one_process(a, blocks: list[int]) -> dict[str, list[list[float]]]:
     import torch
 
     from specdraft.bench.forward_cost import forward_costs
-    from specdraft.models.hugepages import huge_page_bytes, short_run
+    from specdraft.models.hugepages import forced, huge_page_bytes
     from specdraft.pipeline import load_model
 
     torch.set_num_threads(2)
     length = a.context + max(blocks) + 1
-    with short_run():  # 4 KB pages unless SPECDRAFT_HUGE_PAGES=1 asks otherwise
+    with forced("4K"):
         small = load_model("qwen2.5-coder-1.5b", weight_format="gguf", max_length=length, progress=False).model
-    big = load_model("qwen2.5-coder-1.5b", weight_format="gguf", max_length=length, progress=False).model
+    with forced("2M"):  # whatever a payback filed for this CPU says (calibrate --pages)
+        big = load_model("qwen2.5-coder-1.5b", weight_format="gguf", max_length=length, progress=False).model
     models = {"4K": small, "2M": big}
     print("the records' mappings in huge pages: " + ", ".join(
         f"{label} {huge_page_bytes(m.lm_head.parts[0].w) / 2**20:.0f} MiB" for label, m in models.items()))

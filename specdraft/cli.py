@@ -21,7 +21,7 @@ from .drafters import drafter_names, needs_draft_model
 from .errors import ParameterError, SpecdraftError
 from .heads.command import add_export_args, add_train_args, export_from_args, train_from_args
 from .heads.model import shipped_head_dir
-from .models.hugepages import PAYS_FROM_TOKENS, pages_note, short_run
+from .models.hugepages import one_shot_pages, pages_note, save_payback, short_run
 from .models.packaged import DEFAULT_TARGET, PACKAGED, resolve_model_dir
 from .options import (
     DTYPES,
@@ -144,7 +144,8 @@ def _add_calibrate(sub) -> None:
                         "e.g. auto,w8a8,dense:bf16; several are timed interleaved")
     c.add_argument("--dtype", default="auto", choices=DTYPES, help="compute dtype of formats given without one")
     c.add_argument("--context", type=int, default=300, help="tokens already in the KV cache")
-    c.add_argument("--blocks", default="1,2,4,8,16,32", help="comma-separated numbers of new tokens")
+    c.add_argument("--blocks", default=None,
+                   help="comma-separated numbers of new tokens (default 1,2,4,8,16,32; with --pages 1,4)")
     c.add_argument("--repeats", type=int, default=5, help="timed forwards per block (median reported)")
     c.add_argument("--kernels", default=None, metavar="PATHS",
                    help="time the GGUF kernels alone instead of a model: every matrix product of the default target's "
@@ -156,6 +157,12 @@ def _add_calibrate(sub) -> None:
                    help="where each forward goes instead: ms in each kind of native layer step (summed over the "
                         "layers) and in the output head and the rest, per block (and per path with --paths); "
                         "a model on the GGUF kernels")
+    c.add_argument("--pages", action="store_true",
+                   help="measure what 2 MB pages cost a start and save a forward here, against 4 KB pages, and file it: "
+                        "`specdraft generate` then takes them from the forwards they need to pay back, and no process "
+                        "takes them where they save nothing")
+    c.add_argument("--rounds", type=int, default=5, help="--pages: timed loads of each kind of page (alternating), "
+                   "and rounds of interleaved forwards")
     c.add_argument("--json", dest="json_out", default=None, help="also write {tokens, seconds, ...} here")
 
 
@@ -190,7 +197,7 @@ def _cmd_generate(args) -> int:
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, stop=tuple(args.stop))
     with_draft = needs_draft_model(args.method)
     # a short one-shot run loads into 4 KB pages: 2 MB ones start slower than they pay (models.hugepages)
-    with short_run(args.max_new_tokens < PAYS_FROM_TOKENS):
+    with short_run(one_shot_pages(args.max_new_tokens)):
         sd = Speculator(args.target, args.draft, dtype=args.dtype, runtime=args.runtime, max_length=args.max_context,
                         load_draft=with_draft, **speculator_options(args))
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
@@ -259,17 +266,24 @@ def _calibrate_candidates(spec: str, dtype: str) -> list[tuple[str, str, str]]:
 
 
 def _cmd_calibrate(args) -> int:
+    spec = args.blocks or ("1,4" if args.pages else "1,2,4,8,16,32")
     try:
-        blocks = tuple(int(b) for b in args.blocks.split(","))
+        blocks = tuple(int(b) for b in spec.split(","))
     except ValueError:
         raise ParameterError(f"--blocks must be comma-separated integers, got {args.blocks!r}") from None
     if not blocks or min(blocks) < 1 or args.context < 1 or args.repeats < 1:
         raise ParameterError("blocks, context and repeats must be >= 1")
+    if args.pages and (args.kernels or args.paths or args.steps):
+        raise ParameterError("--pages times whole forwards in two kinds of page: not with --kernels, --paths or --steps")
     if args.kernels:
         if args.steps:
             raise ParameterError("--steps breaks a model's forward into its steps: not with --kernels")
         return _calibrate_kernels(args, blocks)
     candidates = _calibrate_candidates(args.format, args.dtype)
+    if args.pages:
+        if len(candidates) > 1:
+            raise ParameterError("--pages times one weight format: give one --format")
+        return _calibrate_pages(args, blocks, args.model or DEFAULT_TARGET, *candidates[0][1:])
     if (args.paths or args.steps) and len(candidates) > 1:
         raise ParameterError(f"{'--paths' if args.paths else '--steps'} times one weight format: give one --format")
     name = args.model or DEFAULT_TARGET
@@ -307,6 +321,25 @@ def _cmd_calibrate(args) -> int:
         report = reports[candidates[0][0]] if len(reports) == 1 else {"formats": reports}
         with open(args.json_out, "w") as f:
             json.dump(report, f, indent=1)
+            f.write("\n")
+    return 0
+
+
+def _calibrate_pages(args, blocks: tuple[int, ...], name: str, fmt: str, dtype: str) -> int:
+    """calibrate --pages: 2 MB pages' extra start against what they save a forward, filed for this CPU."""
+    from .bench.pages_cost import pages_payback, payback_lines
+
+    record = pages_payback(name, fmt, dtype, blocks=blocks, context=args.context, repeats=args.repeats,
+                           rounds=args.rounds)
+    command = (f"specdraft calibrate --pages --model {name} --format {args.format} --context {args.context} "
+               f"--blocks {','.join(map(str, blocks))} --repeats {args.repeats} --rounds {args.rounds}")
+    record |= dict(model=name, weight_format=fmt, command=command)
+    for line in payback_lines(record):
+        print(line)
+    print(f"filed in {save_payback(record)}")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(record, f, indent=1)
             f.write("\n")
     return 0
 

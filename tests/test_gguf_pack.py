@@ -98,6 +98,23 @@ def test_a_pack_cut_short_is_removed_with_one_line(gguf_file):
     assert "\n" not in str(e.value) and not pack.exists()
 
 
+def test_a_fault_while_reading_a_sound_pack_leaves_it_in_place(gguf_file, monkeypatch):
+    """Only what the file says (header, length) counts as damage: an error while reading a sound
+    pack (memory, a fault in the reading code) propagates as it is, and the 1 GB pack stays."""
+    path, _ = gguf_file
+    GGUFTensors(path, progress=False)
+    pack = gguf_weights._pack_path(path)
+    before = pack.read_bytes()
+
+    def failing(*args, **kwargs):
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(gguf_weights, "read_huge", failing)
+    with pytest.raises(MemoryError):
+        GGUFTensors(path, progress=False)
+    assert pack.read_bytes() == before
+
+
 def test_a_full_disk_while_packing_is_one_line_and_leaves_nothing(gguf_file, monkeypatch):
     """safetensors reports a full disk as its own error type, not OSError: still one line, with
     the fix, and no half-written pack left in the cache; with room again the pack is made."""

@@ -3,6 +3,8 @@ kernel gives them, the same bytes as the file or tensor they copy, and a quiet f
 the tensor itself) where huge pages are off."""
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -23,8 +25,15 @@ from specdraft.models.hugepages import (
     thp_mode,
 )
 
-needs_thp = pytest.mark.skipif(not hugepages.enabled(),
-                               reason=f"transparent huge pages are off here ({thp_mode()})")
+needs_thp = pytest.mark.skipif(thp_mode() not in ("always", "madvise") or os.environ.get("SPECDRAFT_HUGE_PAGES") == "0",
+                               reason=f"transparent huge pages are off here ({thp_mode()}) or SPECDRAFT_HUGE_PAGES=0")
+
+
+@pytest.fixture(autouse=True)
+def _no_measured_payback(tmp_path, monkeypatch):
+    """A payback file of its own: one measured on this machine (calibrate --pages) must not decide
+    what these tests see."""
+    monkeypatch.setattr(hugepages, "payback_path", lambda: tmp_path / "machine" / "pages.json")
 
 
 def smaps_fields(ptr: int) -> dict[str, str]:
@@ -133,11 +142,72 @@ def test_a_short_run_takes_4_kb_pages_unless_asked_and_restores(monkeypatch):
     monkeypatch.delenv("SPECDRAFT_HUGE_PAGES", raising=False)
     with short_run():
         assert huge_empty(4 * HUGE) is None and pages_note().startswith("4 KB pages (a short run")
-        with short_run(False):  # no change inside
+        with short_run(None):  # no change inside
             assert huge_empty(4 * HUGE) is None
         monkeypatch.setenv("SPECDRAFT_HUGE_PAGES", "1")
         assert huge_empty(4 * HUGE) is not None
         monkeypatch.delenv("SPECDRAFT_HUGE_PAGES")
     assert huge_empty(4 * HUGE) is not None  # restored
-    with short_run(False):
+    with short_run(None):
         assert huge_empty(4 * HUGE) is not None
+
+
+def test_payback_is_the_extra_start_over_the_gain_a_forward():
+    from specdraft.models.hugepages import payback_forwards
+
+    assert payback_forwards(0.47, 1.35, 0.0163, 0.0156) == 1258  # 0.88 s / 0.7 ms
+    assert payback_forwards(1.0, 0.9, 0.020, 0.018) == 0  # no slower to start: from the first forward
+    assert payback_forwards(0.4, 2.0, 0.020, 0.0199) is None  # 0.5% faster: under GAIN_FLOOR, never
+    assert payback_forwards(0.4, 2.0, 0.020, 0.021) is None  # slower
+
+
+def _record(forwards, **kw):
+    return dict(forwards=forwards, thp=thp_mode(), date="2026-12-01", model="m") | kw
+
+
+def test_a_payback_is_filed_per_cpu_and_read_back_only_where_it_fits():
+    from specdraft.models.hugepages import measured_payback, save_payback
+
+    payback_path = hugepages.payback_path
+
+    assert measured_payback() is None  # nothing measured in this cache
+    payback_path().parent.mkdir(parents=True)
+    payback_path().write_text('{"another CPU": {"forwards": 5, "thp": "madvise"}}')
+    assert measured_payback() is None
+    save_payback(_record(1200))
+    assert measured_payback()["forwards"] == 1200
+    records = json.loads(payback_path().read_text())
+    assert records["another CPU"] == {"forwards": 5, "thp": "madvise"}  # others' records kept
+    save_payback(_record(None))
+    assert measured_payback()["forwards"] is None  # never
+    save_payback(_record(1200, thp="something else"))
+    assert measured_payback() is None  # measured under another THP setting
+    save_payback(_record(-3))
+    assert measured_payback() is None  # not a count
+    payback_path().write_text("{not json")
+    assert measured_payback() is None  # a damaged file reads as nothing measured, quietly
+
+
+@needs_thp
+def test_a_one_shot_run_takes_2_mb_pages_from_the_measured_payback(monkeypatch):
+    from specdraft.models.hugepages import PRIOR_TOKENS, forced, one_shot_pages, save_payback
+
+    monkeypatch.delenv("SPECDRAFT_HUGE_PAGES", raising=False)
+    # unmeasured: the prior
+    assert "not measured" in one_shot_pages(PRIOR_TOKENS - 1) and one_shot_pages(PRIOR_TOKENS) is None
+    save_payback(_record(3000))
+    assert "3000 forwards" in one_shot_pages(2999) and one_shot_pages(3000) is None
+    with short_run(one_shot_pages(2999)):
+        assert huge_empty(4 * HUGE) is None and "3000 forwards" in pages_note()
+    assert huge_empty(4 * HUGE) is not None  # long-lived: they pay back
+    save_payback(_record(None))  # they save nothing here: no process takes them unasked
+    assert one_shot_pages(10**6) is None
+    assert huge_empty(4 * HUGE) is None and "no faster on this CPU" in pages_note()
+    with forced("2M"):  # calibrate --pages measures them anyway
+        assert huge_empty(4 * HUGE) is not None
+    monkeypatch.setenv("SPECDRAFT_HUGE_PAGES", "1")
+    assert huge_empty(4 * HUGE) is not None
+    with forced("4K"):
+        assert huge_empty(4 * HUGE) is None
+    with pytest.raises(ValueError), forced("1G"):
+        pass

@@ -1,44 +1,21 @@
 """Facts about the machine a benchmark ran on: CPU model and flags, GGUF kernel path, threads, memory."""
 from __future__ import annotations
 
-import os
 import platform
 import resource
 import sys
 
 import torch
 
+from ..cpu import CPU_FLAGS, CPU_NUMBERS, cpu_info
 from ..kernels import KernelUnavailable, gguf_ops
 from ..kernels.plan import PATHS_WITH_FORMS, forms_note
 from ..models.hugepages import pages_note
-
-# The CPU flags that decide which kernels run and how fast: AVX2 (the GGUF kernels' baseline),
-# AVX-512 with VNNI (their int8 dot-product path), native bf16, and AMX.
-CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
-# cpu_info's numbers: (its key, /proc/cpuinfo's field, the word machine_line says)
-CPU_NUMBERS = (("family", "cpu family", "family"), ("model_number", "model", "model"), ("stepping", "stepping", "stepping"))
 
 
 def peak_rss_mb() -> float:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KiB on Linux
-
-
-def cpu_info() -> dict:
-    """CPU model, family / model number / stepping (a name such as "AMD EPYC" covers several
-    generations) and which of :data:`CPU_FLAGS` it has (from /proc/cpuinfo on Linux)."""
-    first: dict[str, str] = {}  # the first processor's fields
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                first.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass  # not Linux: platform's answer is the best we have
-    flags = set(first.get("flags", "").split())
-    numbers = {key: int(first[field]) for key, field, _ in CPU_NUMBERS if first.get(field, "").isdigit()}
-    return dict(model=first.get("model name") or platform.processor() or "unknown", **numbers,
-                logical_cpus=os.cpu_count(), vector_flags=[f for f in CPU_FLAGS if f in flags])
 
 
 def gguf_kernel_path() -> str | None:

@@ -373,22 +373,26 @@ class GGUFTensors:
         pack = _pack_path(self.path)
         if not pack.is_file():
             self._write_pack(pack, progress)
+        # Damage is what the file says (its header, its length); only that removes it. An error
+        # while reading a sound file (memory, a fault of ours) propagates and leaves the pack alone.
         try:
             n, header = safetensors_header(pack)
             meta = header["__metadata__"]
             self.arch = meta["arch"]
             self._entries: dict[str, tuple] = {k: tuple(v) for k, v in json.loads(meta["tensors"]).items()}
-            start, end = header["records"]["data_offsets"]
-            # read into 2 MB pages where the kernel gives them (models.hugepages: a forward streams
-            # every record, ~15% faster than through 4 KB pages), else a copy-on-write map (torch
-            # wants writable memory; nothing writes, so the pages stay shared between processes)
-            flat = read_huge(pack, 8 + n + start, end - start)
-            self._flat = flat if flat is not None else torch.from_numpy(
-                np.memmap(pack, dtype=np.uint8, mode="c", offset=8 + n + start, shape=(end - start,)))
-        except Exception:
+            start, end = (int(x) for x in header["records"]["data_offsets"])
+            if not 0 <= start <= end or 8 + n + end > pack.stat().st_size:
+                raise ValueError("cut short")
+        except (OSError, ValueError, KeyError, TypeError):
             pack.unlink(missing_ok=True)
             raise ModelFileError(f"the packed copy of {self.path.name} in {pack.parent} was damaged and is "
                                  "removed; run the command again to rebuild it") from None
+        # read into 2 MB pages where the kernel gives them (models.hugepages: a forward streams
+        # every record, ~15% faster than through 4 KB pages), else a copy-on-write map (torch
+        # wants writable memory; nothing writes, so the pages stay shared between processes)
+        flat = read_huge(pack, 8 + n + start, end - start)
+        self._flat = flat if flat is not None else torch.from_numpy(
+            np.memmap(pack, dtype=np.uint8, mode="c", offset=8 + n + start, shape=(end - start,)))
         if self.arch not in _ARCHS:
             raise ModelFileError(f"weight format gguf supports {', '.join(_ARCHS)} GGUF files, "
                                  f"{self.path.name} is {self.arch!r}; use --target-format w8a8")

@@ -15,12 +15,17 @@ buffer instead of being mapped (a private copy a process, where the mapping shar
 cache copy stays reclaimable). A model's KV caches too: a decode step's attention reads every
 cached row from memory, ~25% faster from 2 MB pages (context 1500: 7.7 -> 5.8 ms a forward); they
 are then resident from the first token (~224 MB for the default target's 4096 positions, where 4 KB
-pages are made as the context grows). ``SPECDRAFT_HUGE_PAGES=0`` keeps 4 KB pages everywhere,
-e.g. to measure the difference. Elsewhere (no THP, another OS) every function here falls back
+pages are made as the context grows). They cost a start and pay back a little every forward, both
+by CPU: ``specdraft calibrate --pages`` measures both and files the payback for this CPU
+(``measured_payback``); a one-shot command takes them from that many new tokens
+(``one_shot_pages``), and where they save nothing no process does (``_refused``).
+``SPECDRAFT_HUGE_PAGES=0`` keeps 4 KB pages everywhere, ``=1`` takes 2 MB ones everywhere. Elsewhere (no THP, another OS) every function here falls back
 quietly.
 """
 from __future__ import annotations
 
+import functools
+import json
 import math
 import mmap
 import os
@@ -30,6 +35,9 @@ from pathlib import Path
 
 import torch
 
+from ..cache import cache_root
+from ..cpu import cpu_key
+
 HUGE = 2 << 20  # bytes in a huge page (x86-64)
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 # the smallest buffer given its own mapping (a draft model's re-quantized matrices are ~0.5-10 MB; a
@@ -37,13 +45,17 @@ THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 MIN_BYTES = HUGE
 
 
-# New tokens from which a one-shot command (specdraft generate) takes 2 MB pages by default. They
-# cost a start time: the kernel assembles ~1.3 GB of them, compacting memory where it is
-# fragmented (the README's first command, warm, on the AMX Xeon: 12.1-12.4 s of wall time against
-# 9.1-9.5 in 4 KB pages), and pay back ~6 ms a target forward, ~2 ms a token at hybrid-head's ~3.4
-# tokens a forward on code. Long-lived processes (serve, bench, calibrate, the Python API) take
-# them whatever they decode.
-PAYS_FROM_TOKENS = 1000
+# New tokens from which a one-shot command (specdraft generate) takes 2 MB pages where their payback
+# was not measured on this CPU (``specdraft calibrate --pages`` measures it: ``measured_payback``).
+# They cost a start (the kernel assembles ~1.3 GB of them, compacting memory where it is
+# fragmented) and pay back a little every forward, both by CPU: the AMX Xeon ~3 s against ~6 ms a
+# forward (~500 forwards), the Zen 5 EPYC ~1-2.7 s against ~0.6-1.5 ms (~2,000-4,500), the AVX2
+# EPYC (Zen 3) ~3.5 s against nothing (never).
+PRIOR_TOKENS = 1000
+PAYBACK_FILE = Path("machine") / "pages.json"  # under cache_root(): {cpu_key: a calibrate --pages record}
+# A gain a forward under this share of the 4 KB forward's time is taken as none (the paired
+# forwards of a CPU where the pages change nothing still differ by ~1-3% in a round).
+GAIN_FLOOR = 0.02
 
 
 def thp_mode() -> str:
@@ -56,29 +68,132 @@ def thp_mode() -> str:
     return text[start + 1:end] if 0 <= start < end else "unavailable"
 
 
-_unasked_off = [False]  # inside short_run(): huge pages only where SPECDRAFT_HUGE_PAGES=1 asks
+_short = [None]  # inside short_run(): why this run takes 4 KB pages unless SPECDRAFT_HUGE_PAGES=1 asks, in words
+_forced: list[str | None] = [None]  # inside forced(): "4K" or "2M", whatever else says (calibrate --pages)
+
+
+def payback_forwards(start_4k: float, start_2m: float, forward_4k: float, forward_2m: float) -> int | None:
+    """Target forwards after which 2 MB pages have paid their start: the extra start in seconds
+    (load and first forward, 2 MB minus 4 KB) over the seconds they save a forward; None where they
+    save under GAIN_FLOOR of a forward (never), 0 where they start no slower. E.g. 1.35 s against
+    0.47 s to start and 16.3 against 15.6 ms a forward: 0.88 / 0.0007 -> 1,258 forwards."""
+    gain = forward_4k - forward_2m
+    if gain < GAIN_FLOOR * forward_4k:
+        return None
+    return math.ceil(max(0.0, start_2m - start_4k) / gain)
+
+
+@functools.cache
+def _this_cpu() -> str:
+    return cpu_key()  # read once: enabled() asks for every buffer
+
+
+def payback_path() -> Path:
+    return cache_root() / PAYBACK_FILE
+
+
+_memo: dict[tuple[str, int], dict] = {}  # (file, its mtime) -> its records: enabled() asks every buffer
+
+
+def _records(path: Path) -> dict:
+    """The payback file's records by CPU, {} where there is none or it cannot be read."""
+    try:
+        stamp = (str(path), path.stat().st_mtime_ns)
+    except OSError:
+        return {}
+    if stamp not in _memo:
+        try:
+            got = json.loads(path.read_text())
+        except (OSError, ValueError):
+            got = {}
+        _memo.clear()
+        _memo[stamp] = got if isinstance(got, dict) else {}
+    return _memo[stamp]
+
+
+def measured_payback() -> dict | None:
+    """This CPU's ``specdraft calibrate --pages`` record under the kernel's present THP setting,
+    or None where none was made: {"forwards": int or None (never), "date", "model",
+    "start_seconds", "forward_seconds", ...}."""
+    record = _records(payback_path()).get(_this_cpu())
+    if not isinstance(record, dict) or record.get("thp") != thp_mode() or "forwards" not in record:
+        return None
+    forwards = record["forwards"]
+    return record if forwards is None or (isinstance(forwards, int) and forwards >= 0) else None
+
+
+def save_payback(record: dict) -> Path:
+    """File ``record`` (with "forwards" and "thp") under this CPU in the payback file, keeping
+    other CPUs' records; written whole to a temporary file and renamed, so a reader never sees half."""
+    path = payback_path()
+    records = dict(_records(path))
+    records[_this_cpu()] = record
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(records, indent=1) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def one_shot_pages(new_tokens: int) -> str | None:
+    """Why a one-shot run of up to ``new_tokens`` new tokens should take 4 KB pages (short_run's
+    reason), or None: it reaches this CPU's measured payback (counted in forwards: a run of n new
+    tokens makes at most n), or PRIOR_TOKENS where none was measured. Where the pages were measured
+    to save nothing, the default refuses them anyway (``_refused``)."""
+    record = measured_payback()
+    if record is None:
+        if new_tokens < PRIOR_TOKENS:
+            return (f"a short run: under {PRIOR_TOKENS} new tokens, their payback not measured on this CPU "
+                    "(specdraft calibrate --pages)")
+        return None
+    forwards = record["forwards"]
+    if forwards is not None and new_tokens < forwards:
+        return f"a short run: 2 MB pages pay back after ~{forwards} forwards on this CPU (calibrate --pages)"
+    return None
 
 
 @contextmanager
-def short_run(short: bool = True) -> Iterator[None]:
-    """Loads within take 4 KB pages unless ``SPECDRAFT_HUGE_PAGES=1`` asks for 2 MB ones (a short
-    one-shot run, see PAYS_FROM_TOKENS); ``short=False``: no change."""
-    before = _unasked_off[0]
-    _unasked_off[0] = before or short
+def short_run(reason: str | None = "a short run") -> Iterator[None]:
+    """Loads within take 4 KB pages, for ``reason`` (words; None: no change), unless
+    ``SPECDRAFT_HUGE_PAGES=1`` asks for 2 MB ones."""
+    before = _short[0]
+    _short[0] = before or reason
     try:
         yield
     finally:
-        _unasked_off[0] = before
+        _short[0] = before
+
+
+@contextmanager
+def forced(kind: str) -> Iterator[None]:
+    """Loads within take ``kind`` pages ("4K" or "2M", the latter where the kernel gives them),
+    whatever SPECDRAFT_HUGE_PAGES, a short run or a measurement says: calibrate --pages."""
+    if kind not in ("4K", "2M"):
+        raise ValueError(f"page kind {kind!r}: 4K or 2M")
+    before = _forced[0]
+    _forced[0] = kind
+    try:
+        yield
+    finally:
+        _forced[0] = before
 
 
 def _refused() -> str | None:
-    """Why this process does not want huge pages now, in words, or None: ``SPECDRAFT_HUGE_PAGES=0``,
-    or a short_run where SPECDRAFT_HUGE_PAGES does not ask for them."""
+    """Why this process does not want huge pages now, in words, or None: forced("4K"),
+    ``SPECDRAFT_HUGE_PAGES=0``, a short_run where SPECDRAFT_HUGE_PAGES does not ask for them, or a
+    measurement (calibrate --pages) that they save nothing on this CPU."""
+    if _forced[0]:
+        return "forced" if _forced[0] == "4K" else None
     env = os.environ.get("SPECDRAFT_HUGE_PAGES")
     if env == "0":
         return "SPECDRAFT_HUGE_PAGES=0"
-    if env is None and _unasked_off[0]:
-        return "a short run; SPECDRAFT_HUGE_PAGES=1 asks for 2 MB"
+    if env is not None:
+        return None
+    if _short[0]:
+        return _short[0] + "; SPECDRAFT_HUGE_PAGES=1 asks for 2 MB"
+    record = measured_payback()
+    if record is not None and record["forwards"] is None:
+        return f"no faster on this CPU: specdraft calibrate --pages, {record.get('date', 'undated')}"
     return None
 
 
