@@ -226,6 +226,27 @@ def test_save_load_round_trip_and_bad_files(tmp_path, trained):
     assert cfg["vocab"] == VOCAB
 
 
+def test_a_loaded_head_holds_the_files_weights_and_leaves_torch_init_as_it_was(tmp_path, trained):
+    """read_drafter builds the module without torch.nn.init's random fills (its weights are loaded
+    strictly right after): every parameter is the file's, a file that lacks one is refused, and
+    torch.nn.init is whole again afterwards, after a refused file too."""
+    from safetensors.torch import load_file, save_file
+
+    _, head, _ = trained
+    init = torch.nn.init.kaiming_uniform_
+    head.save(tmp_path / "h")
+    back, stored = FeatureHead.load(tmp_path / "h"), load_file(str(tmp_path / "h" / "head.safetensors"))
+    assert set(dict(back.named_parameters())) <= set(stored)
+    assert all(torch.equal(v, stored[k].float() if v.is_floating_point() else stored[k])
+               for k, v in back.state_dict().items())
+    assert torch.nn.init.kaiming_uniform_ is init
+    name = next(iter(dict(head.named_parameters())))
+    save_file({k: v for k, v in stored.items() if k != name}, str(tmp_path / "h" / "head.safetensors"))
+    with pytest.raises(ModelFileError, match="cannot load the drafting head"):
+        FeatureHead.load(tmp_path / "h")
+    assert torch.nn.init.kaiming_uniform_ is init
+
+
 def test_featureset_round_trip(tmp_path, trained):
     data, _, _ = trained
     data.save(tmp_path / "f.pt")

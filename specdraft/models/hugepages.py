@@ -19,8 +19,8 @@ pages are made as the context grows). They cost a start and pay back a little ev
 by CPU: ``specdraft calibrate --pages`` measures both and files the payback for this CPU
 (``measured_payback``); a one-shot command takes them from that many new tokens
 (``one_shot_pages``), and where they save nothing no process does (``_refused``).
-``SPECDRAFT_HUGE_PAGES=0`` keeps 4 KB pages everywhere, ``=1`` takes 2 MB ones everywhere. Elsewhere (no THP, another OS) every function here falls back
-quietly.
+``SPECDRAFT_HUGE_PAGES=0`` keeps 4 KB pages everywhere, ``=1`` takes 2 MB ones everywhere.
+Elsewhere (no THP, another OS) every function here falls back quietly.
 """
 from __future__ import annotations
 
