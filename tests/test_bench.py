@@ -539,6 +539,18 @@ def test_cpu_info_gives_the_family_and_model_numbers_where_proc_cpuinfo_has_them
     assert info["vector_flags"] == ["avx2", "avx512f", "avx512_vnni"]
 
 
+def test_a_cpu_is_filed_under_its_name_numbers_flags_and_cores():
+    from specdraft.cpu import cpu_key, cpu_words
+
+    cpu = dict(model="AMD EPYC", family=26, model_number=2, stepping=1, logical_cpus=2,
+               vector_flags=["avx2", "avx512_vnni"])
+    assert cpu_words(cpu) == "AMD EPYC (family 26 model 2 stepping 1)"
+    assert cpu_key(cpu) == "AMD EPYC (family 26 model 2 stepping 1); 2 logical CPUs; avx2,avx512_vnni"
+    assert cpu_key(dict(cpu, family=25)) != cpu_key(cpu) and cpu_key(dict(cpu, logical_cpus=4)) != cpu_key(cpu)
+    assert cpu_words(dict(model="Some CPU", logical_cpus=1, vector_flags=[])) == "Some CPU"
+    assert cpu_key() == cpu_key(cpu_info())
+
+
 def test_the_runs_probes_are_said_in_one_line():
     assert rates_line([]) is None
     line = rates_line([dict(at="start", vpaddw=8.8, vpmaddubsw=4.7), dict(at="after 2 runs", vpaddw=4.1, vpmaddubsw=2.4),
