@@ -3,7 +3,8 @@ prompt (the order reversed every other prompt, so the machine's phases hit every
 
     python scripts/policy_ab.py [--prompts N] [--max-new-tokens 128] SETTING...
 
-A SETTING is NAME=METHOD[:k=K][:trees=0|1], e.g. ``head=head head-k1=head:k=1:trees=0``; ``none``
+A SETTING is NAME=METHOD[:k=K][:trees=0|1][:head=DIR], e.g. ``head=head head-k1=head:k=1:trees=0``
+(head=DIR: that MLP head instead of the shipped one); ``none``
 is always run. On the first prompt of each of the N first Spec-Bench dev categories it prints the
 running seconds per setting and the machine's vector issue rates (the phase), then the prefill's
 share of ``none``'s time and per setting: speed over ``none`` with and without the prefill, tokens
@@ -27,7 +28,7 @@ SUMMED = ("time_total", "time_prefill", "time_draft", "time_verify", "target_for
 
 
 def setting(text: str) -> tuple[str, SpecConfig]:
-    """NAME=METHOD[:k=K][:trees=0|1] -> (NAME, its SpecConfig)."""
+    """NAME=METHOD[:k=K][:trees=0|1][:head=DIR] -> (NAME, its SpecConfig)."""
     name, _, rest = text.partition("=")
     method, *opts = rest.split(":")
     kw = {}
@@ -37,8 +38,10 @@ def setting(text: str) -> tuple[str, SpecConfig]:
             kw["k"] = int(value)
         elif key == "trees":
             kw["trees"] = value not in ("0", "false", "no")
+        elif key == "head":
+            kw["head"] = value
         else:
-            raise SystemExit(f"unknown option {key!r} in {text!r}: k=K or trees=0|1")
+            raise SystemExit(f"unknown option {key!r} in {text!r}: k=K, trees=0|1 or head=DIR")
     return name, SpecConfig(method=method, **kw)
 
 
