@@ -30,9 +30,14 @@ def cpu_info() -> dict:
                 logical_cpus=os.cpu_count(), vector_flags=[f for f in CPU_FLAGS if f in flags])
 
 
+def cpu_numbers(cpu: dict) -> str:
+    """``cpu_info()``'s numbers in words, e.g. "family 26 model 2 stepping 1" ("" where it has none)."""
+    return " ".join(f"{word} {cpu[key]}" for key, _, word in CPU_NUMBERS if key in cpu)
+
+
 def cpu_words(cpu: dict) -> str:
     """``cpu_info()`` in words, e.g. "AMD EPYC (family 26 model 2 stepping 1)"."""
-    numbers = " ".join(f"{word} {cpu[key]}" for key, _, word in CPU_NUMBERS if key in cpu)
+    numbers = cpu_numbers(cpu)
     return f"{cpu['model']} ({numbers})" if numbers else cpu["model"]
 
 

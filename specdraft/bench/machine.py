@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from ..cpu import CPU_FLAGS, CPU_NUMBERS, cpu_info
+from ..cpu import CPU_FLAGS, cpu_info, cpu_numbers
 from ..kernels import KernelUnavailable, gguf_ops
 from ..kernels.plan import PATHS_WITH_FORMS, forms_note
 from ..models.hugepages import pages_note
@@ -75,7 +75,7 @@ def machine_info() -> dict:
 def machine_line(info: dict) -> str:
     """``machine_info()`` in one line for the run's header."""
     cpu = info["cpu"]
-    numbers = " ".join(f"{word} {cpu[key]}" for key, _, word in CPU_NUMBERS if key in cpu)
+    numbers = cpu_numbers(cpu)
     return (f"machine: {cpu['model']} ({numbers + '; ' if numbers else ''}{cpu['logical_cpus']} logical CPUs; flags: "
             f"{', '.join(cpu['vector_flags']) or 'none of ' + ', '.join(CPU_FLAGS)}); "
             f"GGUF kernel path: {info['gguf_kernel_path'] or 'none'}"

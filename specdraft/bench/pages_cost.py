@@ -113,9 +113,8 @@ def payback_lines(record: dict) -> list[str]:
     start = {k: statistics.median(v) for k, v in record["start_seconds"].items()}
     lines = [f"start of a process (load + first forward), median of {record['rounds']}: 4 KB pages {start['4K']:.2f} s, "
              f"2 MB pages {start['2M']:.2f} s ({record['huge_bytes'] / 2**20:.0f} MiB in huge pages)"]
-    for i, k in enumerate(record["blocks"]):
-        a = statistics.median(r[i] for r in record["forward_seconds"]["4K"])
-        b = statistics.median(r[i] for r in record["forward_seconds"]["2M"])
+    for i, k in enumerate(record["blocks"]):  # each block alone, by the rule the payback uses (forward_pair)
+        a, b = forward_pair({kind: [[r[i]] for r in rounds] for kind, rounds in record["forward_seconds"].items()})
         lines.append(f"{k:3d} new tokens: {a * 1e3:7.2f} ms in 4 KB pages, {b * 1e3:7.2f} ms in 2 MB ({a / b:.3f}x)")
     n = record["forwards"]
     lines.append("2 MB pages save nothing measurable a forward on this CPU: every process takes 4 KB pages" if n is None
