@@ -164,6 +164,9 @@ def _add_calibrate(sub) -> None:
                         "takes them where they save nothing")
     c.add_argument("--rounds", type=int, default=5, help="--pages: timed loads of each kind of page (alternating), "
                    "and rounds of interleaved forwards")
+    c.add_argument("--peer", choices=["llama-cpp"], default=None,
+                   help="also time llama.cpp's forward over the same GGUF file and blocks, interleaved with ours, and "
+                        "print its time over ours per block (needs llama-cpp-python)")
     c.add_argument("--json", dest="json_out", default=None, help="also write {tokens, seconds, ...} here")
 
 
@@ -276,6 +279,8 @@ def _cmd_calibrate(args) -> int:
         raise ParameterError("blocks, context and repeats must be >= 1")
     if args.pages and (args.kernels or args.paths or args.steps):
         raise ParameterError("--pages times whole forwards in two kinds of page: not with --kernels, --paths or --steps")
+    if args.peer and (args.pages or args.kernels or args.paths or args.steps):
+        raise ParameterError("--peer times whole forwards beside ours: not with --pages, --kernels, --paths or --steps")
     if args.kernels:
         if args.steps:
             raise ParameterError("--steps breaks a model's forward into its steps: not with --kernels")
@@ -294,6 +299,11 @@ def _cmd_calibrate(args) -> int:
         return _calibrate_steps(args, blocks, name, next(iter(models.values())))
     if args.paths:
         return _calibrate_paths(args, blocks, name, next(iter(models.values())))
+    if args.peer:
+        from .bench.llama_cpp import NAME, LlamaCppForward
+        from .models.packaged import gguf_file
+
+        models[NAME] = LlamaCppForward(gguf_file(name), n_ctx=args.context + max(blocks) + 1)
     costs = forward_costs(models, blocks=blocks, context=args.context, repeats=args.repeats)
     reports = {label: {"model": name, "weight_format": getattr(m, "weight_format", "hf"),
                        "dtype": str(getattr(m, "dtype", "")), "context": args.context,
@@ -318,6 +328,12 @@ def _cmd_calibrate(args) -> int:
         for label, r in reports.items():
             ratio = r["seconds"][0] / reports[fastest]["seconds"][0]
             print(f"one token, {label}: {r['seconds'][0] * 1000:.1f} ms = {ratio:.2f}x the fastest ({fastest})")
+    if args.peer:  # the peer's time over ours: above 1, ours is faster at that block
+        for label, r in reports.items():
+            if label != NAME:
+                print(f"{NAME} over {label}, by block: " + ", ".join(
+                    f"{k} {theirs / ours:.2f}x" for k, theirs, ours in zip(r["tokens"], reports[NAME]["seconds"],
+                                                                            r["seconds"], strict=True)))
     if args.json_out:
         report = reports[candidates[0][0]] if len(reports) == 1 else {"formats": reports}
         with open(args.json_out, "w") as f:

