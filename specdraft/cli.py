@@ -322,7 +322,7 @@ def _cmd_calibrate(args) -> int:
         print(f"GGUF kernel path: {', '.join(sorted(paths))}" + (f"; {forms}" if forms else "") + f"; weights in {pages}")
         for r in reports.values():
             r["kernel_forms"] = forms if r["kernel_path"] else None
-            r["weight_pages"] = pages
+            r["weight_pages"] = pages if r["kernel_path"] else None  # a peer's are its own (llama.cpp maps its file)
     if len(reports) > 1:
         fastest = min(reports, key=lambda label: reports[label]["seconds"][0])
         for label, r in reports.items():
