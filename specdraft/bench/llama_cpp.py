@@ -126,8 +126,8 @@ class LlamaCppForward:
     (``reset`` / ``forward(ids [k], last_only)`` / ``rollback(n)`` / ``vocab_size``), so that
     ``specdraft calibrate --peer llama-cpp`` times the same GGUF's cost curve through llama.cpp's own
     kernels, interleaved with ours. A forward over new tokens asks for every row's logits, as a check
-    of k guesses does (llama-cpp-python then copies them into its score rows, ~1 ms a row of the
-    default target's vocabulary, which its speculative path pays too); a prefill (``last_only``)
+    of k guesses does (llama-cpp-python then copies them into its score rows, 0.6 MB a row of the
+    default target's vocabulary, as its speculative path does too); a prefill (``last_only``)
     computes the last row's only."""
 
     weight_format = "gguf, llama.cpp's kernels"  # what calibrate prints and files for it
