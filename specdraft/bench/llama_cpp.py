@@ -50,6 +50,13 @@ class DraftRule:
     p_min: float = 0.9
 
 
+def _llama_options(n_ctx: int, threads: int | None) -> dict:
+    """Llama's arguments every peer here shares: the context, ``threads`` (default: torch's) for
+    decoding and for batches alike, no log."""
+    threads = threads or torch.get_num_threads() or os.cpu_count() or 1
+    return dict(n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False)
+
+
 def _llama_class():
     try:
         from llama_cpp import Llama
@@ -136,10 +143,8 @@ class LlamaCppForward:
         Llama = _llama_class()
         import llama_cpp
 
-        threads = threads or torch.get_num_threads() or os.cpu_count() or 1
         # logits_all: llama-cpp-python sizes its score rows by it (n_batch rows otherwise)
-        self.llm = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                         logits_all=True, verbose=False)
+        self.llm = Llama(model_path=str(gguf_path), logits_all=True, **_llama_options(n_ctx, threads))
         self.vocab_size = self.llm.n_vocab()
         self.dtype = f"llama-cpp-python {getattr(llama_cpp, '__version__', '(version unknown)')}"
 
@@ -164,8 +169,7 @@ class LlamaCppRunner:
     def __init__(self, gguf_path, eos_ids, *, n_ctx: int = 4096, threads: int | None = None,
                  drafter: str | None = None, draft_gguf=None, reuse_prefix: bool = False):
         Llama = _llama_class()
-        threads = threads or torch.get_num_threads() or os.cpu_count() or 1
-        opts = dict(n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False)
+        opts = _llama_options(n_ctx, threads)
         self.drafter = None
         if drafter == "lookup":
             self.drafter = CountingLookup()
