@@ -21,8 +21,9 @@ from .heads.model import load_head, shipped_head_dir
 from .kernels import KernelUnavailable, gguf_ops
 from .metrics import SpecStats
 from .models.config_view import generation_eos, load_config
-from .models.gguf_weights import gguf_source
+from .models.gguf_weights import gguf_source, start_pack_read
 from .models.hf import HFModel
+from .models.hugepages import drop_reads
 from .models.llama import LlamaModel, not_native
 from .models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model_dir
 from .models.quant import WEIGHT_FORMATS, resolve_format
@@ -91,34 +92,44 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
     if weight_format != "auto" and weight_format not in WEIGHT_FORMATS:
         raise ParameterError(f"weight format must be auto or one of {', '.join(WEIGHT_FORMATS)}, got {weight_format!r}")
     path = resolve_model_dir(spec, progress=progress)
+    gguf_wanted = weight_format == "gguf" or (weight_format == "auto" and not draft and DTYPES[dtype] == torch.float32)
+    if runtime != "hf" and gguf_wanted:
+        # the records' read into 2 MB pages, the longest wait of a start, runs beside the config's
+        # and tokenizer's (hugepages.start_read); GGUFTensors takes it, drop_reads what none took
+        start_pack_read(spec)
     try:
-        config = load_config(path)
-        tokenizer = load_tokenizer(path)
+        config, tokenizer = _config_and_tokenizer(path)
+        native = runtime == "native" or (runtime == "auto" and not_native(config) is None)
+        if head_vocab == "auto":
+            vocab = getattr(config, "vocab_size", 0) or 0
+            head_vocab = DEFAULT_DRAFT_VOCAB if vocab >= 2 * DEFAULT_DRAFT_VOCAB else None
+        gguf = None
+        if native and gguf_wanted:
+            # a one-line error when gguf is asked for and cannot be had; None when "auto" must do without
+            gguf = gguf_source(spec, required=weight_format == "gguf", progress=progress)
+        weight_format = resolve_format(weight_format, DTYPES[dtype], draft, gguf is not None,
+                                       kernels=native and draft and weight_format == "auto" and _kernel_problem() is None) \
+            if native else ("dense" if weight_format == "auto" else weight_format)
+        if weight_format == "q4k" and native and _kernel_problem() is not None:
+            raise ParameterError(f"weight format q4k needs the native kernels: {_kernel_problem()}; use w8a8")
+        if native:
+            model = LlamaModel.from_dir(path, dtype=DTYPES[dtype], max_length=max_length, weight_format=weight_format,
+                                        head_vocab=head_vocab, gguf=gguf, config=config)
+        elif weight_format != "dense":
+            raise ParameterError(f"{config.model_type!r} runs through the transformers adapter, which has dense weights only")
+        else:
+            model = HFModel.from_dir(path, dtype=DTYPES[dtype], max_length=max_length)
+        return LoadedModel(spec, path, model, tokenizer, _eos_ids(path, config, tokenizer))
+    finally:
+        drop_reads()
+
+
+def _config_and_tokenizer(path: Path):
+    try:
+        return load_config(path), load_tokenizer(path)
     except Exception as e:
         raise ModelFileError(f"cannot load config/tokenizer from {path} ({type(e).__name__}); "
                              "is it a complete Hugging Face model directory?") from None
-    native = runtime == "native" or (runtime == "auto" and not_native(config) is None)
-    if head_vocab == "auto":
-        vocab = getattr(config, "vocab_size", 0) or 0
-        head_vocab = DEFAULT_DRAFT_VOCAB if vocab >= 2 * DEFAULT_DRAFT_VOCAB else None
-    gguf = None
-    if native and (weight_format == "gguf" or (weight_format == "auto" and not draft and DTYPES[dtype] == torch.float32)):
-
-        # a one-line error when gguf is asked for and cannot be had; None when "auto" must do without
-        gguf = gguf_source(spec, required=weight_format == "gguf", progress=progress)
-    weight_format = resolve_format(weight_format, DTYPES[dtype], draft, gguf is not None,
-                                   kernels=native and draft and weight_format == "auto" and _kernel_problem() is None) \
-        if native else ("dense" if weight_format == "auto" else weight_format)
-    if weight_format == "q4k" and native and _kernel_problem() is not None:
-        raise ParameterError(f"weight format q4k needs the native kernels: {_kernel_problem()}; use w8a8")
-    if native:
-        model = LlamaModel.from_dir(path, dtype=DTYPES[dtype], max_length=max_length, weight_format=weight_format,
-                                    head_vocab=head_vocab, gguf=gguf, config=config)
-    elif weight_format != "dense":
-        raise ParameterError(f"{config.model_type!r} runs through the transformers adapter, which has dense weights only")
-    else:
-        model = HFModel.from_dir(path, dtype=DTYPES[dtype], max_length=max_length)
-    return LoadedModel(spec, path, model, tokenizer, _eos_ids(path, config, tokenizer))
 
 
 def _kernel_problem() -> str | None:

@@ -238,8 +238,9 @@ def test_a_llama_gguf_file_runs_end_to_end(ops, llama_gguf_file, tmp_path, monke
     un-permuted by transformers, the pack by us: a wrong order on either side would part them)."""
     from transformers import AutoConfig
 
+    from specdraft import pipeline
     from specdraft.cli import main
-    from specdraft.models import packaged
+    from specdraft.models import hugepages, packaged
     from specdraft.pipeline import load_model
 
     path, factors = llama_gguf_file
@@ -247,10 +248,20 @@ def test_a_llama_gguf_file_runs_end_to_end(ops, llama_gguf_file, tmp_path, monke
         monkeypatch.setattr(module, "cache_root", lambda: tmp_path / "cache")
     native = load_model(str(path), dtype="auto", weight_format="auto", max_length=64)
     assert native.model.weight_format == "gguf"
+    # once packed, a load starts reading the pack before the config and tokenizer (a thread of its
+    # own, where huge pages are on) and leaves no read behind
+    order = []
+    start = gguf_weights.start_read
+    monkeypatch.setattr(gguf_weights, "start_read", lambda *a: order.append("read") or start(*a))
+    config = pipeline.load_config
+    monkeypatch.setattr(pipeline, "load_config", lambda p: order.append("config") or config(p))
+    again = load_model(str(path), dtype="auto", weight_format="auto", max_length=64)
+    assert order == ["read", "config"] and not hugepages._reads
     assert AutoConfig.from_pretrained(native.path).rope_freq_factors == pytest.approx(factors.tolist())
     dense = load_model(str(path), dtype="fp32", weight_format="dense", max_length=64)
     ids = torch.tensor(native.tokenizer("the tether that the thin ten tie")["input_ids"])
     a, b = native.model.forward(ids).logits, dense.model.forward(ids).logits
+    assert torch.equal(again.model.forward(ids).logits, a)  # the records read early are the same
     assert float(torch.nn.functional.cosine_similarity(a, b, dim=-1).min()) > 0.99
     assert main(["generate", "--target", str(path), "--method", "suffix", "--max-new-tokens", "6", "--no-chat",
                  "--color", "never", "the tether"]) == 0

@@ -63,6 +63,28 @@ def test_pack_holds_the_records_and_is_reused(gguf_file, monkeypatch):
     assert torch.equal(again.get(TENSORS[0][1]).w, t.get(TENSORS[0][1]).w)
 
 
+def test_a_pack_read_started_early_is_the_one_the_tensors_take(gguf_file, monkeypatch):
+    path, data = gguf_file
+    GGUFTensors(path, progress=False)  # makes the pack
+    assert not gguf_weights.start_pack_read(str(path.with_suffix(".missing.gguf")))  # no such file: nothing
+    started = gguf_weights.start_pack_read(str(path))
+    assert started == hugepages.enabled() and len(hugepages._reads) == started
+    t = GGUFTensors(path, progress=False)
+    assert not hugepages._reads  # taken
+    for hf, (kind, b) in data.items():
+        assert torch.equal(t.get(hf).w, (unpack_q4k if kind == "Q4_K" else unpack_q6k)(b))
+
+
+def test_a_damaged_pack_starts_no_read_and_is_still_reported(gguf_file):
+    path, _ = gguf_file
+    GGUFTensors(path, progress=False)
+    pack = gguf_weights._pack_path(path)
+    pack.write_bytes(pack.read_bytes()[:100])
+    assert not gguf_weights.start_pack_read(str(path)) and not hugepages._reads
+    with pytest.raises(ModelFileError, match="damaged"):
+        GGUFTensors(path, progress=False)
+
+
 def test_stacked_projections_are_views_of_the_map(gguf_file):
     path, _ = gguf_file
     t = GGUFTensors(path, progress=False)

@@ -22,6 +22,7 @@ from specdraft.models.hugepages import (
     process_huge_bytes,
     read_huge,
     short_run,
+    start_read,
     thp_mode,
 )
 
@@ -72,6 +73,40 @@ def test_read_huge_reads_the_file_from_an_offset_and_refuses_a_short_file(tmp_pa
     assert torch.equal(got, data[1234:1234 + MIN_BYTES])
     with pytest.raises(OSError, match="ends"):
         read_huge(path, 200_000, MIN_BYTES)
+
+
+@needs_thp
+def test_a_read_started_on_its_own_thread_is_taken_by_the_read_of_the_same_bytes(tmp_path, monkeypatch):
+    data = torch.randint(0, 256, (MIN_BYTES + 100_000,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    path = tmp_path / "records.bin"
+    path.write_bytes(data.numpy().tobytes())
+    assert start_read(path, 1234, MIN_BYTES) and start_read(path, 1234, MIN_BYTES)  # the second: the same read
+    assert len(hugepages._reads) == 1
+    synchronous = []
+    monkeypatch.setattr(hugepages, "huge_empty", lambda n: synchronous.append(n))  # read_huge's own read
+    got = read_huge(path, 1234, MIN_BYTES)
+    assert synchronous == [] and not hugepages._reads  # taken, not read again
+    assert got.data_ptr() % HUGE == 0 and torch.equal(got, data[1234:1234 + MIN_BYTES])
+    assert read_huge(path, 0, MIN_BYTES) is None and synchronous == [MIN_BYTES]  # other bytes: a read of its own
+
+
+@needs_thp
+def test_a_started_read_of_a_short_file_fails_where_it_is_taken_and_drop_forgets_reads(tmp_path):
+    path = tmp_path / "records.bin"
+    path.write_bytes(bytes(MIN_BYTES))
+    assert start_read(path, 1000, MIN_BYTES)
+    with pytest.raises(OSError, match="ends 1000 bytes early"):
+        read_huge(path, 1000, MIN_BYTES)
+    assert start_read(path, 0, MIN_BYTES)
+    hugepages.drop_reads()
+    assert not hugepages._reads
+
+
+def test_no_read_starts_where_huge_pages_are_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDRAFT_HUGE_PAGES", "0")
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(4 * HUGE))
+    assert not start_read(path, 0, 4 * HUGE) and not hugepages._reads
 
 
 @needs_thp

@@ -29,7 +29,7 @@ from ..errors import ModelFileError
 from ..kernels import KernelUnavailable, gguf_ops
 from ..kernels.plan import use_forms
 from .files import safetensors_header, save_safetensors
-from .hugepages import in_huge_pages, read_huge
+from .hugepages import in_huge_pages, read_huge, start_read
 from .packaged import gguf_file
 
 QK = 256  # inputs per super-block
@@ -376,13 +376,10 @@ class GGUFTensors:
         # Damage is what the file says (its header, its length); only that removes it. An error
         # while reading a sound file (memory, a fault of ours) propagates and leaves the pack alone.
         try:
-            n, header = safetensors_header(pack)
-            meta = header["__metadata__"]
+            meta = safetensors_header(pack)[1]["__metadata__"]
             self.arch = meta["arch"]
             self._entries: dict[str, tuple] = {k: tuple(v) for k, v in json.loads(meta["tensors"]).items()}
-            start, end = (int(x) for x in header["records"]["data_offsets"])
-            if not 0 <= start <= end or 8 + n + end > pack.stat().st_size:
-                raise ValueError("cut short")
+            offset, nbytes = _records_span(pack)
         except (OSError, ValueError, KeyError, TypeError):
             pack.unlink(missing_ok=True)
             raise ModelFileError(f"the packed copy of {self.path.name} in {pack.parent} was damaged and is "
@@ -390,9 +387,9 @@ class GGUFTensors:
         # read into 2 MB pages where the kernel gives them (models.hugepages: a forward streams
         # every record, ~15% faster than through 4 KB pages), else a copy-on-write map (torch
         # wants writable memory; nothing writes, so the pages stay shared between processes)
-        flat = read_huge(pack, 8 + n + start, end - start)
+        flat = read_huge(pack, offset, nbytes)
         self._flat = flat if flat is not None else torch.from_numpy(
-            np.memmap(pack, dtype=np.uint8, mode="c", offset=8 + n + start, shape=(end - start,)))
+            np.memmap(pack, dtype=np.uint8, mode="c", offset=offset, shape=(nbytes,)))
         if self.arch not in _ARCHS:
             raise ModelFileError(f"weight format gguf supports {', '.join(_ARCHS)} GGUF files, "
                                  f"{self.path.name} is {self.arch!r}; use --target-format w8a8")
@@ -553,6 +550,30 @@ class RequantizedWeights:
         if w is None or w.dim() != 2 or w.shape[1] % 32:
             return None
         return quantize_q4k(w if rows is None else w[:rows])
+
+
+def _records_span(pack: Path) -> tuple[int, int]:
+    """(offset, bytes) of the records in a pack file; ValueError / KeyError / OSError where its
+    header cannot say."""
+    n, header = safetensors_header(pack)
+    start, end = (int(x) for x in header["records"]["data_offsets"])
+    if not 0 <= start <= end or 8 + n + end > pack.stat().st_size:
+        raise ValueError("cut short")
+    return 8 + n + start, end - start
+
+
+def start_pack_read(spec: str) -> bool:
+    """Starts reading the packed records of the GGUF file behind ``spec`` into 2 MB pages on a
+    thread of their own (hugepages.start_read), for GGUFTensors to take when it opens the same pack;
+    whether it started. Nothing where the spec has no GGUF file, the pack is not made yet or huge
+    pages are off; a damaged pack is left for GGUFTensors to report."""
+    try:
+        pack = _pack_path(gguf_file(spec, progress=False))
+        if not pack.is_file():
+            return False
+        return start_read(pack, *_records_span(pack))
+    except (ModelFileError, OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def gguf_source(spec: str, *, required: bool, progress: bool = True) -> GGUFTensors | None:

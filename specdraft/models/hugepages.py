@@ -29,6 +29,7 @@ import json
 import math
 import mmap
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -221,14 +222,11 @@ def huge_empty(nbytes: int) -> torch.Tensor | None:
     return whole[skip:skip + nbytes]
 
 
-def read_huge(path: Path, offset: int, nbytes: int, chunk: int = 64 << 20) -> torch.Tensor | None:
-    """uint8 [nbytes]: the file's bytes from ``offset``, read into a huge_empty buffer; None where
-    huge pages are off. OSError (a file cut short included) propagates."""
-    buf = huge_empty(nbytes)
-    if buf is None:
-        return None
-    view = memoryview(buf.numpy())
-    with open(path, "rb") as f:
+def _read_into(buf: torch.Tensor, path: Path, offset: int, chunk: int) -> None:
+    """The file's bytes from ``offset`` into ``buf`` (uint8, its whole length). OSError (a file cut
+    short included) propagates."""
+    view, nbytes = memoryview(buf.numpy()), buf.numel()
+    with open(path, "rb", buffering=0) as f:
         f.seek(offset)
         done = 0
         while done < nbytes:
@@ -236,6 +234,68 @@ def read_huge(path: Path, offset: int, nbytes: int, chunk: int = 64 << 20) -> to
             if not n:
                 raise OSError(f"{path.name} ends {nbytes - done} bytes early")
             done += n
+
+
+class _Read(threading.Thread):
+    """A file's bytes read into a huge_empty buffer on a thread of its own (start_read)."""
+
+    def __init__(self, buf: torch.Tensor, path: Path, offset: int, chunk: int):
+        super().__init__(name="specdraft-read-huge", daemon=True)
+        self.buf, self.path, self.offset, self.chunk = buf, path, offset, chunk
+        self.error: OSError | None = None
+
+    def run(self) -> None:
+        try:
+            _read_into(self.buf, self.path, self.offset, self.chunk)
+        except OSError as e:
+            self.error = e
+
+
+# (file, offset, bytes) -> its read under way (start_read), until read_huge takes it or drop_reads
+_reads: dict[tuple[str, int, int], _Read] = {}
+# Bytes a read call asks for: the read's thread takes the interpreter lock between calls, and a
+# start's other work (the tokenizer's parse) holds it for long stretches
+READ_CHUNK = 256 << 20
+
+
+def start_read(path: Path, offset: int, nbytes: int) -> bool:
+    """Starts reading the file's bytes from ``offset`` into a huge_empty buffer on a thread of its
+    own, for read_huge to take (same file, offset and length); whether it started (not where huge
+    pages are off). Why: a start's largest wait in 2 MB pages is that read (the kernel makes and
+    zeroes ~550 of them, on a VM the host faults each in: 1.5-2.5 s for the default target on a
+    Zen 1 EPYC), and it needs no CPU the rest of a start (config, tokenizer, kernels) uses: the
+    read's system calls release the interpreter lock, so it runs on the other core meanwhile."""
+    key = (str(path), offset, nbytes)
+    if key in _reads:
+        return True
+    buf = huge_empty(nbytes)
+    if buf is None:
+        return False
+    _reads[key] = read = _Read(buf, Path(path), offset, READ_CHUNK)
+    read.start()
+    return True
+
+
+def drop_reads() -> None:
+    """Forgets the reads that start_read began and no read_huge took, without waiting for them:
+    each buffer is freed when its thread ends (a read cannot be stopped half way)."""
+    _reads.clear()
+
+
+def read_huge(path: Path, offset: int, nbytes: int, chunk: int = 64 << 20) -> torch.Tensor | None:
+    """uint8 [nbytes]: the file's bytes from ``offset``, read into a huge_empty buffer (or taken
+    from the read start_read began for the same bytes); None where huge pages are off. OSError (a
+    file cut short included) propagates."""
+    read = _reads.pop((str(path), offset, nbytes), None)
+    if read is not None:
+        read.join()
+        if read.error is not None:
+            raise read.error
+        return read.buf
+    buf = huge_empty(nbytes)
+    if buf is None:
+        return None
+    _read_into(buf, Path(path), offset, chunk)
     return buf
 
 
