@@ -102,6 +102,18 @@ def test_a_started_read_of_a_short_file_fails_where_it_is_taken_and_drop_forgets
     assert not hugepages._reads
 
 
+@needs_thp
+def test_a_forked_child_takes_no_read_its_parent_started(tmp_path):
+    path = tmp_path / "records.bin"
+    path.write_bytes(bytes(MIN_BYTES))
+    assert start_read(path, 0, MIN_BYTES)
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's read is not its own (no thread fills its buffer)
+        os._exit(0 if not hugepages._reads else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert read_huge(path, 0, MIN_BYTES) is not None  # the parent's is still there
+
+
 def test_no_read_starts_where_huge_pages_are_off(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDRAFT_HUGE_PAGES", "0")
     path = tmp_path / "f.bin"

@@ -253,6 +253,8 @@ class _Read(threading.Thread):
 
 # (file, offset, bytes) -> its read under way (start_read), until read_huge takes it or drop_reads
 _reads: dict[tuple[str, int, int], _Read] = {}
+# a forked child has no reading thread, only the buffer as it stood: it must never take one
+os.register_at_fork(after_in_child=_reads.clear)
 # Bytes a read call asks for: the read's thread takes the interpreter lock between calls, and a
 # start's other work (the tokenizer's parse) holds it for long stretches
 READ_CHUNK = 256 << 20
@@ -262,9 +264,10 @@ def start_read(path: Path, offset: int, nbytes: int) -> bool:
     """Starts reading the file's bytes from ``offset`` into a huge_empty buffer on a thread of its
     own, for read_huge to take (same file, offset and length); whether it started (not where huge
     pages are off). Why: a start's largest wait in 2 MB pages is that read (the kernel makes and
-    zeroes ~550 of them, on a VM the host faults each in: 1.5-2.5 s for the default target on a
-    Zen 1 EPYC), and it needs no CPU the rest of a start (config, tokenizer, kernels) uses: the
-    read's system calls release the interpreter lock, so it runs on the other core meanwhile."""
+    zeroes ~550 of them; on a VM the host faults each in: 1.4-2.1 s for the default target on a Zen 1
+    EPYC), and its system calls release the interpreter lock, so the config and tokenizer load
+    meanwhile. It shares the machine with them (the tokenizer's parse beside it 0.5 -> 0.8 s), so it
+    hides part of its time: load + first forward 2.84 -> 2.67 s (Zen 1, 8 alternated processes)."""
     key = (str(path), offset, nbytes)
     if key in _reads:
         return True
