@@ -7,14 +7,20 @@
 //   no mins/float        no mins and no float step once a super-block (the integer sums kept)
 //   no prefetch          no software prefetch of the records 2 ahead
 // GROUPS 40: the records stay in L2; 2000: they stream from memory. Build and run on one core:
-//   g++ -O3 -mavx2 -mfma q4k_parts.cpp -o q4k_parts && taskset -c 1 ./q4k_parts 40 200 10 && taskset -c 1 ./q4k_parts 2000 4 10
+//   g++ -O3 -mavx2 -mfma -fopenmp q4k_parts.cpp -o q4k_parts && taskset -c 1 ./q4k_parts 40 200 10 && taskset -c 1 ./q4k_parts 2000 4 10
+// With "rows" first, the shipped kernel by rows of x (1, 2, 3, 4, 8) on THREADS threads, the records
+// in 2 MB pages: ns a record, so that from L2 (taskset -c 1 ./q4k_parts rows 40 20000 1) it is the
+// kernel's compute and from memory (./q4k_parts rows 40000 5 2: 292 MB) whether a check's extra
+// rows overlap the weight stream or add their multiplies to it.
 #include <immintrin.h>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <cstdlib>
+#include <string>
 #include <vector>
+#include <sys/mman.h>
 static inline __m256i bcast4(const void* p) { int32_t v; std::memcpy(&v, p, 4); return _mm256_set1_epi32(v); }
 constexpr int REC = 1216;
 template <int V, int NT>
@@ -82,8 +88,40 @@ double run(int groups, int nb, const std::vector<uint8_t>& w, const std::vector<
     double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return (double)reps * groups * 8 * nb * 256 * 8 / t / 1e9;
 }
+template <int NT>
+double ns_a_record(int groups, int nb, const uint8_t* w, const int8_t* qx, const float* xs, const int32_t* pairs, int reps, int threads) {
+    std::vector<float> out(8 * 8 * groups);
+    auto t0 = std::chrono::steady_clock::now();
+    for (int it = 0; it < reps; ++it) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int g = 0; g < groups; ++g)
+            q4k_rows<0, NT>(w + (size_t)g * nb * REC, nullptr, qx, xs, pairs, nb, nb * 256, out.data() + g * 64);
+    }
+    double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return t / reps / ((double)groups * nb / threads) * 1e9;
+}
+int rows(int argc, char** argv) {
+    if (argc < 5) { fprintf(stderr, "usage: q4k_parts rows GROUPS REPS THREADS\n"); return 2; }
+    const int groups = atoi(argv[2]), reps = atoi(argv[3]), threads = atoi(argv[4]), nb = 6;
+    const size_t huge = 1 << 21, bytes = ((size_t)groups * nb * REC + 4 * REC + huge - 1) / huge * huge;
+    uint8_t* w = (uint8_t*)aligned_alloc(huge, bytes);
+    madvise(w, bytes, MADV_HUGEPAGE);
+    for (size_t i = 0; i < bytes; ++i) w[i] = rand() & 0x3F;
+    std::vector<int8_t> qx(8 * nb * 256); for (auto& v : qx) v = (rand() % 255) - 127;
+    std::vector<float> xs(8 * nb, 0.02f); std::vector<int32_t> pairs(8 * nb * 4, 100);
+    for (int round = 0; round < 3; ++round)
+        printf("groups %d, %d threads: ns a record a thread at 1 / 2 / 3 / 4 / 8 rows of x: %.0f / %.0f / %.0f / %.0f / %.0f\n", groups, threads,
+               ns_a_record<1>(groups, nb, w, qx.data(), xs.data(), pairs.data(), reps, threads),
+               ns_a_record<2>(groups, nb, w, qx.data(), xs.data(), pairs.data(), reps, threads),
+               ns_a_record<3>(groups, nb, w, qx.data(), xs.data(), pairs.data(), reps, threads),
+               ns_a_record<4>(groups, nb, w, qx.data(), xs.data(), pairs.data(), reps, threads),
+               ns_a_record<8>(groups, nb, w, qx.data(), xs.data(), pairs.data(), reps, threads));
+    free(w);
+    return 0;
+}
 int main(int argc, char** argv) {
-    if (argc < 4) { fprintf(stderr, "usage: q4k_parts GROUPS REPS ROUNDS\n"); return 2; }
+    if (argc > 1 && std::string(argv[1]) == "rows") return rows(argc, argv);
+    if (argc < 4) { fprintf(stderr, "usage: q4k_parts GROUPS REPS ROUNDS | q4k_parts rows GROUPS REPS THREADS\n"); return 2; }
     const int groups = atoi(argv[1]), nb = 6, reps = atoi(argv[2]), rounds = atoi(argv[3]);
     std::vector<uint8_t> w((size_t)groups * nb * REC + 4 * REC), wu((size_t)groups * nb * 8 * 256 + 64);
     for (auto& v : w) v = rand() & 0x3F;
