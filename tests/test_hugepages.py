@@ -18,6 +18,7 @@ from specdraft.models.hugepages import (
     huge_page_bytes,
     huge_zeros,
     in_huge_pages,
+    map_file,
     pages_note,
     process_huge_bytes,
     read_huge,
@@ -82,12 +83,14 @@ def test_a_read_started_on_its_own_thread_is_taken_by_the_read_of_the_same_bytes
     path.write_bytes(data.numpy().tobytes())
     assert start_read(path, 1234, MIN_BYTES) and start_read(path, 1234, MIN_BYTES)  # the second: the same read
     assert len(hugepages._reads) == 1
+    next(iter(hugepages._reads.values())).join()  # done on its thread
     synchronous = []
-    monkeypatch.setattr(hugepages, "huge_empty", lambda n: synchronous.append(n))  # read_huge's own read
+    monkeypatch.setattr(hugepages, "_in_huge_pages", lambda *a: synchronous.append(a[1:3]))  # read_huge's own read
     got = read_huge(path, 1234, MIN_BYTES)
     assert synchronous == [] and not hugepages._reads  # taken, not read again
-    assert got.data_ptr() % HUGE == 0 and torch.equal(got, data[1234:1234 + MIN_BYTES])
-    assert read_huge(path, 0, MIN_BYTES) is None and synchronous == [MIN_BYTES]  # other bytes: a read of its own
+    assert got.data_ptr() % HUGE == 0 or huge_page_bytes(got) > 0  # copied to a huge buffer, or the 2 MB-mapped file
+    assert torch.equal(got, data[1234:1234 + MIN_BYTES])
+    assert read_huge(path, 0, MIN_BYTES) is None and synchronous == [(0, MIN_BYTES)]  # other bytes: a read of its own
 
 
 @needs_thp
@@ -100,6 +103,43 @@ def test_a_started_read_of_a_short_file_fails_where_it_is_taken_and_drop_forgets
     assert start_read(path, 0, MIN_BYTES)
     hugepages.drop_reads()
     assert not hugepages._reads
+
+
+def _uncached_file(path: Path, data: torch.Tensor) -> None:
+    """data written to path and dropped from the page cache (the next read comes from the disk)."""
+    path.write_bytes(data.numpy().tobytes())
+    hugepages.uncache(path)
+
+
+def test_a_file_s_map_holds_its_bytes_and_4_kb_mappings_when_refused(tmp_path):
+    data = torch.randint(0, 256, (3 * HUGE + 100,), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    path = tmp_path / "records.bin"
+    _uncached_file(path, data)
+    for huge in (True, None, False):
+        t = map_file(path, 1234, 2 * HUGE, huge=huge)
+        assert t.dtype == torch.uint8 and torch.equal(t, data[1234:1234 + 2 * HUGE])
+    assert huge_page_bytes(t) == 0  # MADV_NOHUGEPAGE: no 2 MB mapping even of a 2 MB folio
+    with pytest.raises(OSError, match="ends 100 bytes early"):
+        map_file(path, HUGE, 2 * HUGE + 200)
+
+
+@needs_thp
+def test_the_page_cache_s_2_mb_folios_are_mapped_without_a_copy(tmp_path, monkeypatch):
+    data = torch.randint(0, 256, (5 * HUGE,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    path = tmp_path / "records.bin"
+    _uncached_file(path, data)  # read back through a MADV_HUGEPAGE map: into 2 MB folios where the kernel can
+    got = hugepages.mapped_huge(path, 0, 5 * HUGE)
+    if got is None:
+        pytest.skip("this kernel and filesystem map no 2 MB page-cache folios here (mapped_huge copies instead)")
+    assert torch.equal(got, data) and huge_page_bytes(got) >= 4 * HUGE
+
+    def no_copy(n):
+        raise AssertionError("copied where the file's map was in 2 MB pages")
+
+    monkeypatch.setattr(hugepages, "huge_empty", no_copy)
+    again = read_huge(path, HUGE, 3 * HUGE)  # another map of the same folios, in any process
+    assert torch.equal(again, data[HUGE:4 * HUGE]) and huge_page_bytes(again) >= 2 * HUGE
+    assert start_read(path, 0, 5 * HUGE) and read_huge(path, 0, 5 * HUGE).data_ptr() % HUGE == 0  # taken, no thread
 
 
 @needs_thp

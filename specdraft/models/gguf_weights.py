@@ -29,7 +29,7 @@ from ..errors import ModelFileError
 from ..kernels import KernelUnavailable, gguf_ops
 from ..kernels.plan import use_forms
 from .files import safetensors_header, save_safetensors
-from .hugepages import in_huge_pages, read_huge, start_read
+from .hugepages import in_huge_pages, map_file, none_at_all, read_huge, start_read, uncache
 from .packaged import gguf_file
 
 QK = 256  # inputs per super-block
@@ -384,12 +384,11 @@ class GGUFTensors:
             pack.unlink(missing_ok=True)
             raise ModelFileError(f"the packed copy of {self.path.name} in {pack.parent} was damaged and is "
                                  "removed; run the command again to rebuild it") from None
-        # read into 2 MB pages where the kernel gives them (models.hugepages: a forward streams
-        # every record, ~15% faster than through 4 KB pages), else a copy-on-write map (torch
-        # wants writable memory; nothing writes, so the pages stay shared between processes)
+        # in 2 MB pages where the kernel gives them (models.hugepages: a forward streams every
+        # record, ~15% faster than through 4 KB pages): the file's map where its page cache holds
+        # 2 MB folios, else a copy; without them the file's map (pages shared between processes)
         flat = read_huge(pack, offset, nbytes)
-        self._flat = flat if flat is not None else torch.from_numpy(
-            np.memmap(pack, dtype=np.uint8, mode="c", offset=offset, shape=(nbytes,)))
+        self._flat = flat if flat is not None else map_file(pack, offset, nbytes, huge=False if none_at_all() else None)
         if self.arch not in _ARCHS:
             raise ModelFileError(f"weight format gguf supports {', '.join(_ARCHS)} GGUF files, "
                                  f"{self.path.name} is {self.arch!r}; use --target-format w8a8")
@@ -430,6 +429,7 @@ class GGUFTensors:
         source = str(self.path.resolve())
         save_safetensors({"records": flat}, tmp, {"arch": arch, "tensors": json.dumps(entries), "source": source,
                                                   "format": str(PACK_FORMAT)})
+        uncache(tmp)  # its first load reads it back in 2 MB folios where the kernel can (hugepages.mapped_huge)
         os.replace(tmp, pack)  # whole or absent: a crash mid-write leaves no half pack
         _remove_stale_packs(pack, source)
 
