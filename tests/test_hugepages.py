@@ -143,6 +143,39 @@ def test_the_page_cache_s_2_mb_folios_are_mapped_without_a_copy(tmp_path, monkey
 
 
 @needs_thp
+def test_small_folios_are_dropped_and_read_back_in_2_mb_ones_where_the_kernel_can(tmp_path):
+    if not hugepages._folios_here(str(tmp_path)):
+        pytest.skip("this kernel and filesystem map no 2 MB page-cache folios here")
+    data = torch.randint(0, 256, (5 * HUGE,), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+    path = tmp_path / "records.bin"
+    _uncached_file(path, data)
+    small = map_file(path, 0, 5 * HUGE, huge=False)
+    assert torch.equal(small, data)  # read through a 4 KB map: small folios now
+    del small
+    later = map_file(path, 0, 5 * HUGE)
+    assert int(later[::4096].sum()) >= 0 and huge_page_bytes(later) == 0  # a later map, all touched: 4 KB too
+    del later
+    got = hugepages.mapped_huge(path, 0, 5 * HUGE)  # dropped and read back
+    assert got is not None and torch.equal(got, data) and huge_page_bytes(got) >= 4 * HUGE
+    assert not list(tmp_path.glob(".folio-probe-*"))  # the probe leaves nothing
+
+
+def test_where_folios_are_not_2_mb_nothing_is_dropped(tmp_path, monkeypatch):
+    data = torch.randint(0, 256, (3 * HUGE,), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
+    path = tmp_path / "records.bin"
+    path.write_bytes(data.numpy().tobytes())
+    monkeypatch.setattr(hugepages, "_huge_map", lambda p, o, n: (map_file(p, o, n, huge=False), False))
+    dropped = []
+    monkeypatch.setattr(hugepages, "uncache", lambda p: dropped.append(p))
+    hugepages._folios_here.cache_clear()
+    try:
+        assert hugepages._mapped(path, 0, 3 * HUGE) is None
+    finally:
+        hugepages._folios_here.cache_clear()
+    assert dropped == [tmp_path / f".folio-probe-{os.getpid()}"]  # the probe's own drop, not the file's
+
+
+@needs_thp
 def test_a_forked_child_takes_no_read_its_parent_started(tmp_path):
     path = tmp_path / "records.bin"
     path.write_bytes(bytes(MIN_BYTES))

@@ -386,9 +386,11 @@ class GGUFTensors:
                                  "removed; run the command again to rebuild it") from None
         # in 2 MB pages where the kernel gives them (models.hugepages: a forward streams every
         # record, ~15% faster than through 4 KB pages): the file's map where its page cache holds
-        # 2 MB folios, else a copy; without them the file's map (pages shared between processes)
+        # 2 MB folios, else a copy; without them the file's map (pages shared between processes),
+        # marked MADV_HUGEPAGE all the same (no start cost: pages it reads come in 2 MB folios,
+        # which later maps take whole) unless huge pages are refused outright
         flat = read_huge(pack, offset, nbytes)
-        self._flat = flat if flat is not None else map_file(pack, offset, nbytes, huge=False if none_at_all() else None)
+        self._flat = flat if flat is not None else map_file(pack, offset, nbytes, huge=not none_at_all())
         if self.arch not in _ARCHS:
             raise ModelFileError(f"weight format gguf supports {', '.join(_ARCHS)} GGUF files, "
                                  f"{self.path.name} is {self.arch!r}; use --target-format w8a8")

@@ -257,8 +257,8 @@ def uncache(path: Path) -> None:
     """Writes the file's pages out and drops them from the page cache (best effort), so that its
     first map by mapped_huge reads it back in 2 MB folios: a file just written sits in the page
     cache in whatever folios the writes made."""
-    with contextlib.suppress(OSError, AttributeError), open(path, "rb+") as f:
-        os.fsync(f.fileno())
+    with contextlib.suppress(OSError, AttributeError), open(path, "rb") as f:
+        os.fsync(f.fileno())  # dirty pages are not dropped
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
@@ -278,16 +278,48 @@ def mapped_huge(path: Path, offset: int, nbytes: int) -> torch.Tensor | None:
     return _mapped(path, offset, nbytes) if nbytes >= MIN_BYTES and enabled() else None
 
 
-def _mapped(path: Path, offset: int, nbytes: int) -> torch.Tensor | None:
-    """mapped_huge's map, huge pages known to be on."""
+def _huge_map(path: Path, offset: int, nbytes: int) -> tuple[torch.Tensor, bool]:
+    """The file's MADV_HUGEPAGE map (map_file), each of its whole huge pages touched once (the
+    kernel maps the cached folio there, or reads one in), and whether it came in 2 MB pages."""
+    t = map_file(path, offset, nbytes, huge=True)
+    skip = -t.data_ptr() % HUGE
+    int(t[skip::HUGE].sum())
+    whole = (nbytes - skip) // HUGE * HUGE
+    return t, whole > 0 and huge_page_bytes(t) >= MAPPED_SHARE * whole
+
+
+@functools.cache
+def _folios_here(directory: str) -> bool:
+    """Whether the page cache holds files of this directory in 2 MB folios that maps take whole:
+    a 4 MB probe written, dropped from the cache and mapped back (a few milliseconds, once a
+    process and directory). Only there may mapped_huge drop a file's small folios to read it
+    back: elsewhere that would read it from the disk for nothing."""
+    probe = Path(directory) / f".folio-probe-{os.getpid()}"
     try:
-        t = map_file(path, offset, nbytes, huge=True)
+        probe.write_bytes(bytes(2 * HUGE))
+        uncache(probe)
+        return _huge_map(probe, 0, 2 * HUGE)[1]
+    except (OSError, ValueError):
+        return False
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+def _mapped(path: Path, offset: int, nbytes: int) -> torch.Tensor | None:
+    """mapped_huge's map, huge pages known to be on. Where the file sits in the page cache in
+    small folios (read before through a map without MADV_HUGEPAGE, or by read()) but the kernel
+    can hold it in 2 MB ones, its cached pages are dropped (those no other process maps) and read
+    back: once, for every later start."""
+    try:
+        t, huge = _huge_map(path, offset, nbytes)
+        if huge or not _folios_here(str(Path(path).parent)):
+            return t if huge else None
+        del t  # unmapped: its pages can leave the cache
+        uncache(path)
+        t, huge = _huge_map(path, offset, nbytes)
     except (OSError, ValueError):
         return None
-    skip = -t.data_ptr() % HUGE
-    int(t[skip::HUGE].sum())  # one byte of each whole huge page: the kernel maps (or reads) its folio
-    whole = (nbytes - skip) // HUGE * HUGE
-    return t if whole > 0 and huge_page_bytes(t) >= MAPPED_SHARE * whole else None
+    return t if huge else None
 
 
 def _read_into(buf: torch.Tensor, path: Path, offset: int, chunk: int) -> None:
