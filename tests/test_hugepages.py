@@ -160,6 +160,21 @@ def test_small_folios_are_dropped_and_read_back_in_2_mb_ones_where_the_kernel_ca
     assert not list(tmp_path.glob(".folio-probe-*"))  # the probe leaves nothing
 
 
+def test_a_read_back_that_still_gives_small_folios_is_not_tried_again(tmp_path, monkeypatch):
+    data = torch.randint(0, 256, (3 * HUGE,), dtype=torch.uint8, generator=torch.Generator().manual_seed(6))
+    path = tmp_path / "records.bin"
+    path.write_bytes(data.numpy().tobytes())
+    monkeypatch.setattr(hugepages, "_huge_map", lambda p, o, n: (map_file(p, o, n, huge=False), False))
+    monkeypatch.setattr(hugepages, "_folios_here", lambda d: True)
+    dropped = []
+    monkeypatch.setattr(hugepages, "uncache", lambda p: dropped.append(p))
+    assert hugepages._mapped(path, 0, 3 * HUGE) is None and dropped == [path]  # tried once: small folios still
+    assert (tmp_path / "records.bin.small-folios").is_file()
+    assert hugepages._mapped(path, 0, 3 * HUGE) is None and dropped == [path]  # not again
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # the file changed
+    assert hugepages._mapped(path, 0, 3 * HUGE) is None and dropped == [path, path]
+
+
 def test_where_folios_are_not_2_mb_nothing_is_dropped(tmp_path, monkeypatch):
     data = torch.randint(0, 256, (3 * HUGE,), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
     path = tmp_path / "records.bin"

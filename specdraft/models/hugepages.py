@@ -309,17 +309,32 @@ def _mapped(path: Path, offset: int, nbytes: int) -> torch.Tensor | None:
     """mapped_huge's map, huge pages known to be on. Where the file sits in the page cache in
     small folios (read before through a map without MADV_HUGEPAGE, or by read()) but the kernel
     can hold it in 2 MB ones, its cached pages are dropped (those no other process maps) and read
-    back: once, for every later start."""
+    back: once, for every later start. Where that still gives small folios (memory too fragmented
+    for 2 MB ones, another process mapping the pages), a marker beside the file says so, and no
+    later start drops them again (each would read the file from the disk for nothing) until the
+    file changes."""
+    path = Path(path)
+    marker = path.with_name(path.name + ".small-folios")
     try:
         t, huge = _huge_map(path, offset, nbytes)
-        if huge or not _folios_here(str(Path(path).parent)):
+        if huge or not _folios_here(str(path.parent)) or _newer(marker, path):
             return t if huge else None
         del t  # unmapped: its pages can leave the cache
         uncache(path)
         t, huge = _huge_map(path, offset, nbytes)
+        if not huge:
+            marker.touch()
     except (OSError, ValueError):
         return None
     return t if huge else None
+
+
+def _newer(a: Path, b: Path) -> bool:
+    """Whether file a exists and was changed after file b."""
+    try:
+        return a.stat().st_mtime_ns >= b.stat().st_mtime_ns
+    except OSError:
+        return False
 
 
 def _read_into(buf: torch.Tensor, path: Path, offset: int, chunk: int) -> None:
