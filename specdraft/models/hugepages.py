@@ -389,9 +389,10 @@ READ_CHUNK = 256 << 20
 
 
 def start_read(path: Path, offset: int, nbytes: int) -> bool:
-    """Starts reading the file's bytes from ``offset`` into a huge_empty buffer on a thread of its
-    own, for read_huge to take (same file, offset and length); whether it started (not where huge
-    pages are off). Why: a start's largest wait in 2 MB pages is that read (the kernel makes and
+    """Starts read_huge's work for the file's bytes from ``offset`` (the file's 2 MB-mapped map, or
+    a copy into a huge buffer) on a thread of its own, for read_huge to take (same file, offset and
+    length); whether it started (not where huge pages are off). Why: where a copy is needed, a
+    start's largest wait in 2 MB pages is that read (the kernel makes and
     zeroes ~550 of them; on a VM the host faults each in: 1.4-2.1 s for the default target on a Zen 1
     EPYC), and its system calls release the interpreter lock, so the config and tokenizer load
     meanwhile. It shares the machine with them (the tokenizer's parse beside it 0.5 -> 0.8 s), so it
