@@ -187,12 +187,9 @@ def _refused() -> str | None:
     """Why this process does not want huge pages now, in words, or None: forced("4K"),
     ``SPECDRAFT_HUGE_PAGES=0``, a short_run where SPECDRAFT_HUGE_PAGES does not ask for them, or a
     measurement (calibrate --pages) that they save nothing on this CPU."""
-    if _forced[0]:
-        return "forced" if _forced[0] == "4K" else None
-    env = os.environ.get("SPECDRAFT_HUGE_PAGES")
-    if env == "0":
-        return "SPECDRAFT_HUGE_PAGES=0"
-    if env is not None:
+    if none_at_all():
+        return "forced" if _forced[0] else "SPECDRAFT_HUGE_PAGES=0"
+    if _forced[0] or os.environ.get("SPECDRAFT_HUGE_PAGES") is not None:
         return None
     if _short[0]:
         return _short[0] + "; SPECDRAFT_HUGE_PAGES=1 asks for 2 MB"
