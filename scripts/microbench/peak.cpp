@@ -5,7 +5,8 @@
 // picks could tie the chains through one register, as an earlier version of this file did,
 // which halved vpmaddubsw's rate), then prints instructions per second. The mixed loops show
 // which instructions share pipes: on Zen 3, vpmaddubsw and vpmaddwd issue on two pipes that
-// vpaddw may also take, so a kernel's 16-bit adds slow its multiplies.
+// vpaddw may also take, so a kernel's 16-bit adds slow its multiplies; on Zen 1, vfmadd231ps
+// issues beside vpmaddubsw at its own full rate (dual_pipe.cpp tries to use that).
 #include <chrono>
 #include <cstdio>
 
@@ -31,4 +32,5 @@ int main() {
     RATE("vfmadd ymm", "vfmadd231ps", "vfmadd231ps")
     RATE("maddubs + vpmaddwd", "vpmaddubsw", "vpmaddwd")
     RATE("maddubs + vpaddw", "vpmaddubsw", "vpaddw")
+    RATE("maddubs + vfmadd", "vpmaddubsw", "vfmadd231ps")
 }
