@@ -72,3 +72,19 @@ def test_the_forward_pair_takes_the_median_paired_ratio():
     four_k, two_m = pages_cost.forward_pair(forwards)
     assert four_k == pytest.approx(0.012)  # the rounds' means 0.011, 0.022, 0.012
     assert four_k / two_m == pytest.approx(1.1)  # the rounds' ratios 1.1, 1.1, 1.0
+
+
+@pytest.mark.parametrize("starts, forwards, says", [
+    ((1.04, 0.93), (0.0512, 0.0500), "start no slower"),  # the page cache's 2 MB folios: a free start
+    ((1.0, 3.0), (0.0512, 0.0500), "pay back their start after ~1667 forwards"),
+    ((1.0, 1.0), (0.0500, 0.0499), "save nothing measurable"),
+])
+def test_the_payback_in_words_says_which_case_it_is(starts, forwards, says):
+    """The verdict line follows the filed count: never, from the first token (a start no slower),
+    or after n forwards."""
+    start_seconds = {"4K": [starts[0]], "2M": [starts[1]]}
+    forward_seconds = {"4K": [[forwards[0]]], "2M": [[forwards[1]]]}
+    record = dict(forwards=hugepages.payback_forwards(*starts, *forwards), start_seconds=start_seconds,
+                  forward_seconds=forward_seconds, rounds=1, huge_bytes=1 << 30, blocks=[1])
+    lines = pages_cost.payback_lines(record)
+    assert says in lines[-1] and len(lines) == 3
