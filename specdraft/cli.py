@@ -73,6 +73,8 @@ def _add_generate(sub) -> None:
     add_sampling_args(g)
     g.add_argument("--max-new-tokens", type=int, default=_DEFAULTS_GEN.max_new_tokens)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true",
+                   help="keep generating past end-of-sequence tokens, up to --max-new-tokens (timing runs)")
     g.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     g.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                    help="colour tokens by origin: green = accepted draft, blue = produced by the target")
@@ -198,7 +200,7 @@ def _cmd_generate(args) -> int:
     # Validate cheap things before loading any model.
     spec = spec_from_args(args.method, args)
     sampling = sampling_from_args(args)
-    gen = GenerationConfig(max_new_tokens=args.max_new_tokens, stop=tuple(args.stop))
+    gen = GenerationConfig(max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
     with_draft = needs_draft_model(args.method)
     # a short one-shot run loads into 4 KB pages: 2 MB ones start slower than they pay (models.hugepages)
     with short_run(one_shot_pages(args.max_new_tokens)):

@@ -16,7 +16,6 @@ from specdraft.bench.errors import BenchError
 from specdraft.bench.machine import CPU_FLAGS, cpu_info, gguf_kernel_path, machine_line, rates_line, vector_rates
 from specdraft.bench.methods import drop_unavailable, parse_methods
 from specdraft.bench.mismatches import analyse_mismatches
-from specdraft.bench.peers import strip_eos
 from specdraft.bench.prompts import (
     PACKAGED_PROMPTS,
     BenchPrompt,
@@ -32,6 +31,7 @@ from specdraft.bench.records import (
     aggregate,
     first_mismatch,
     mark_exactness,
+    strip_eos,
 )
 from specdraft.bench.report import OVERALL_COLUMNS, check_output_path, markdown_report, overall_cells
 from specdraft.cli import build_parser, main
@@ -429,6 +429,24 @@ def test_peer_runner_counts_forwards_and_matches_plain_greedy(tiny_hf_model):
     assert lookup.token_ids == plain.token_ids
 
 
+def test_peer_runners_with_ignore_eos_run_past_eos_to_the_same_tokens(tiny_hf_model):
+    """--ignore-eos: a token that would end the answer is kept and decoding goes on, greedy tokens
+    unchanged (transformers' min_new_tokens would mask EOS out and change them)."""
+    import copy
+
+    from specdraft.bench.peers import PEERS, PeerRunner
+
+    ids = [1, 5, 9, 5, 9, 5]
+    plain = PeerRunner(PEERS["hf-generate"], tiny_hf_model, None, [63])(ids, 12).token_ids
+    assert len(plain) == 12
+    eos = plain[3]  # an EOS id that the answer reaches at its 4th token
+    assert len(PeerRunner(PEERS["hf-generate"], tiny_hf_model, None, [eos])(ids, 12).token_ids) == 3
+    assistant = copy.deepcopy(tiny_hf_model)
+    for name, helper in (("hf-generate", None), ("hf-assisted", assistant), ("hf-prompt-lookup", None)):
+        out = PeerRunner(PEERS[name], tiny_hf_model, helper, [eos], ignore_eos=True)(ids, 12)
+        assert out.token_ids == plain and out.step_tokens == 12, name
+
+
 def test_chart_is_a_png(tmp_path):
     from specdraft.bench.chart import draw, main
 
@@ -597,6 +615,28 @@ def tokens_by_run(report: dict) -> dict:
     return {(p["method"], p["question_id"]): p["token_ids"] for p in report["prompts"]}
 
 
+def test_bench_with_ignore_eos_runs_every_answer_to_its_full_length(tiny_dir, tmp_path, capsys, no_kernel_build):
+    """Greedy and sampled: every method's answer is --max-new-tokens long; greedy ones equal none's."""
+    import shutil
+
+    report, _ = bench_tiny(tiny_dir, tmp_path, capsys, "tokens", "--methods", "none")
+    eos = tokens_by_run(report)[("none", 1)][3]  # this model never ends an answer: an EOS it meets
+    model = shutil.copytree(tiny_dir, tmp_path / "eos-model")
+    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    report, _ = bench_tiny(model, tmp_path, capsys, "stops", "--methods", "none,prompt-lookup")
+    assert len(tokens_by_run(report)[("none", 1)]) == 3  # ends there without --ignore-eos
+    for extra in ((), ("--temperature", "0.8", "--seed", "3")):
+        report, _ = bench_tiny(model, tmp_path, capsys, "full", "--methods", "none,prompt-lookup,draft-model",
+                               "--ignore-eos", *extra)
+        runs = tokens_by_run(report)
+        assert len(runs) == 6 and all(len(t) == 16 for t in runs.values())
+        assert report["config"]["ignore_eos"] is True
+        if not extra:
+            assert eos in runs[("none", 1)]  # past an EOS
+            assert all(r["exact_match_rate"] == 1.0 for r in report["results"])
+            assert all(runs[(m, q)] == runs[("none", q)] for m, q in runs)
+
+
 def test_bench_records_the_vnni_forms_as_the_run_took_them(tiny_dir, tmp_path, capsys, no_kernel_build, monkeypatch):
     """The forms are timed as the products run, so the report takes them at the end of the run."""
     from specdraft.bench import harness
@@ -684,8 +724,9 @@ def test_prompt_seeds_depend_on_the_seed_and_the_prompt_only():
     assert for_prompt(SamplingConfig(seed=3), [1, 2, 3]).seed == 3  # greedy draws nothing: left alone
 
 
-def fake_engine_runner(on_stream, sampling):
-    """bench.runners.engine_runner over a stand-in engine whose stream(ids, sampling) calls on_stream."""
+def fake_engine_runner(on_stream, sampling, ignore_eos=False, gens=None):
+    """bench.runners.engine_runner over a stand-in engine whose stream(ids, sampling) calls on_stream
+    (and appends each generation config to ``gens``)."""
     from types import SimpleNamespace
 
     from specdraft.bench.runners import engine_runner
@@ -698,9 +739,22 @@ def fake_engine_runner(on_stream, sampling):
 
         def stream(self, ids, sampling, gen):
             on_stream(ids, sampling)
+            if gens is not None:
+                gens.append(gen)
             return iter(())
 
-    return engine_runner(SimpleNamespace(engine=lambda spec: Engine()), SpecConfig(method="none"), sampling)
+    return engine_runner(SimpleNamespace(engine=lambda spec: Engine()), SpecConfig(method="none"), sampling,
+                         ignore_eos=ignore_eos)
+
+
+def test_engine_runner_passes_ignore_eos_to_every_generation():
+    from specdraft.config import SamplingConfig
+
+    for ignore in (False, True):
+        gens = []
+        run = fake_engine_runner(lambda ids, sampling: None, SamplingConfig(), ignore_eos=ignore, gens=gens)
+        run([1, 2], 4), run([3], 5)
+        assert [(g.max_new_tokens, g.ignore_eos) for g in gens] == [(4, ignore), (5, ignore)]
 
 
 def test_engine_runner_seeds_each_prompt_from_the_run_seed_and_the_prompt():
@@ -742,6 +796,7 @@ def test_endpoint_requests_carry_the_sampling_settings():
     assert (body["temperature"], body["top_p"], body["seed"]) == (0.7, 0.9, prompt_seed(1, "hi"))
     assert "top_k" not in body and "model" not in body  # top_k is not OpenAI's: sent only when asked for
     assert request_body(None, "hi", 8, SamplingConfig(temperature=0.7, top_k=20, seed=1))["top_k"] == 20
+    assert "ignore_eos" not in greedy and request_body(None, "hi", 8, SamplingConfig(), ignore_eos=True)["ignore_eos"]
 
 
 def test_later_turns_follow_the_baselines_answers(monkeypatch):
@@ -764,6 +819,8 @@ def test_later_turns_follow_the_baselines_answers(monkeypatch):
         tokenizer = Tok()
 
         class target:
+            eos_ids = frozenset({9})
+
             class model:
                 max_length = 4096
 
@@ -775,7 +832,7 @@ def test_later_turns_follow_the_baselines_answers(monkeypatch):
 
     def fake_runner(method, args, speculator, peers):
         def run(ids, max_new_tokens):
-            answer = [1, 2] if method == "none" else [3]  # only none's answer may shape turn 2
+            answer = [1, 2, 9, 4] if method == "none" else [3]  # only none's answer may shape turn 2, to its EOS
             return Outcome(answer, 1, 1, None, None)
         return run
 

@@ -107,6 +107,26 @@ def other_vocab_dir(tmp_path_factory):
     return make_cli_model(tmp_path_factory.mktemp("cli") / "shuffled", seed=1, shuffle_seed=3)
 
 
+def test_generate_with_ignore_eos_runs_past_eos(capsys, tiny_dir, tmp_path):
+    import shutil
+
+    def new_tokens(model, *extra):
+        rc, out, err = call(["generate", "hello", "--target", str(model), "--dtype", "fp32", "--method", "none",
+                             "--max-new-tokens", "8", "--no-chat", "--color", "never", "--json", *extra], capsys)
+        assert rc == 0, err
+        return json.loads(out.strip().splitlines()[-1])["new_tokens"]
+
+    from specdraft.config import GenerationConfig, SpecConfig
+    from specdraft.pipeline import Speculator
+
+    sd = Speculator(str(tiny_dir), dtype="fp32", load_draft=False, progress=False)
+    answer = sd.generate("hello", spec=SpecConfig(method="none"), gen=GenerationConfig(max_new_tokens=3), chat=False)
+    eos = answer.token_ids[1]  # a token its answer meets
+    model = shutil.copytree(tiny_dir, tmp_path / "eos-model")
+    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    assert new_tokens(model) == 1 and new_tokens(model, "--ignore-eos") == 8
+
+
 def test_generate_runs_on_a_tiny_model(capsys, tiny_dir):
     rc, out, err = call(["generate", "hello", "--target", str(tiny_dir), "--draft", str(tiny_dir), "--dtype", "fp32",
                          "--method", "draft-model", "--draft-format", "dense", "--max-new-tokens", "8", "--no-chat",

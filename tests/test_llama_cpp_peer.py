@@ -67,6 +67,11 @@ def test_runner_decodes_greedily_and_stops_at_eos(fake_llama):
     assert runner([1], max_new_tokens=2).token_ids == [7, 8]
 
 
+def test_runner_with_ignore_eos_runs_past_eos(fake_llama):
+    runner = LlamaCppRunner("model.gguf", {2}, n_ctx=64, threads=2, ignore_eos=True)
+    assert runner([1, 2, 3], max_new_tokens=5).token_ids == [7, 8, 9, 2, 5]
+
+
 def test_runner_with_reuse_prefix_evaluates_only_the_new_tail(fake_llama):
     runner = LlamaCppRunner("model.gguf", {2}, n_ctx=64, threads=2, reuse_prefix=True)
     runner([1, 2, 3], max_new_tokens=2)

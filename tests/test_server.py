@@ -135,6 +135,20 @@ def test_models_health_metrics(server, client):
     assert page.status_code == 200 and "text/html" in page.headers["content-type"] and "specdraft" in page.text
 
 
+def test_ignore_eos_runs_to_the_token_limit(client, sd):
+    """vLLM's extension field: the request's generation goes past EOS, up to max_tokens."""
+    from specdraft.server.generation import build_request
+    from specdraft.server.schemas import ChatRequest
+
+    config = ServerConfig(model_name=MODEL)
+    for ignore in (False, True):
+        body = ChatRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=9, ignore_eos=ignore)
+        assert build_request(body, [1, 2], config, sd).gen.ignore_eos is ignore
+    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=20,
+                                       temperature=0, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 20 and r.choices[0].finish_reason == "length"
+
+
 def test_stream_chunks_carry_token_origins(server):
     body = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 12, "temperature": 0, "stream": True}
     origins = []
@@ -173,6 +187,7 @@ GOOD = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     ({**GOOD, "logprobs": True}, 400, "logprobs"),
     ({**GOOD, "method": "crystal-ball"}, 400, "method"),
     ({**GOOD, "k": 0}, 400, "k"),
+    ({**GOOD, "ignore_eos": "yes"}, 400, "ignore_eos"),
     ({**GOOD, "model": "gpt-7"}, 404, "model"),
 ])
 def test_bad_requests_get_openai_errors(server, body, status, param):
@@ -393,11 +408,13 @@ def test_bench_samples_at_an_endpoint_with_the_settings_in_the_report(server, tm
     prompts.write_text(json.dumps({"question_id": 1, "category": "a", "turns": [QUESTION[:12]]}) + "\n")
     out = tmp_path / "r.json"
     assert main(["bench", "--endpoint", server + "/v1", "--prompts", str(prompts), "--max-new-tokens", "6",
-                 "--json", str(out), "--temperature", "0.7", "--top-p", "0.9", "--top-k", "5", "--seed", "2"]) == 0
-    report = json.loads(out.read_text())  # our server took top_k and the prompt's seed
+                 "--json", str(out), "--temperature", "0.7", "--top-p", "0.9", "--top-k", "5", "--seed", "2",
+                 "--ignore-eos"]) == 0
+    report = json.loads(out.read_text())  # our server took top_k, the prompt's seed and ignore_eos
     s = report["config"]["sampling"]
     assert (s["temperature"], s["top_p"], s["top_k"], s["seed"], s["greedy"]) == (0.7, 0.9, 5, 2, False)
-    assert report["results"][-1]["new_tokens"] >= 1 and report["results"][-1]["exact_match_rate"] is None
+    assert report["config"]["ignore_eos"] is True
+    assert report["results"][-1]["new_tokens"] == 6 and report["results"][-1]["exact_match_rate"] is None
 
 
 def test_bench_endpoint_unreachable_is_one_line(tmp_path, capsys):

@@ -23,6 +23,10 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                         "with prompt lookup, with the draft model's GGUF; needs llama-cpp-python) "
                         "(none always runs first: it is the baseline)")
     p.add_argument("--max-new-tokens", type=int, default=GenerationConfig.max_new_tokens)
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="every method (and peer, and --endpoint) generates exactly --max-new-tokens tokens, past "
+                        "end-of-sequence tokens: answers of one length, so tokens/s compare per category also "
+                        "when sampled runs draw answers of different lengths (default: stop at EOS)")
     # Greedy by default (Spec-Bench's protocol); with --temperature > 0 our methods sample, the
     # peers are refused and exactness does not apply (see bench.sampled). Seed 0 by default so
     # that two sampled runs of one command draw the same tokens.

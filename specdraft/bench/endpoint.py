@@ -3,7 +3,8 @@
 Each prompt goes to ``URL/chat/completions`` as one user turn, streaming, with
 ``max_tokens`` = --max-new-tokens; greedy, or with --temperature > 0 sampled with ``top_p``,
 ``top_k`` (when set; not OpenAI's field, but ours, vLLM's and llama.cpp's servers take it) and a
-``seed`` per prompt from --seed and the prompt's text (see :mod:`specdraft.bench.sampled`).
+``seed`` per prompt from --seed and the prompt's text (see :mod:`specdraft.bench.sampled`);
+with --ignore-eos also ``ignore_eos`` (ours, vLLM's and SGLang's servers take it).
 
 Per prompt: the time to the first content chunk, the time to the end, and the tokens generated
 (``usage.completion_tokens`` when the server reports it, else the number of content chunks,
@@ -50,9 +51,12 @@ class Timing:
     accepted: int | None = None
 
 
-def request_body(model: str | None, text: str, max_tokens: int, sampling: SamplingConfig) -> dict:
+def request_body(model: str | None, text: str, max_tokens: int, sampling: SamplingConfig,
+                 ignore_eos: bool = False) -> dict:
     body = {"messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
             "temperature": sampling.temperature, "stream": True, "stream_options": {"include_usage": True}}
+    if ignore_eos:  # an extension field: ours, vLLM's and SGLang's servers take it
+        body["ignore_eos"] = True
     if not sampling.greedy:
         body.update(top_p=sampling.top_p, seed=prompt_seed(sampling.seed, text))
         if sampling.top_k:
@@ -119,7 +123,7 @@ def run_endpoint(args) -> int:
         with httpx.Client(timeout=args.endpoint_timeout) as client, Progress(console=console) as progress:
             task = progress.add_task(method, total=len(prompts))
             for p in prompts:
-                body = request_body(args.endpoint_model, p.text, args.max_new_tokens, sampling)
+                body = request_body(args.endpoint_model, p.text, args.max_new_tokens, sampling, args.ignore_eos)
                 tokens, secs, ttft, usage = stream_one(client, url, body)
                 spec = (usage or {}).get("speculation") or {}
                 timings.append(Timing(p.question_id, p.category, tokens, secs, ttft, spec.get("step_tokens"),
@@ -130,7 +134,7 @@ def run_endpoint(args) -> int:
     rows = [summarise(method, c, [t for t in timings if t.category == c]) for c in categories_in_order(prompts)]
     rows.append(summarise(method, "overall", timings))
     report = dict(config=dict(endpoint=base, model=args.endpoint_model, max_new_tokens=args.max_new_tokens,
-                              sampling=sampling_report(sampling)),
+                              ignore_eos=args.ignore_eos, sampling=sampling_report(sampling)),
                   results=rows, prompts=[t.__dict__ for t in timings])
     if args.json_out is not None:
         write_text(Path(args.json_out), json.dumps(report, indent=1) + "\n")

@@ -3,7 +3,8 @@
 The protocol follows Spec-Bench: greedy decoding, batch size 1, the first turn of each question
 through the target's chat template (``--turns 2``: the second turns as well, each after the
 conversation so far, see :mod:`specdraft.bench.turns`). Every method gets the same prompts, the same
-max-new-tokens and stops at the same EOS ids. ``none`` (plain decoding by our runtime) runs
+max-new-tokens and stops at the same EOS ids (with ``--ignore-eos`` at none: every answer is max-new-tokens
+long, so that sampled runs' speeds compare per category too). ``none`` (plain decoding by our runtime) runs
 first: speedups are relative to it and every other method's tokens are compared with its tokens.
 With ``--temperature`` > 0 our methods sample instead (each prompt seeded from ``--seed``), the
 peers are refused, and exactness is not applicable (see :mod:`specdraft.bench.sampled`).
@@ -106,7 +107,7 @@ def run_config(args, methods: list[str], sampling: SamplingConfig, speculator, p
     target = speculator.target
     cfg = dict(command=sys.argv[:], args=plain_args, prompts_file=str(prompts_path(args.prompts)),
                date=datetime.now(UTC).isoformat(timespec="seconds"),
-               machine=machine_info(), methods=methods, max_new_tokens=args.max_new_tokens,
+               machine=machine_info(), methods=methods, max_new_tokens=args.max_new_tokens, ignore_eos=args.ignore_eos,
                greedy=sampling.greedy, sampling=sampling_report(sampling),
                target=dict(name=target.name, path=str(target.path), dtype=resolve_dtype(args.dtype),
                            eos_ids=sorted(target.eos_ids)),

@@ -30,8 +30,7 @@ import torch
 
 from ..errors import SpecdraftError
 from ..prefix import shared_prefix
-from .peers import strip_eos
-from .records import Outcome
+from .records import Outcome, strip_eos
 
 NAME = "llama-cpp"
 LOOKUP = "llama-cpp-lookup"
@@ -167,7 +166,7 @@ class LlamaCppRunner:
     """Greedy decoding through llama.cpp, plain or speculative; the same call shape as the engine runner."""
 
     def __init__(self, gguf_path, eos_ids, *, n_ctx: int = 4096, threads: int | None = None,
-                 drafter: str | None = None, draft_gguf=None, reuse_prefix: bool = False):
+                 drafter: str | None = None, draft_gguf=None, reuse_prefix: bool = False, ignore_eos: bool = False):
         Llama = _llama_class()
         opts = _llama_options(n_ctx, threads)
         self.drafter = None
@@ -185,6 +184,7 @@ class LlamaCppRunner:
             raise SpecdraftError(f"{draft_gguf} and {gguf_path} have different vocabularies; "
                                  "llama-cpp-draft needs a draft model with the target's tokenizer")
         self.eos_ids = set(eos_ids)
+        self.ignore_eos = ignore_eos  # generate() itself never stops at EOS: its callers do, as here
         self.reuse_prefix = reuse_prefix
         self.forwards = 0
         decode = self.llm.eval
@@ -220,9 +220,9 @@ class LlamaCppRunner:
         produced: list[int] = []
         for tok in self.llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True):
             produced.append(int(tok))
-            if tok in self.eos_ids or len(produced) >= max_new_tokens:
+            if (tok in self.eos_ids and not self.ignore_eos) or len(produced) >= max_new_tokens:
                 break
-        tokens = strip_eos(produced, self.eos_ids)
+        tokens = produced if self.ignore_eos else strip_eos(produced, self.eos_ids)
         if self.drafter is None:  # one decode call per token after the prefill call: plain decoding
             return Outcome(tokens, len(produced), len(produced), None, None)
         # Each decode call commits the guesses it accepted and one token of its own (the prefill:

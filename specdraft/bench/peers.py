@@ -25,7 +25,7 @@ import torch
 
 from ..errors import ModelFileError
 from ..pipeline import DTYPES, resolve_dtype
-from .records import Outcome
+from .records import Outcome, strip_eos
 
 PROMPT_LOOKUP_TOKENS = 10  # tokens per prompt-lookup draft, transformers' documented example value
 
@@ -142,13 +142,16 @@ class ForwardCounter:
 class PeerRunner:
     """Runs one peer method on token ids; the same call shape as the engine runner."""
 
-    def __init__(self, spec: PeerSpec, model, assistant, eos_ids: list[int]):
+    def __init__(self, spec: PeerSpec, model, assistant, eos_ids: list[int], ignore_eos: bool = False):
         self.spec = spec
         self.model = model
         self.eos_ids = set(eos_ids)
+        self.ignore_eos = ignore_eos
         self.kwargs = dict(do_sample=False, **dict(spec.generate_kwargs))
         if assistant is not None:
             self.kwargs["assistant_model"] = assistant
+        if ignore_eos:  # no EOS to stop at (min_new_tokens would mask EOS out and change the greedy tokens)
+            self.kwargs["eos_token_id"] = None
 
     @torch.inference_mode()
     def __call__(self, ids: list[int], max_new_tokens: int) -> Outcome:
@@ -161,15 +164,7 @@ class PeerRunner:
         finally:
             counter.remove()
         produced = out[0, len(ids):].tolist()
-        tokens = strip_eos(produced, self.eos_ids)
+        tokens = produced if self.ignore_eos else strip_eos(produced, self.eos_ids)
         # Tokens per target forward, counting the prefill forward and the EOS it may have produced,
         # since both are real work here; plain greedy comes out at exactly 1.0.
         return Outcome(tokens, counter.calls, len(produced), None, None)
-
-
-def strip_eos(tokens: list[int], eos_ids: set[int]) -> list[int]:
-    """The tokens before the first EOS (generate may pad after it; our engine never commits it)."""
-    for i, t in enumerate(tokens):
-        if t in eos_ids:
-            return tokens[:i]
-    return tokens

@@ -20,7 +20,7 @@ BASELINE = "none"  # plain decoding by our runtime: speedups and exactness are m
 class Outcome:
     """What one generation produced, in the fields every method can fill (None = not known)."""
 
-    token_ids: list[int]  # new tokens, EOS excluded
+    token_ids: list[int]  # new tokens, EOS excluded (with --ignore-eos: every token, EOS and what follows it)
     target_forwards: int | None
     step_tokens: int | None  # tokens committed by those forwards
     drafted: int | None
@@ -31,6 +31,14 @@ class Outcome:
 
 
 Runner = Callable[[list[int], int], Outcome]  # (prompt ids, max new tokens) -> outcome
+
+
+def strip_eos(tokens: list[int], eos_ids: set[int]) -> list[int]:
+    """The tokens before the first EOS (generate may pad after it; our engine never commits it)."""
+    for i, t in enumerate(tokens):
+        if t in eos_ids:
+            return tokens[:i]
+    return tokens
 
 
 @dataclass

@@ -36,10 +36,12 @@ from .sampled import for_prompt
 BENCH_PREFIX_BUDGET = 256 << 20  # bytes of saved prefixes a method, with --reuse-prefix
 
 
-def engine_runner(speculator, spec: SpecConfig, sampling: SamplingConfig, reuse_prefix: bool = False) -> Runner:
+def engine_runner(speculator, spec: SpecConfig, sampling: SamplingConfig, reuse_prefix: bool = False,
+                  ignore_eos: bool = False) -> Runner:
     """Our engine for one method; one Engine serves every prompt (stream() resets its state, and
     the suffix drafters' history of earlier requests is emptied before each). Under sampling each
-    prompt gets its own seed (see :mod:`specdraft.bench.sampled`)."""
+    prompt gets its own seed (see :mod:`specdraft.bench.sampled`); with ``ignore_eos`` every answer
+    runs to max_new_tokens, its EOS tokens committed like any other."""
     engine = speculator.engine(spec)
     if reuse_prefix and reuses_exactly(speculator.target.model):  # this method's own record and copies, as a
         # server running it alone would keep (a target whose rows may depend on their block prefills whole)
@@ -50,7 +52,8 @@ def engine_runner(speculator, spec: SpecConfig, sampling: SamplingConfig, reuse_
         # every method answers the same prompts: an earlier method's answer in the suffix
         # drafters' history of requests would give this one away, so each run starts without it
         SUFFIX_HISTORY.clear()
-        for _ in engine.stream(ids, for_prompt(sampling, ids), GenerationConfig(max_new_tokens=max_new_tokens)):
+        gen = GenerationConfig(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos)
+        for _ in engine.stream(ids, for_prompt(sampling, ids), gen):
             pass
         s = engine.stats
         drafted, accepted = (s.draft_tokens, s.accepted_tokens) if has_drafter else (None, None)
@@ -69,6 +72,7 @@ class PeerSetup:
     eos_ids: list[int]
     dtypes: dict[str, str]  # peer name -> dtype
     models: PeerModels
+    ignore_eos: bool = False
 
     def keys_for(self, method: str | None) -> set:
         if method not in PEERS:
@@ -84,7 +88,7 @@ class PeerSetup:
         model = self.models.get(target_key(self.target_path, dtype))
         assistant = (self.models.get(assistant_key(self.draft_path, dtype))
                      if PEERS[method].needs_assistant else None)
-        return PeerRunner(PEERS[method], model, assistant, self.eos_ids)
+        return PeerRunner(PEERS[method], model, assistant, self.eos_ids, self.ignore_eos)
 
 
 def timed(runner: Runner, ids: list[int], max_new_tokens: int) -> tuple[Outcome, float]:
@@ -111,7 +115,7 @@ def peer_setup(args, methods: list[str], speculator) -> PeerSetup | None:
     if not eos:
         raise BenchError(f"target {speculator.target.name!r} declares no EOS token; the peers could not stop")
     return PeerSetup(speculator.target.path, draft_path, eos,
-                     {m: getattr(args, PEERS[m].dtype_option) for m in used}, PeerModels(eos))
+                     {m: getattr(args, PEERS[m].dtype_option) for m in used}, PeerModels(eos), args.ignore_eos)
 
 
 def _resolve_draft(args, speculator) -> Path:
@@ -129,5 +133,6 @@ def make_runner(method: str, args, speculator, peers: PeerSetup | None) -> Runne
         draft_gguf = gguf_file(args.draft or DEFAULT_DRAFT) if drafter == "draft-model" else None
         return LlamaCppRunner(gguf_file(args.target or DEFAULT_TARGET), speculator.target.eos_ids,
                               n_ctx=speculator.target.model.max_length, drafter=drafter, draft_gguf=draft_gguf,
-                              reuse_prefix=args.reuse_prefix)
-    return engine_runner(speculator, spec_from_args(method, args), sampling_from_args(args), args.reuse_prefix)
+                              reuse_prefix=args.reuse_prefix, ignore_eos=args.ignore_eos)
+    return engine_runner(speculator, spec_from_args(method, args), sampling_from_args(args), args.reuse_prefix,
+                         args.ignore_eos)

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from .errors import BenchError
 from .prompts import BenchPrompt
-from .records import BASELINE, PromptRecord, aggregate
+from .records import BASELINE, PromptRecord, aggregate, strip_eos
 
 SEPARATOR = "#"  # "<question id>#<turn>" for turns after the first
 
@@ -56,6 +56,7 @@ class PromptIds(dict):
             raise KeyError(qid)
         first, k = self.later[qid]
         tok = self.speculator.tokenizer
+        eos = self.speculator.target.eos_ids  # with --ignore-eos an answer runs past its end: the turn ends there
         messages = []
         for i in range(1, k):
             earlier = first.question_id if i == 1 else f"{first.question_id}{SEPARATOR}{i}"
@@ -64,7 +65,8 @@ class PromptIds(dict):
                                  "which has not run")
             text = first.text if i == 1 else first.later[i - 2]
             messages += [{"role": "user", "content": text},
-                         {"role": "assistant", "content": tok.decode(self.answers[earlier], skip_special_tokens=True)}]
+                         {"role": "assistant", "content": tok.decode(strip_eos(self.answers[earlier], eos),
+                                                                     skip_special_tokens=True)}]
         messages.append({"role": "user", "content": first.later[k - 2]})
         ids = self.speculator.encode_messages(messages)
         limit = self.speculator.target.model.max_length

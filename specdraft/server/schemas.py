@@ -2,7 +2,8 @@
 
 Unknown fields are ignored (OpenAI clients send many), known ones are type-checked and
 range-checked here, so a bad request is a 400 before it reaches the queue. Two extension
-fields pick the speculation per request: ``method`` (a drafter name or "none") and ``k``.
+fields pick the speculation per request: ``method`` (a drafter name or "none") and ``k``; a third,
+``ignore_eos`` (vLLM's name), generates past end-of-sequence tokens up to the token limit.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ class _Common(BaseModel):
     logprobs: StrictBool | StrictInt | None = None
     method: str | None = None  # extension: drafter name or "none"
     k: StrictInt | None = Field(default=None, ge=1, le=64)  # extension: draft tokens per step
+    ignore_eos: StrictBool = False  # extension (as vLLM's): generate past EOS, up to max_tokens
 
     @field_validator("stop")
     @classmethod
