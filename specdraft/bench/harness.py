@@ -3,9 +3,10 @@
 The protocol follows Spec-Bench: greedy decoding, batch size 1, the first turn of each question
 through the target's chat template (``--turns 2``: the second turns as well, each after the
 conversation so far, see :mod:`specdraft.bench.turns`). Every method gets the same prompts, the same
-max-new-tokens and stops at the same EOS ids (with ``--ignore-eos`` at none: every answer is max-new-tokens
-long, so that sampled runs' speeds compare per category too). ``none`` (plain decoding by our runtime) runs
-first: speedups are relative to it and every other method's tokens are compared with its tokens.
+max-new-tokens and stops at the same EOS ids (with ``--ignore-eos`` at none: every answer is
+max-new-tokens long, so that sampled runs' speeds compare per category too). ``none`` (plain
+decoding by our runtime) runs first: speedups are relative to it and every other method's tokens
+are compared with its tokens.
 With ``--temperature`` > 0 our methods sample instead (each prompt seeded from ``--seed``), the
 peers are refused, and exactness is not applicable (see :mod:`specdraft.bench.sampled`).
 
