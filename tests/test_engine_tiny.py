@@ -312,6 +312,37 @@ def test_draft_forward_cost_ignores_the_prompt_catch_up():
     assert drafter.forward_seconds > 0.0 and lm.forwards == 3
 
 
+def test_a_draft_model_says_what_of_a_proposal_was_catching_up(monkeypatch):
+    """Feeding more than a step's 1-2 tokens (the prompt, or the steps it did not draft) is catching
+    up, less what a step's forward costs; a step's own feeding is not (the payoff leaves it out)."""
+    from types import SimpleNamespace
+
+    from specdraft.drafters import draft_model
+    from specdraft.drafters.draft_model import DraftModel
+
+    lm = ScriptedLM([0.9] * 40)
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(draft_model, "time", SimpleNamespace(perf_counter=lambda: clock.now))
+    forward = lm.forward
+
+    def timed(ids, **kw):  # a forward of n tokens takes n seconds
+        clock.now += int(ids.shape[0])
+        return forward(ids, **kw)
+
+    lm.forward = timed
+    drafter = DraftModel(lm, min_confidence=0.0)
+    drafter.begin([1, 2, 3, 4])
+    drafter.propose([1, 2, 3, 4], 1, GREEDY, torch.Generator())
+    assert drafter.catch_up_seconds == 4.0  # the prompt, no step timed yet
+    drafter.propose([1, 2, 3, 4, 5, 6], 2, GREEDY, torch.Generator())  # a step's 2 tokens, one guess forward
+    assert drafter.catch_up_seconds == 0.0
+    step = drafter.forward_seconds
+    assert 1.0 <= step <= 2.0
+    drafter.observe(list(range(1, 8)), 0)  # its guesses rejected: it holds the 6 tokens before them
+    drafter.propose(list(range(1, 12)), 1, GREEDY, torch.Generator())  # 5 tokens it did not see
+    assert drafter.catch_up_seconds == pytest.approx(5.0 - step)
+
+
 def draft_forwards_take(engine, seconds: float, monkeypatch) -> None:
     """The draft model's forwards, as its drafter times them, take exactly ``seconds`` each: its
     clock (the drafter module's ``time``) moves only when the model runs, so what the cost rule

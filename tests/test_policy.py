@@ -109,6 +109,22 @@ class Fixed(Drafter):
         self.learned.append(judged)
 
 
+def test_the_payoff_leaves_a_drafters_catching_up_out(tmp_path):
+    """What a step's drafting cost the payoff is its time less the drafter's catch_up_seconds: a
+    drafter skipped for a while catches up when it next drafts, a cost that running every step
+    would not have."""
+    target = tree_target("dense", tmp_path)
+    for catch_up in (0.0, 1e6):
+        drafter = Fixed()
+        drafter.catch_up_seconds = catch_up
+        e = Engine(target, FakeTokenizer(), drafter, SpecConfig(method="fixed", k=2))
+        seen = []
+        e.policy.record = lambda source, sent, n, seconds, seen=seen: seen.append((source, seconds))
+        e.generate([3, 4, 5, 3], SamplingConfig(), GenerationConfig(max_new_tokens=5, ignore_eos=True))
+        assert seen and all(source is drafter for source, _ in seen)
+        assert all(s > 0.0 for _, s in seen) if catch_up == 0.0 else all(s == 0.0 for _, s in seen)
+
+
 def test_the_engine_cuts_learns_by_proposed_node_and_skips_what_does_not_pay(tmp_path):
     target = tree_target("dense", tmp_path)
     drafter = Fixed()

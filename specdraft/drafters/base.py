@@ -13,6 +13,9 @@ default so a new drafter writes only what it needs:
 * ``observe(context, num_accepted)``: after verification, ``context`` is the new committed
   sequence and ``num_accepted`` says how many draft tokens made it, so stateful drafters can
   roll back (a draft model's KV cache) or learn (a datastore);
+* ``catch_up_seconds``: what of the last ``propose`` went to catching the drafter's own state up
+  with the context (a draft model's cache after its prompt or after steps it did not draft), which
+  the engine's payoff leaves out;
 * ``use_policy(policy)``: the engine's DraftPolicy (only when SpecConfig.cost_rule is on), for
   drafters whose guesses cost time to make: they stop drafting where a further guess would not
   pay (``policy.best_length``);
@@ -78,6 +81,10 @@ class Drafter:
     output_topk = 0  # K > 0: the engine calls take_topk with the target's top K after every row it scores
     feature_layers: tuple[int, ...] = ()  # target layers whose outputs take_features also gets
     policy = None  # the engine's policy.DraftPolicy (use_policy), when the cost rule is on
+    # seconds of the last propose spent catching the drafter's own state up with the context (a
+    # draft model's cache: its prompt, or the tokens of steps it did not draft): a drafter that
+    # drafts every step never pays them, so whether its steps pay (costs.Payoff) leaves them out
+    catch_up_seconds = 0.0
 
     def begin(self, prompt: list[int]) -> None:
         pass
