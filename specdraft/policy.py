@@ -92,7 +92,7 @@ class DraftPolicy:
         return self.enabled and self.costs.wants_one()
 
     def draft_now(self, drafter) -> bool:
-        """Run ``drafter`` this step? No while its steps do not pay (then every Payoff.EXPLORE-th)."""
+        """Run ``drafter`` this step? No while its steps do not pay (then now and then: Payoff)."""
         return not self.active or self.payoff(drafter).worth_running()
 
     def cut(self, draft: Draft, k: int) -> Sent:

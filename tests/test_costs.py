@@ -219,6 +219,29 @@ def test_payoff_skips_a_prophet_that_does_not_pay_and_explores():
     assert p.worth_running() and p.tokens > p.cost
 
 
+def test_payoff_waits_longer_while_explored_steps_still_do_not_pay():
+    from specdraft.costs import Payoff
+
+    p = Payoff()
+    for _ in range(Payoff.WARMUP):
+        p.worth_running()
+        p.record(1.0, 1.5)
+    waits = []
+    for _ in range(6):  # each explored step recorded, still not paying
+        n = 1
+        while not p.worth_running():
+            n += 1
+        waits.append(n)
+        p.record(1.0, 1.5)
+    assert waits == [8, 16, 32, 64, 64, 64]
+    n = 1
+    while not p.worth_running():
+        n += 1
+    for _ in range(40):  # an explored step finds the text predictable: it pays again
+        p.record(3.0, 1.5)
+    assert p.worth_running() and p.period == Payoff.EXPLORE
+
+
 def test_the_better_of_two_ways_is_picked_and_the_other_still_tried():
     ways = BetterOfTwo()
     for _ in range(20):
