@@ -183,8 +183,8 @@ class LlamaCppRunner:
         if isinstance(self.drafter, DraftModelDrafter) and not same_vocab(self.llm, self.drafter.llm):
             raise SpecdraftError(f"{draft_gguf} and {gguf_path} have different vocabularies; "
                                  "llama-cpp-draft needs a draft model with the target's tokenizer")
-        self.eos_ids = set(eos_ids)
-        self.ignore_eos = ignore_eos  # generate() itself never stops at EOS: its callers do, as here
+        # where an answer ends (none with --ignore-eos): generate() itself never stops at EOS, its callers do
+        self.stop_ids = set() if ignore_eos else set(eos_ids)
         self.reuse_prefix = reuse_prefix
         self.forwards = 0
         decode = self.llm.eval
@@ -220,9 +220,9 @@ class LlamaCppRunner:
         produced: list[int] = []
         for tok in self.llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True):
             produced.append(int(tok))
-            if (tok in self.eos_ids and not self.ignore_eos) or len(produced) >= max_new_tokens:
+            if tok in self.stop_ids or len(produced) >= max_new_tokens:
                 break
-        tokens = produced if self.ignore_eos else strip_eos(produced, self.eos_ids)
+        tokens = strip_eos(produced, self.stop_ids)
         if self.drafter is None:  # one decode call per token after the prefill call: plain decoding
             return Outcome(tokens, len(produced), len(produced), None, None)
         # Each decode call commits the guesses it accepted and one token of its own (the prefill:

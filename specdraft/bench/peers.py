@@ -145,8 +145,7 @@ class PeerRunner:
     def __init__(self, spec: PeerSpec, model, assistant, eos_ids: list[int], ignore_eos: bool = False):
         self.spec = spec
         self.model = model
-        self.eos_ids = set(eos_ids)
-        self.ignore_eos = ignore_eos
+        self.stop_ids = set() if ignore_eos else set(eos_ids)  # where an answer ends (none: --ignore-eos)
         self.kwargs = dict(do_sample=False, **dict(spec.generate_kwargs))
         if assistant is not None:
             self.kwargs["assistant_model"] = assistant
@@ -164,7 +163,7 @@ class PeerRunner:
         finally:
             counter.remove()
         produced = out[0, len(ids):].tolist()
-        tokens = produced if self.ignore_eos else strip_eos(produced, self.eos_ids)
+        tokens = strip_eos(produced, self.stop_ids)
         # Tokens per target forward, counting the prefill forward and the EOS it may have produced,
         # since both are real work here; plain greedy comes out at exactly 1.0.
         return Outcome(tokens, counter.calls, len(produced), None, None)

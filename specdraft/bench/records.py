@@ -34,7 +34,8 @@ Runner = Callable[[list[int], int], Outcome]  # (prompt ids, max new tokens) -> 
 
 
 def strip_eos(tokens: list[int], eos_ids: set[int]) -> list[int]:
-    """The tokens before the first EOS (generate may pad after it; our engine never commits it)."""
+    """The tokens before the first of ``eos_ids`` (generate may pad after it; our engine stops there
+    unless told to ignore EOS, and then the runners pass no ids)."""
     for i, t in enumerate(tokens):
         if t in eos_ids:
             return tokens[:i]
