@@ -274,9 +274,17 @@ class Payoff:
     doubles the wait, up to MAX_EXPLORE: exploring costs what a step that does not pay loses, and
     a prophet that never pays on this machine (a layer-skipped copy of the target whose guesses
     cost 0.7 of a forward each, Zen 4 EPYC) lost 4% to its explored steps every 8th.
+
+    An explored step weighs EXPLORED in the means, not ALPHA: the means describe the text of the
+    last ~1 / ALPHA steps the prophet ran, and after 8-64 skipped ones the explored step is the one
+    word on the text now. At ALPHA a prophet that turned good again (2.2 tokens for 1.4 forwards
+    after 1.0 for 1.3) stayed skipped for 447 steps, past a whole answer, once its wait had grown
+    to 64; at EXPLORED it runs again after 63 (the first explored step), and one that never pays
+    runs 2-11% of the steps, losing under 0.01 forward a step (scripts/payoff_sim.py).
     """
 
     ALPHA = 0.05  # weight of a new step once WARMUP steps were seen (plain mean before)
+    EXPLORED = 0.3  # weight of an explored step
     WARMUP = 16
     EXPLORE = 8
     MAX_EXPLORE = 64
@@ -291,7 +299,7 @@ class Payoff:
 
     def record(self, tokens: float, cost: float) -> None:
         self.steps += 1
-        a = max(self.ALPHA, 1.0 / self.steps)
+        a = max(self.EXPLORED if self.exploring else self.ALPHA, 1.0 / self.steps)
         self.tokens += a * (tokens - self.tokens)
         self.cost += a * (cost - self.cost)
         if self.exploring:  # what an explored step found sets the next wait

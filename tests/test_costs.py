@@ -242,6 +242,23 @@ def test_payoff_waits_longer_while_explored_steps_still_do_not_pay():
     assert p.worth_running() and p.period == Payoff.EXPLORE
 
 
+def test_a_prophet_that_pays_again_runs_after_one_explored_step():
+    from specdraft.costs import Payoff
+
+    p = Payoff()
+    for _ in range(200):  # a long stretch where its steps do not pay: the wait grows to its longest
+        if p.worth_running():
+            p.record(1.0, 1.3)
+    assert p.period == Payoff.MAX_EXPLORE
+    skipped = 0
+    while not p.worth_running():
+        skipped += 1
+    assert skipped < Payoff.MAX_EXPLORE
+    p.record(2.2, 1.4)  # the explored step finds the text predictable
+    assert p.tokens >= p.cost and p.period == Payoff.EXPLORE
+    assert all(p.worth_running() for _ in range(8))  # it runs every step again, not 7 explored steps later
+
+
 def test_the_better_of_two_ways_is_picked_and_the_other_still_tried():
     ways = BetterOfTwo()
     for _ in range(20):
