@@ -13,7 +13,7 @@ every drafter:
 * ``draft_now``: skip a drafter while its steps commit less per unit of cost (the check's
   cost plus the drafting time, both measured here) than plain steps do (costs.Payoff, one per
   drafter: a composite asks for its parts, e.g. hybrid for its model prophet, its copies being
-  free);
+  free; a drafter whose drafting costs nearly nothing is never skipped);
 * ``judged``: which of the proposed nodes the verifier judged and whether each passed, for the
   drafter to calibrate its confidences on (Drafter.learn).
 
@@ -126,8 +126,8 @@ class DraftPolicy:
         """A step ``drafter`` drafted was verified: it committed 1 + ``accepted`` tokens for the
         check of ``sent`` and ``draft_seconds`` of drafting."""
         if self.active:
-            cost = self.costs.ratio(len(sent.draft) + 1) + self.in_forwards(draft_seconds)
-            self.payoff(drafter).record(1 + accepted, cost)
+            drafting = self.in_forwards(draft_seconds)
+            self.payoff(drafter).record(1 + accepted, self.costs.ratio(len(sent.draft) + 1) + drafting, drafting)
 
     @staticmethod
     def judged(sent: Sent, path: list[int]) -> list[tuple[int, bool]]:

@@ -211,11 +211,11 @@ def test_payoff_skips_a_prophet_that_does_not_pay_and_explores():
     p = Payoff()
     for _ in range(Payoff.WARMUP):
         assert p.worth_running()
-        p.record(1.2, 1.3)  # 1.2 tokens for 1.3 forwards: worse than plain's 1 for 1
+        p.record(1.2, 1.3, 0.3)  # 1.2 tokens for 1.3 forwards: worse than plain's 1 for 1
     runs = [p.worth_running() for _ in range(4 * Payoff.EXPLORE)]
     assert sum(runs) == 4 and runs[Payoff.EXPLORE - 1]  # every EXPLORE-th step still runs
     for _ in range(60):
-        p.record(2.0, 1.3)  # the text turned predictable
+        p.record(2.0, 1.3, 0.3)  # the text turned predictable
     assert p.worth_running() and p.tokens > p.cost
 
 
@@ -225,20 +225,20 @@ def test_payoff_waits_longer_while_explored_steps_still_do_not_pay():
     p = Payoff()
     for _ in range(Payoff.WARMUP):
         p.worth_running()
-        p.record(1.0, 1.5)
+        p.record(1.0, 1.5, 0.3)
     waits = []
     for _ in range(6):  # each explored step recorded, still not paying
         n = 1
         while not p.worth_running():
             n += 1
         waits.append(n)
-        p.record(1.0, 1.5)
+        p.record(1.0, 1.5, 0.3)
     assert waits == [8, 16, 32, 64, 64, 64]
     n = 1
     while not p.worth_running():
         n += 1
     for _ in range(40):  # an explored step finds the text predictable: it pays again
-        p.record(3.0, 1.5)
+        p.record(3.0, 1.5, 0.3)
     assert p.worth_running() and p.period == Payoff.EXPLORE
 
 
@@ -248,15 +248,28 @@ def test_a_prophet_that_pays_again_runs_after_one_explored_step():
     p = Payoff()
     for _ in range(200):  # a long stretch where its steps do not pay: the wait grows to its longest
         if p.worth_running():
-            p.record(1.0, 1.3)
+            p.record(1.0, 1.3, 0.3)
     assert p.period == Payoff.MAX_EXPLORE
     skipped = 0
     while not p.worth_running():
         skipped += 1
     assert skipped < Payoff.MAX_EXPLORE
-    p.record(2.2, 1.4)  # the explored step finds the text predictable
+    p.record(2.2, 1.4, 0.3)  # the explored step finds the text predictable
     assert p.tokens >= p.cost and p.period == Payoff.EXPLORE
     assert all(p.worth_running() for _ in range(8))  # it runs every step again, not 7 explored steps later
+
+
+def test_payoff_never_skips_a_prophet_whose_drafting_is_free():
+    from specdraft.costs import Payoff
+
+    p = Payoff()
+    for _ in range(200):  # steps that do not pay, drafting nothing (a copy that fails costs its check only)
+        assert p.worth_running()
+        p.record(1.0, 1.3, 0.0)
+    assert p.skipped == 0
+    for _ in range(40):  # the same steps, drafting a tenth of a forward each: skipped
+        p.record(1.0, 1.4, 0.1)
+    assert not p.worth_running()
 
 
 def test_the_better_of_two_ways_is_picked_and_the_other_still_tried():

@@ -2,6 +2,8 @@
 which proposed nodes the verifier judged, and skipping a drafter whose steps do not pay."""
 from __future__ import annotations
 
+import time
+
 import torch
 
 from _tiny import FakeTokenizer, tree_target
@@ -95,13 +97,15 @@ def test_the_judged_nodes_are_the_children_of_the_root_and_of_the_accepted_path(
 
 
 class Fixed(Drafter):
-    """Proposes the same tree every step; records what it learns."""
+    """Proposes the same tree every step, taking ``seconds`` (slept) to draft it; records what it learns."""
 
-    def __init__(self):
-        self.learned, self.calls = [], 0
+    def __init__(self, seconds: float = 0.0):
+        self.learned, self.calls, self.seconds = [], 0, seconds
 
     def propose(self, context, k, sampling, generator):
         self.calls += 1
+        if self.seconds:
+            time.sleep(self.seconds)
         # guesses the target never makes (token 0 at the root, ...): cut or rejected
         return Draft([0, 1, 2, 3], parents=[-1, 0, -1, 2], chances=[0.9, 0.3, 0.8, 0.2])
 
@@ -138,7 +142,7 @@ def test_the_engine_cuts_learns_by_proposed_node_and_skips_what_does_not_pay(tmp
     assert [j for j, _ in drafter.learned[0]] == [0, 2]
     assert all({j for j, _ in judged} <= {0, 2} for judged in drafter.learned)  # (the last step: room for 1)
 
-    drafter = Fixed()
+    drafter = Fixed(seconds=0.003)  # 0.05 of the curve's one-token forward a step: not free
     steep = ForwardCosts.fixed({int(t[1:]): v / STEEP["t1"] for t, v in STEEP.items() if t != "t1"}, STEEP["t1"] / 1000)
     e = Engine(target, FakeTokenizer(), drafter, SpecConfig(method="fixed", k=2), costs=steep)  # kept while generating
     steps = Payoff.WARMUP + 6 * Payoff.EXPLORE
@@ -148,3 +152,17 @@ def test_the_engine_cuts_learns_by_proposed_node_and_skips_what_does_not_pay(tmp
     assert payoff.skipped > 0 and drafter.calls < e.stats.target_forwards  # skipped after its warm-up
     assert drafter.calls >= Payoff.WARMUP + 2  # explored now and then: after 8 skipped steps, then 16
     assert payoff.period >= 4 * Payoff.EXPLORE  # each explored step still not paying: a longer wait
+
+
+def test_a_drafter_that_costs_nothing_to_run_is_never_skipped(tmp_path):
+    # the skip test's drafter, curve and steps, its drafting free (as a copy prophet's): the cost
+    # rule alone sizes its drafts, and it proposes every step
+    target = tree_target("dense", tmp_path)
+    drafter = Fixed()
+    steep = ForwardCosts.fixed({int(t[1:]): v / STEEP["t1"] for t, v in STEEP.items() if t != "t1"}, STEEP["t1"] / 1000)
+    e = Engine(target, FakeTokenizer(), drafter, SpecConfig(method="fixed", k=2), costs=steep)
+    e.generate([3, 4, 5, 3], SamplingConfig(), GenerationConfig(max_new_tokens=Payoff.WARMUP + 6 * Payoff.EXPLORE,
+                                                                ignore_eos=True))
+    payoff = e.policy.payoff(drafter)
+    assert payoff.steps > Payoff.WARMUP and payoff.tokens < payoff.cost  # its steps do not pay...
+    assert payoff.skipped == 0 and drafter.calls == e.stats.target_forwards - 1  # ...and asked every step (after the prefill's)
