@@ -1,11 +1,14 @@
 """costs.Payoff on made-up step streams: how long a prophet that turns good again stays skipped,
-and what share of the steps prophets that never pay still run (and lose).
+and what share of the steps prophets that never pay still run (and lose). Every step drafts for
+DRAFTING one-token forwards (a model prophet's: free ones are never skipped).
 
     python scripts/payoff_sim.py
 """
 import random
 
 from specdraft.costs import Payoff
+
+DRAFTING = 0.3
 
 
 def recovery(bad=(1.0, 1.3), good=(2.2, 1.4), before=200, limit=2000) -> int | None:
@@ -14,10 +17,10 @@ def recovery(bad=(1.0, 1.3), good=(2.2, 1.4), before=200, limit=2000) -> int | N
     p = Payoff()
     for _ in range(before):
         if p.worth_running():
-            p.record(*bad)
+            p.record(*bad, DRAFTING)
     for i in range(limit):
         if p.worth_running():
-            p.record(*good)
+            p.record(*good, DRAFTING)
             if p.tokens >= p.cost:
                 return i
     return None
@@ -31,7 +34,7 @@ def share(pass_rate: float, cost: float, steps=20000, seed=0) -> tuple[float, fl
     for _ in range(steps):
         if p.worth_running():
             tokens = 1 + (rng.random() < pass_rate)
-            p.record(tokens, cost)
+            p.record(tokens, cost, DRAFTING)
             ran += 1
             lost += cost - tokens
     return ran / steps, lost / steps
