@@ -21,6 +21,11 @@ def costs(**ms) -> ForwardCosts:
     return c
 
 
+def fixed_costs(**ms) -> ForwardCosts:
+    """The same table, not learning from the forwards an engine times while it generates."""
+    return ForwardCosts.fixed({int(t[1:]): v / ms["t1"] for t, v in ms.items() if t != "t1"}, ms["t1"] / 1000)
+
+
 FLAT = dict(t1=60, t2=61, t3=62, t4=63, t5=64, t6=65, t7=66)  # checking more guesses nearly free
 STEEP = dict(t1=60, t2=90, t3=120, t4=150, t5=180, t6=210, t7=240)  # half a forward a guess
 # a tree: 5 -> (6 -> 8, 7), 9; its nodes' chances of being on the accepted path
@@ -143,7 +148,7 @@ def test_the_engine_cuts_learns_by_proposed_node_and_skips_what_does_not_pay(tmp
     assert all({j for j, _ in judged} <= {0, 2} for judged in drafter.learned)  # (the last step: room for 1)
 
     drafter = Fixed(seconds=0.003)  # 0.05 of the curve's one-token forward a step: not free
-    steep = ForwardCosts.fixed({int(t[1:]): v / STEEP["t1"] for t, v in STEEP.items() if t != "t1"}, STEEP["t1"] / 1000)
+    steep = fixed_costs(**STEEP)
     e = Engine(target, FakeTokenizer(), drafter, SpecConfig(method="fixed", k=2), costs=steep)  # kept while generating
     steps = Payoff.WARMUP + 6 * Payoff.EXPLORE
     e.generate([3, 4, 5, 3], SamplingConfig(), GenerationConfig(max_new_tokens=steps, ignore_eos=True))
@@ -159,7 +164,7 @@ def test_a_drafter_that_costs_nothing_to_run_is_never_skipped(tmp_path):
     # rule alone sizes its drafts, and it proposes every step
     target = tree_target("dense", tmp_path)
     drafter = Fixed()
-    steep = ForwardCosts.fixed({int(t[1:]): v / STEEP["t1"] for t, v in STEEP.items() if t != "t1"}, STEEP["t1"] / 1000)
+    steep = fixed_costs(**STEEP)
     e = Engine(target, FakeTokenizer(), drafter, SpecConfig(method="fixed", k=2), costs=steep)
     e.generate([3, 4, 5, 3], SamplingConfig(), GenerationConfig(max_new_tokens=Payoff.WARMUP + 6 * Payoff.EXPLORE,
                                                                 ignore_eos=True))

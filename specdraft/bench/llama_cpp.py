@@ -30,7 +30,7 @@ import torch
 
 from ..errors import SpecdraftError
 from ..prefix import shared_prefix
-from .records import Outcome, strip_eos
+from .records import Outcome, stop_ids, strip_eos
 
 NAME = "llama-cpp"
 LOOKUP = "llama-cpp-lookup"
@@ -184,7 +184,7 @@ class LlamaCppRunner:
             raise SpecdraftError(f"{draft_gguf} and {gguf_path} have different vocabularies; "
                                  "llama-cpp-draft needs a draft model with the target's tokenizer")
         # where an answer ends (none with --ignore-eos): generate() itself never stops at EOS, its callers do
-        self.stop_ids = set() if ignore_eos else set(eos_ids)
+        self.stop_ids = stop_ids(eos_ids, ignore_eos)
         self.reuse_prefix = reuse_prefix
         self.forwards = 0
         decode = self.llm.eval

@@ -25,7 +25,7 @@ import torch
 
 from ..errors import ModelFileError
 from ..pipeline import DTYPES, resolve_dtype
-from .records import Outcome, strip_eos
+from .records import Outcome, stop_ids, strip_eos
 
 PROMPT_LOOKUP_TOKENS = 10  # tokens per prompt-lookup draft, transformers' documented example value
 
@@ -145,7 +145,7 @@ class PeerRunner:
     def __init__(self, spec: PeerSpec, model, assistant, eos_ids: list[int], ignore_eos: bool = False):
         self.spec = spec
         self.model = model
-        self.stop_ids = set() if ignore_eos else set(eos_ids)  # where an answer ends (none: --ignore-eos)
+        self.stop_ids = stop_ids(eos_ids, ignore_eos)
         self.kwargs = dict(do_sample=False, **dict(spec.generate_kwargs))
         if assistant is not None:
             self.kwargs["assistant_model"] = assistant

@@ -33,9 +33,14 @@ class Outcome:
 Runner = Callable[[list[int], int], Outcome]  # (prompt ids, max new tokens) -> outcome
 
 
+def stop_ids(eos_ids, ignore_eos: bool) -> set[int]:
+    """The ids where a peer's answer ends: its EOS ids, none with --ignore-eos."""
+    return set() if ignore_eos else set(eos_ids)
+
+
 def strip_eos(tokens: list[int], eos_ids: set[int]) -> list[int]:
     """The tokens before the first of ``eos_ids`` (generate may pad after it; our engine stops there
-    unless told to ignore EOS, and then the runners pass no ids)."""
+    unless told to ignore EOS, and then the runners pass no ids: stop_ids)."""
     for i, t in enumerate(tokens):
         if t in eos_ids:
             return tokens[:i]
