@@ -27,7 +27,7 @@ import argparse
 import math
 import random
 
-from specdraft.costs import ALPHA, ForwardCosts
+from specdraft.costs import ForwardCosts
 
 FAST = {1: 1.0, 2: 1.13, 3: 1.43, 4: 1.56, 5: 1.86, 6: 1.96}
 SLOW = {1: 1.0, 2: 1.04, 3: 1.15, 4: 1.14, 5: 1.27, 6: 1.36}
@@ -50,11 +50,10 @@ class Levelled(ForwardCosts):
     def record(self, tokens: int, seconds: float) -> None:
         last = self.last
         due = tokens == 1 and self.measured and self.since_one >= self.anchor_every
+        before = self.log_ratio.get(last[0]) if last is not None and last[0] != 1 else None  # the neighbour's estimate
         super().record(tokens, seconds)
-        if due and last is not None and last[0] != 1 and last[0] in self.log_ratio and last[1] > 0.0 and seconds > 0.0:
-            # the pair's own update moved the neighbour by ALPHA of the error: undo that to read it
-            a = last[0]
-            off = (math.log(last[1] / seconds) - self.log_ratio[a]) / (1.0 - ALPHA)  # measured log r(a) - estimate
+        if due and before is not None and last[1] > 0.0 and seconds > 0.0:
+            off = math.log(last[1] / seconds) - before  # measured log r(neighbour) - its estimate
             step = self.LEVEL * max(-self.CLIP, min(self.CLIP, off))
             for t in self.log_ratio:
                 if t != 1:
