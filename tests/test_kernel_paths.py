@@ -304,14 +304,16 @@ def test_timed_forms_give_the_same_bits_and_time_both(vnni, kind, out_f, in_f):
 
 
 def test_form_choice_follows_the_times(ops):
-    """The timed choice (gguf_forms.h) on made-up times: the fixed form until both are timed, then
-    the faster one, the other tried at most every 16th product, following when they trade places."""
+    """The timed choice (gguf_forms.h) on made-up times: the two forms in turn, the fixed one first,
+    until both are timed, then the faster one, the other tried at most every 16th product,
+    following when they trade places."""
     picks = ops.simulate_form_choice([1.0] * 400 + [2.0] * 400, [2.0] * 400 + [1.0] * 400, fixed=0)
-    assert picks[:16] == [0] * 7 + [1] + [0] * 7 + [1]  # zmm's first time thrown away, then timed
+    assert picks[:16] == [0, 1, 0, 1] + [0] * 12  # each one's first time thrown away, then timed
     assert 1 <= sum(picks[100:400]) <= 300 // 16  # ymm, zmm tried now and then
     assert 0 not in picks[400 + 80:400 + 95]  # zmm within 80 products of the swap
     assert 1 <= picks[500:].count(0) <= 300 // 16
-    assert ops.simulate_form_choice([1.0] * 16, [0.5] * 16, fixed=1) == [1] * 7 + [0] + [1] * 7 + [0]
+    assert ops.simulate_form_choice([1.0] * 16, [0.5] * 16, fixed=1) == [1, 0, 1, 0] + [1] * 12
+    assert ops.simulate_form_choice([0.5] * 16, [1.0] * 16, fixed=1) == [1, 0, 1, 0] + [0] * 12  # the fixed one slower
     # near times: one outlier (a preemption) of the faster form turns the choice for a few products at most
     near = ops.simulate_form_choice([1.0] * 200 + [1000.0] + [1.0] * 199, [1.1] * 400, fixed=0)
     assert 300 // 16 - 3 <= sum(near[16:200]) * 300 / 184 <= 300 // 16 + 3
