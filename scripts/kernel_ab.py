@@ -1,7 +1,7 @@
 """The GGUF kernels of this checkout against those of another commit, in one process, round robin:
 
     python scripts/kernel_ab.py [--base REV|DIR] [--blocks 1,2,4,8,16] [--rounds 7] [--threads N] [--model]
-                                [--shapes Q4_K:2048x8192,...]
+                                [--context 300] [--attention] [--shapes Q4_K:2048x8192,...]
 
 Builds the kernel sources of REV (default HEAD, i.e. the last commit against the working tree;
 or a directory holding another version's kernel sources)
@@ -9,9 +9,12 @@ under another module name, checks that both give the same bits on every product 
 target's shapes (or --shapes KIND:OUTxIN,...), then times every product over those shapes (~1 GB
 of random records for the default target's) for each
 block of rows, the two builds alternating, so a slow phase of the machine hits both alike.
---model [MODEL] also times whole forwards of the default target (or MODEL) at context 300 with each build's
+--model [MODEL] also times whole forwards of the default target (or MODEL) at context --context (300) with each build's
 native decoder over the same weights and caches (blocks of up to 64 rows, models.llama.ROW_EXACT_MAX: a
 longer block runs the Python layer loop, whose products take this checkout's kernels in both columns).
+--attention also times block_attention alone over 28 layers' caches of the default target's attention
+(12 query heads over 2 KV heads of 128 dims) at context --context, each block of new rows causal, after
+checking that both builds give the same bits (causal, and a tree mask over the new rows).
 Prints medians in ms and base / this ratios.
 --threads 1 measures one core alone (on shared VMs the second vCPU's speed comes and goes).
 Both builds read this checkout's record layout: a base before 1915b89 (Q6_K records of 1696
@@ -53,6 +56,31 @@ def build_base(rev: str):
         return build_source_dir(Path(tmp), "gguf_base")
 
 
+def attention_timer(builds, blocks, context: int, gen: torch.Generator, layers: int = 28):
+    """A function (ops, rows) -> None running block_attention over `layers` caches (one a layer, as
+    a forward reads them) of the default target's attention at this context; exits unless both
+    builds give the same bits, causal and under a tree mask."""
+    nh, nkv, hd = 12, 2, 128
+    L = {k: context + k for k in blocks}
+    caches = [(torch.randn(nkv, context + max(blocks), hd, generator=gen),
+               torch.randn(nkv, context + max(blocks), hd, generator=gen)) for _ in range(layers)]
+    qs = {k: torch.randn(nh, k, hd, generator=gen) for k in blocks}
+    for k in blocks:
+        tree = torch.ones(k, L[k], dtype=torch.bool)
+        tree[:, context:] = torch.eye(k, dtype=torch.bool) | (torch.rand(k, k, generator=gen) < 0.3).tril()
+        for mask in (None, tree):
+            kc, vc = caches[0]
+            base, this = (builds[b].block_attention(qs[k], kc, vc, L[k], mask) for b in ("base", "this"))
+            if not torch.equal(base, this):
+                sys.exit(f"different bits: attention, {k} rows{' under a tree mask' if mask is not None else ''}")
+    print(f"same bits in attention ({nh} heads over {nkv}, hd {hd}, context {context}, causal and tree)")
+
+    def run(ops, k):
+        for kc, vc in caches:
+            ops.block_attention(qs[k], kc, vc, L[k], None)
+    return run
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", default="HEAD")
@@ -61,6 +89,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     ap.add_argument("--model", nargs="?", const="qwen2.5-coder-1.5b", default=None, metavar="MODEL",
                     help="also whole forwards of a model (default: the default target; or a GGUF file)")
+    ap.add_argument("--context", type=int, default=300, help="tokens in the cache before the block (--model, --attention)")
+    ap.add_argument("--attention", action="store_true", help="also time attention alone (the default target's heads)")
     ap.add_argument("--shapes", help="products to time instead of the default target's: KIND:OUTxIN, comma-separated")
     args = ap.parse_args()
     shapes = DEFAULT_TARGET_SHAPES
@@ -93,9 +123,10 @@ def main() -> None:
     if args.model:
         from specdraft.pipeline import load_model
 
-        m = load_model(args.model, dtype="auto", weight_format="auto", max_length=300 + max(blocks) + 1).model
+        ctx = args.context
+        m = load_model(args.model, dtype="auto", weight_format="auto", max_length=ctx + max(blocks) + 1).model
         m.reset()
-        m.forward(torch.randint(0, 32000, (300,), generator=gen), last_only=True)
+        m.forward(torch.randint(0, 32000, (ctx,), generator=gen), last_only=True)
         decoders = {}
         for name, ops in builds.items():
             m._ops = ops
@@ -105,9 +136,11 @@ def main() -> None:
 
         def forward(ops, k):
             m._decoder = decoders["base" if ops is builds["base"] else "this"]
-            m.rollback(300)
+            m.rollback(ctx)
             m.forward(ids[k])
         timed["forward"] = forward
+    if args.attention:
+        timed["attention"] = attention_timer(builds, blocks, args.context, gen)
     times = {(what, b, k): [] for what in timed for b in builds for k in blocks}
     for r in range(args.rounds + 1):  # round 0 warms up
         for k in blocks:
