@@ -5,9 +5,10 @@
 Teacher-forced over the answers a bench report holds (BENCH_JSON's generations by --method):
 the target's argmax at every position against the draft model's (Q4_K, its 32,768-id head, as
 `draft-model` drafts) with all its layers, with each layer skipped alone (that layer's harm), and
-with the k least harmful skipped for each k in --skips. The layers are ranked on the same answers they are then
-scored on, so the skipped rows are optimistic. A skipped layer saves about 1 / layers of a draft
-forward's decoder time.
+with the k least harmful skipped for each k in --skips (self-draft's layer_harm and kept_layers,
+against the target's choices instead of the draft's own). The layers are ranked on the same
+answers they are then scored on, so the skipped rows are optimistic. A skipped layer saves about
+1 / layers of a draft forward's decoder time.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import json
 
 import torch
 
+from specdraft.drafters.self_draft import agreement, greedy_choices, kept_layers, layer_harm
 from specdraft.pipeline import DEFAULT_DRAFT, DEFAULT_DRAFT_VOCAB, DEFAULT_TARGET, load_model
 
 
@@ -26,32 +28,28 @@ def main() -> None:
     ap.add_argument("--skips", default="1,2,3,4,6,8")
     args = ap.parse_args()
     with open(args.report) as f:
-        seqs = [p["token_ids"] for p in json.load(f)["prompts"] if p["method"] == args.method and p["token_ids"]]
+        seqs = [torch.tensor(p["token_ids"]) for p in json.load(f)["prompts"]
+                if p["method"] == args.method and p["token_ids"]]
     longest = max(map(len, seqs)) + 1
+    total = sum(map(len, seqs))
     target = load_model(DEFAULT_TARGET, dtype="auto", weight_format="auto", max_length=longest).model
     draft = load_model(DEFAULT_DRAFT, dtype="auto", weight_format="q4k", max_length=longest, draft=True,
                        head_vocab=DEFAULT_DRAFT_VOCAB).model
+    want = [greedy_choices(target, s) for s in seqs]
 
-    def argmaxes(model, ids: list[int]) -> torch.Tensor:
-        model.reset()
-        return model.forward(torch.tensor(ids)).logits.argmax(-1)
+    def pooled(model) -> float:
+        """model's agreement with the target over every position of every answer."""
+        return sum(len(s) * agreement(model, s, w) for s, w in zip(seqs, want)) / total
 
-    want = [argmaxes(target, s) for s in seqs]
-
-    def agreement(model) -> float:
-        hits = sum((argmaxes(model, s) == w).sum().item() for s, w in zip(seqs, want))
-        return hits / sum(map(len, seqs))
-
-    full = agreement(draft)
+    full = pooled(draft)
     n = len(draft.layers)
-    print(f"all {n} layers: {full:.4f} over {sum(map(len, seqs))} positions of {len(seqs)} answers", flush=True)
-    harm = {i: full - agreement(draft.with_layers([j for j in range(n) if j != i])) for i in range(n)}
-    print("harm by layer: " + ", ".join(f"{i} {h:+.3f}" for i, h in harm.items()), flush=True)
-    order = sorted(harm, key=harm.get)
+    print(f"all {n} layers: {full:.4f} over {total} positions of {len(seqs)} answers", flush=True)
+    per_answer = [layer_harm(draft, s, w) for s, w in zip(seqs, want)]
+    harm = [sum(len(s) * h[i] for s, h in zip(seqs, per_answer)) / total - (1.0 - full) for i in range(n)]
+    print("harm by layer: " + ", ".join(f"{i} {h:+.3f}" for i, h in enumerate(harm)), flush=True)
     for k in (int(s) for s in args.skips.split(",")):
-        skip = set(order[:k])
-        print(f"skip {k} {sorted(skip)}: {agreement(draft.with_layers([j for j in range(n) if j not in skip])):.4f}",
-              flush=True)
+        keep = kept_layers(harm, k)
+        print(f"skip {k} {sorted(set(range(n)) - set(keep))}: {pooled(draft.with_layers(keep)):.4f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ _HARM: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @torch.inference_mode()
-def _choices(model, ids: torch.Tensor) -> torch.Tensor:
+def greedy_choices(model, ids: torch.Tensor) -> torch.Tensor:
     """``model``'s greedy choice [T] at every position of ``ids`` (teacher-forced), its cache left empty."""
     model.reset()
     got = model.forward(ids).logits.argmax(-1)
@@ -63,9 +63,9 @@ def _choices(model, ids: torch.Tensor) -> torch.Tensor:
     return got
 
 
-def _agreement(model, ids: torch.Tensor, want: torch.Tensor) -> float:
+def agreement(model, ids: torch.Tensor, want: torch.Tensor) -> float:
     """Share of positions where ``model``'s greedy choice over ``ids`` is ``want``'s."""
-    return float((_choices(model, ids) == want).float().mean())
+    return float((greedy_choices(model, ids) == want).float().mean())
 
 
 def layer_harm(target, ids: torch.Tensor, want: torch.Tensor | None = None) -> list[float]:
@@ -73,8 +73,8 @@ def layer_harm(target, ids: torch.Tensor, want: torch.Tensor | None = None) -> l
     (one forward over ids per layer: ~1.5 min for the default target on 2 cores); ``want``: the
     full model's choices, when already known."""
     n = len(target.layers)
-    want = _choices(target, ids) if want is None else want
-    return [1.0 - _agreement(target.with_layers([j for j in range(n) if j != i]), ids, want) for i in range(n)]
+    want = greedy_choices(target, ids) if want is None else want
+    return [1.0 - agreement(target.with_layers([j for j in range(n) if j != i]), ids, want) for i in range(n)]
 
 
 def kept_layers(harm: list[float], skip: int) -> list[int]:
@@ -93,9 +93,9 @@ def check_skip(n: int, skip: int) -> None:
 
 def choose_layers(target, ids: torch.Tensor, skip: int) -> tuple[list[int], float]:
     """(the layers to keep, the kept copy's agreement with the target over ``ids``)."""
-    want = _choices(target, ids)
+    want = greedy_choices(target, ids)
     keep = kept_layers(layer_harm(target, ids, want), skip)
-    return keep, _agreement(target.with_layers(keep), ids, want)
+    return keep, agreement(target.with_layers(keep), ids, want)
 
 
 def _stored_harm(target, target_dir: Path | None) -> list[float]:
