@@ -17,7 +17,8 @@ from .costs import ForwardCosts
 from .drafters import DrafterContext, build_drafter, head_kind, needs_draft_model
 from .engine import Engine, Piece
 from .errors import ModelFileError, ParameterError, TokenizerMismatchError
-from .heads.model import load_head, shipped_head_dir
+from .heads.model import load_head, shipped_frequent_ids, shipped_head_dir
+from .heads.vocab import filled_ids
 from .kernels import KernelUnavailable, gguf_ops
 from .metrics import SpecStats
 from .models.config_view import generation_eos, load_config
@@ -43,6 +44,11 @@ DEFAULT_TARGET_FORMAT = "auto"  # gguf where the GGUF kernels run, else w8a8 (mo
 # forward 8.6 -> 5.9 ms; the draft-model method 1.07x -> 1.13x plain decoding (13 dev prompts
 # interleaved, trees, 1.97 -> 2.23 tokens a forward). A guess outside them is lost, never the
 # exactness (sampled q is zero there). Speculator(draft_vocab=None): every id.
+# Where the target ships a trained head, the Speculator's draft takes that head's listed ids (the
+# 16,384 the target chose most often in its answers) and then the lowest others (FR-Spec), as many:
+# on the 13 dev prompts' answers (teacher-forced, Zen 4 EPYC) 96.8% of the target's choices lie
+# among them against 95.2% among the first 32,768, and the draft's greedy choice is the target's
+# at 71.1% of positions against 69.7% (every id: 72.3%).
 DEFAULT_DRAFT_VOCAB = 32768
 KEPT_DRAFTERS = 8  # drafters a Speculator keeps across requests, one per speculation config
 
@@ -73,14 +79,15 @@ def resolve_dtype(dtype: str) -> str:
 
 def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", max_length: int = 4096,
                weight_format: str = "dense", draft: bool = False, head_vocab: int | str | None = None,
-               progress: bool = True) -> LoadedModel:
+               frequent: torch.Tensor | None = None, progress: bool = True) -> LoadedModel:
     """Resolve ``spec`` (packaged name, HF model dir, or .gguf file) and load model + tokenizer.
 
     weight_format: "dense" (dtype weights), "int8" / "int4" weight-only quantization, "w8a8" /
     "w8a8-fast" int8 weights and activations (native runtime only), or "auto": the fastest
     measured format for this CPU, for a target or (``draft``) a draft model.
     head_vocab: draft models only: compute logits for the first ``head_vocab`` token ids only;
-    "auto": DEFAULT_DRAFT_VOCAB of them where the vocabulary holds at least twice as many.
+    "auto": DEFAULT_DRAFT_VOCAB of them where the vocabulary holds at least twice as many; with
+    ``frequent`` (ids the target chooses most often) those ids first, then the lowest others.
     """
     if dtype != "auto" and dtype not in DTYPES:
         raise ParameterError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -103,6 +110,8 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
         if head_vocab == "auto":
             vocab = getattr(config, "vocab_size", 0) or 0
             head_vocab = DEFAULT_DRAFT_VOCAB if vocab >= 2 * DEFAULT_DRAFT_VOCAB else None
+            if head_vocab is not None and frequent is not None:
+                head_vocab = filled_ids(frequent, vocab, head_vocab)
         gguf = None
         if native and gguf_wanted:
             # a one-line error when gguf is asked for and cannot be had; None when "auto" must do without
@@ -185,7 +194,7 @@ class Speculator:
         if load_draft:
             self.draft = load_model(draft or DEFAULT_DRAFT, dtype=draft_dtype or dtype, runtime=runtime,
                                     max_length=max_length, weight_format=draft_format, draft=True, head_vocab=draft_vocab,
-                                    progress=progress)
+                                    frequent=shipped_frequent_ids(self.target.name), progress=progress)
             check_tokenizers(self.target.tokenizer, self.draft.tokenizer, self.target.name, self.draft.name)
         self.tokenizer = self.target.tokenizer
         self._heads: dict[str, object] = {}  # drafting heads by directory, loaded on first use

@@ -11,7 +11,7 @@ import pytest
 import torch
 from test_gguf_kernels import quant_tensor
 
-from _tiny import VOCAB, build_hf, drafted, greedy_runs_equal_plain, own_texts, save
+from _tiny import VOCAB, FakeTokenizer, build_hf, drafted, greedy_runs_equal_plain, own_texts, save
 from specdraft.config import SamplingConfig
 from specdraft.drafters.feature_head import FeatureHeadDrafter, output_rows, output_weight
 from specdraft.heads.data import record
@@ -54,7 +54,7 @@ def test_selected_gguf_rows_are_the_matrix_rows_bit_for_bit(kind):
 
 
 @pytest.fixture(scope="module", params=["dense", "q4k"])
-def target(request, tmp_path_factory):
+def target_dir(request, tmp_path_factory):
     if request.param == "q4k":
         from specdraft.kernels import KernelUnavailable, gguf_ops
 
@@ -62,8 +62,24 @@ def target(request, tmp_path_factory):
             gguf_ops()
         except KernelUnavailable as e:
             pytest.skip(str(e))
-    d = save(build_hf("qwen2", seed=0), tmp_path_factory.mktemp("vocab") / "target")
-    return LlamaModel.from_dir(d, dtype=torch.float32, max_length=256, weight_format=request.param)
+    return save(build_hf("qwen2", seed=0), tmp_path_factory.mktemp("vocab") / "target"), request.param
+
+
+@pytest.fixture(scope="module")
+def target(target_dir):
+    d, fmt = target_dir
+    return LlamaModel.from_dir(d, dtype=torch.float32, max_length=256, weight_format=fmt)
+
+
+@pytest.fixture(scope="module")
+def listed_draft(target_dir):
+    """The target's own weights as a draft model whose output head lists LISTED's ids."""
+    d, fmt = target_dir
+    return LlamaModel.from_dir(d, dtype=torch.float32, max_length=256, weight_format=fmt, head_vocab=LISTED)
+
+
+# ids a draft model's output head lists: not the first ones, so an index is never its id
+LISTED = torch.tensor([1, 2, 5, 8, 9, 12, 17, 30, 31, 33, 41, 60, 64, 70, 71, 80, 95])
 
 
 @pytest.fixture(scope="module")
@@ -195,3 +211,77 @@ def test_train_drafter_ranks_its_vocabulary_on_the_training_documents_only():
     top[starts[val[0]]:starts[val[0] + 1], 0] = 9  # the held-out document chooses only 9
     data = FeatureSet(torch.zeros(40, 4).half(), torch.zeros(40, dtype=torch.int64), top, starts)
     assert training_vocab(data, cfg, 12).tolist() == [5, 6, 7]
+
+
+# ------------------------------------------------------------------------------------ draft models
+
+def test_a_listed_output_head_gives_the_logits_of_its_ids(target, listed_draft):
+    ids = torch.tensor(PROMPTS[0])
+    target.reset(), listed_draft.reset()
+    full, some = target.forward(ids).logits, listed_draft.forward(ids).logits
+    target.reset(), listed_draft.reset()
+    assert torch.equal(listed_draft.vocab_ids, LISTED) and some.shape == (len(ids), len(LISTED))
+    torch.testing.assert_close(some, full[:, LISTED], rtol=1e-5, atol=1e-5)
+    for bad in (torch.tensor([3, 2]), torch.tensor([4, 4]), torch.tensor([-1, 2]), torch.tensor([2, VOCAB]),
+                torch.tensor([], dtype=torch.int64)):
+        with pytest.raises(ValueError, match="distinct ascending ids"):
+            LlamaModel(target.spec, {}, None, head_vocab=bad)
+
+
+def draft_engine(target, draft, **spec_kw):
+    from specdraft.config import SpecConfig
+    from specdraft.drafters import DrafterContext, build_drafter
+    from specdraft.engine import Engine
+
+    spec = SpecConfig(method="draft-model", k=4, min_confidence=0.0, cost_rule=False, **spec_kw)
+    return Engine(target, FakeTokenizer(), build_drafter("draft-model", DrafterContext(spec, target, draft)), spec)
+
+
+def recorded(engine) -> list:
+    """The drafts ``engine``'s drafter proposes from now on (appended as they come)."""
+    seen, real = [], engine.drafter.propose
+
+    def propose(*args):
+        seen.append(real(*args))
+        return seen[-1]
+
+    engine.drafter.propose = propose
+    return seen
+
+
+@pytest.mark.parametrize("trees", [False, True])
+def test_a_draft_model_over_listed_ids_guesses_target_ids_and_stays_exact(target, listed_draft, trees):
+    from specdraft.config import GenerationConfig
+
+    allowed = set(LISTED.tolist())
+    for prompt in PROMPTS:
+        plain, _ = drafted(target, "none", prompt)
+        e = draft_engine(target, listed_draft, trees=trees)
+        assert e.drafter.ids is not None
+        seen = recorded(e)
+        e.generate(prompt, SamplingConfig(), GenerationConfig(max_new_tokens=40))
+        assert list(e.token_ids) == plain
+        guesses = [t for d in seen for t in d.tokens]
+        assert guesses and set(guesses) <= allowed
+        assert e.stats.accepted_tokens > 0  # the draft is the target itself: its guesses in LISTED pass
+
+
+def test_a_draft_model_over_listed_ids_samples_q_on_those_ids(target, listed_draft):
+    from specdraft.config import GenerationConfig
+
+    e = draft_engine(target, listed_draft)
+    seen = recorded(e)
+    sampling = SamplingConfig(temperature=0.8, seed=3)
+    e.generate(PROMPTS[1], sampling, GenerationConfig(max_new_tokens=40))
+    first = list(e.token_ids)
+    e.generate(PROMPTS[1], sampling, GenerationConfig(max_new_tokens=40))
+    assert list(e.token_ids) == first  # seeded: repeatable
+    sampled = [d for d in seen if d.tokens]
+    assert sampled and all(d.probs is not None for d in sampled)
+    outside = torch.ones(VOCAB, dtype=torch.bool)
+    outside[LISTED] = False
+    for d in sampled:
+        assert d.probs.shape[-1] == VOCAB and set(d.tokens) <= set(LISTED.tolist())
+        torch.testing.assert_close(d.probs.sum(-1), torch.ones(len(d.tokens)))
+        assert d.probs[:, outside].abs().max() == 0
+        assert all(d.probs[i, t] > 0 for i, t in enumerate(d.tokens))

@@ -136,3 +136,13 @@ def test_a_draft_model_reads_the_first_ids_only_where_its_vocabulary_is_large(tm
     assert draft.forward(torch.tensor([1, 2, 3]), last_only=True).logits.shape == (1, rows)
     target = pipeline.load_model(str(directory), dtype="fp32", progress=False).model
     assert target.forward(torch.tensor([1, 2, 3]), last_only=True).logits.shape == (1, vocab)
+    # with the target's frequent choices: those ids first, then the lowest others, as many
+    frequent = torch.tensor([vocab - 1, 5, rows + 3])
+    listed = pipeline.load_model(str(directory), dtype="fp32", draft=True, head_vocab="auto", frequent=frequent,
+                                 progress=False).model
+    if rows == vocab:  # a small vocabulary: every id, no list
+        assert listed.vocab_ids is None
+    else:
+        want = sorted({*frequent.tolist(), *range(rows - 2)})
+        assert listed.vocab_ids.tolist() == want and len(want) == rows
+        assert listed.forward(torch.tensor([1, 2, 3, 4]), last_only=True).logits.shape == (1, rows)

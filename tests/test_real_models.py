@@ -205,6 +205,17 @@ def test_default_pair_greedy_speculative_equals_plain(pair, pair_plain, prompt, 
         assert spec.stats.target_forwards <= plain.stats.target_forwards
 
 
+def test_default_draft_guesses_among_the_shipped_heads_ids_then_the_first(pair):
+    """The default draft's logits are over the shipped head's listed ids (the target's frequent
+    choices) and then the lowest others, DEFAULT_DRAFT_VOCAB in all."""
+    from specdraft.heads.model import shipped_frequent_ids
+    from specdraft.pipeline import DEFAULT_DRAFT_VOCAB
+
+    ids, frequent = pair.draft.model.vocab_ids, shipped_frequent_ids(pair.target.name)
+    assert frequent is not None and ids is not None and len(ids) == DEFAULT_DRAFT_VOCAB
+    assert set(frequent.tolist()) <= set(ids.tolist()) and 0 in ids.tolist()
+
+
 @pytest.mark.parametrize("method", ["head", "eagle", "hydra", "mtp"])
 def test_shipped_drafter_guesses_are_accepted(pair, pair_plain, method):
     """The head, the EAGLE layer, the Hydra heads and the MTP modules shipped for the default target predict it:

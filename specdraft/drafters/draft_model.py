@@ -54,6 +54,9 @@ class DraftModel(RatedGuesses):
     def __init__(self, model, *, min_confidence: float = 0.0, window: int = 0, trees: bool = False):
         super().__init__()  # rates: greedy confidences -> how often such guesses passed
         self.model = model
+        # logit j of the draft model is token ids[j] where its output head lists its ids (the
+        # target's frequent choices: pipeline.Speculator), token j where ids is None
+        self.ids: torch.Tensor | None = getattr(model, "vocab_ids", None)
         self.trees = trees  # greedy drafts as dynamic trees (target and draft model take tree masks)
         # the tree drafted last, until observed: its nodes' cache rows (node -> row) after the
         # context's ``tree_base`` rows
@@ -123,6 +126,9 @@ class DraftModel(RatedGuesses):
             tok, q, p = choose(logits, sampling, generator, costed or self.min_confidence > 0.0)
             if q is not None and costed:
                 p = float(q[tok])  # a sampled guess is rated by its probability under q
+            if self.ids is not None:  # index j -> token ids[j]; q onto the token ids (zero elsewhere)
+                tok = int(self.ids[tok])
+                q = None if q is None else torch.zeros(self.model.vocab_size, dtype=q.dtype).index_copy_(0, self.ids, q)
             confidences.append(p)
             p_all_pass *= rates.rate(p) if costed else p
             cumulative.append(p_all_pass)
@@ -164,7 +170,7 @@ class DraftModel(RatedGuesses):
                 rows = out.logits  # [B, V']
                 self.forward_seconds = running_mean(self.forward_seconds, time.perf_counter() - t0)
             top = torch.softmax(rows.float(), -1).topk(min(self.topk, rows.shape[-1]))
-            return top.values.tolist(), top.indices.tolist()
+            return top.values.tolist(), (top.indices if self.ids is None else self.ids[top.indices]).tolist()
 
         self.tree_base = base
         self.tree = self.grow(expand, k, costed, draft_cost)

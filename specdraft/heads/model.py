@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from ..errors import ModelFileError
@@ -184,6 +185,17 @@ def shipped_head_dir(target: str, kind: str = "mlp") -> str | None:
     name = ALIASES.get(target, target)
     d = SHIPPED / name if kind == "mlp" else SHIPPED / name / kind
     return str(d) if (d / "head.json").is_file() else None
+
+
+def shipped_frequent_ids(target: str) -> torch.Tensor | None:
+    """The listed vocabulary of the MLP head shipped for a packaged target (or alias): the ids the
+    target chose most often in the answers it was trained on, ascending; None where no head is
+    shipped or its ids are the first ones."""
+    d = shipped_head_dir(target)
+    if d is None or not json.loads((Path(d) / "head.json").read_text()).get("listed_vocab", False):
+        return None
+    with safe_open(str(Path(d) / "head.safetensors"), framework="pt") as f:
+        return f.get_tensor("vocab_ids").long()
 
 
 def load_head(directory: str | Path, kind: str = "mlp"):

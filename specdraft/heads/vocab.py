@@ -29,6 +29,14 @@ def frequent_ids(counts: torch.Tensor, size: int) -> torch.Tensor:
     return key.topk(size).indices.sort().values
 
 
+def filled_ids(frequent: torch.Tensor, vocab_size: int, size: int) -> torch.Tensor:
+    """[min(size, vocab_size)] int64 ascending: the ids ``frequent`` lists (below vocab_size; a
+    trained drafter's vocabulary: the target's most frequent choices), then the lowest others."""
+    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    counts[frequent[(frequent >= 0) & (frequent < vocab_size)].long()] = 1
+    return frequent_ids(counts, size)
+
+
 def first_ids(size: int) -> torch.Tensor:
     return torch.arange(size)
 

@@ -445,15 +445,18 @@ class GGUFTensors:
     def has_kernel(self, hf_name: str) -> bool:
         return self._name(hf_name) is not None
 
-    def get(self, hf_name: str, rows: int | None = None) -> QuantTensor | None:
-        """The matrix behind a HF weight name (its first ``rows`` outputs when given) in the kernel's
-        layout, a view of the mapped pack, or None when its type has no kernel."""
+    def get(self, hf_name: str, rows: int | torch.Tensor | None = None) -> QuantTensor | None:
+        """The matrix behind a HF weight name in the kernel's layout (a view of the mapped pack;
+        ``rows``: its first ``rows`` outputs, or the outputs ``rows`` [n] gathered), or None when
+        its type has no kernel."""
         name = self._name(hf_name)
         if name is None:
             return None
         kind, out_f, in_f, offset, groups = self._entries[name]
         w = self._flat[offset:offset + groups * _record_bytes(kind, in_f)]
         qt = QuantTensor(kind, out_f, in_f, w.view(groups, -1))
+        if isinstance(rows, torch.Tensor):
+            return qt.select(rows)
         return qt.rows(rows) if rows is not None and rows < out_f else qt
 
 
@@ -544,13 +547,15 @@ class RequantizedWeights:
     def __init__(self, weights):
         self.weights = weights  # HF name -> tensor (llama.LazyWeights)
 
-    def get(self, hf_name: str, rows: int | None = None) -> QuantTensor | None:
+    def get(self, hf_name: str, rows: int | torch.Tensor | None = None) -> QuantTensor | None:
         name = hf_name
         if name == "lm_head.weight" and name not in self.weights:
             name = "model.embed_tokens.weight"  # tied output head
         w = self.weights.get(name)
         if w is None or w.dim() != 2 or w.shape[1] % 32:
             return None
+        if isinstance(rows, torch.Tensor):
+            return quantize_q4k(w[rows])  # rows are quantized one by one: the same bits as in the whole
         return quantize_q4k(w if rows is None else w[:rows])
 
 

@@ -316,11 +316,18 @@ class LlamaModel:
 
     # `weights` is consumed: unfused tensors are dropped as layers are built, to bound peak memory.
     def __init__(self, spec: LlamaSpec, weights: dict[str, torch.Tensor], config, *, dtype=torch.bfloat16,
-                 max_length: int = 4096, weight_format: str = "dense", head_vocab: int | None = None,
-                 quantized=None):
+                 max_length: int = 4096, weight_format: str = "dense",
+                 head_vocab: int | torch.Tensor | None = None, quantized=None):
         self.spec = spec
         self.dtype = dtype
         self.vocab_size = spec.vocab_size
+        self.vocab_ids = None  # [V'] ascending: the ids a listed output head scores (logit j is id vocab_ids[j])
+        if isinstance(head_vocab, torch.Tensor):
+            ids = head_vocab.long()
+            if ids.dim() != 1 or len(ids) == 0 or not bool((ids.diff() > 0).all()) or int(ids[0]) < 0 \
+                    or int(ids[-1]) >= spec.vocab_size:
+                raise ValueError(f"a listed head vocabulary holds distinct ascending ids below {spec.vocab_size}")
+            self.vocab_ids = ids
         self.max_length = min(max_length, spec.max_position)
         self.length = 0
         self.epoch = 0  # reset / forward / restore calls: a PrefixCache's record holds only while this is unchanged
@@ -344,14 +351,17 @@ class LlamaModel:
         # "q4k": the same kernels over the float weights quantized on load (RequantizedWeights).
         fallback = ("w8a8" if fbgemm_available() else "dense") if weight_format in ("gguf", "q4k") else weight_format
 
-        def linear(names: list[str], bias: torch.Tensor | None, role: str, rows: int | None = None):
-            """One projection over the weights ``names`` stacked along the outputs."""
+        def linear(names: list[str], bias: torch.Tensor | None, role: str, rows: int | torch.Tensor | None = None):
+            """One projection over the weights ``names`` stacked along the outputs (``rows``: an
+            output head's first rows only, or the rows of the ids listed)."""
             if quantized is not None:
-                parts = [quantized.get(n, rows) for n in names]  # rows: an output head's first rows only
+                parts = [quantized.get(n, rows) for n in names]
                 if all(p is not None for p in parts):
                     return GGUFLinear(parts, bias)
             m = raw(names[0]) if len(names) == 1 else torch.cat([raw(n) for n in names])
-            if rows is not None:
+            if isinstance(rows, torch.Tensor):
+                m = m[rows].contiguous()
+            elif rows is not None:
                 m = m[:rows].contiguous()
             return make_linear(m, bias, fallback, role, dtype)
 
@@ -370,11 +380,15 @@ class LlamaModel:
         if mapped is None:
             mapped = emb.clone() if bf16_copy else w("model.embed_tokens.weight").clone()
         self.embed = mapped  # [V, H]
-        # Draft models only: logits for the first head_vocab ids alone (BPE vocabularies put
-        # frequent tokens first). The output head is the largest matrix of a small model; a
-        # draft that cannot propose a rare token loses only that guess, never exactness.
-        rows = head_vocab if head_vocab is not None and head_vocab < spec.vocab_size else None
-        self.lm_head = linear(["lm_head.weight"], None, "head", rows)  # H -> V' (V' = head_vocab or V)
+        # Draft models only: logits for some ids alone: the first head_vocab ids (BPE vocabularies
+        # put frequent tokens first), or the ids head_vocab lists (ascending: the target's frequent
+        # choices; logit j is then id vocab_ids[j]). The output head is the largest matrix of a
+        # small model; a draft that cannot propose a rare token loses only that guess, never exactness.
+        if self.vocab_ids is not None:
+            rows = self.vocab_ids
+        else:
+            rows = head_vocab if head_vocab is not None and head_vocab < spec.vocab_size else None
+        self.lm_head = linear(["lm_head.weight"], None, "head", rows)  # H -> V' (V' = head_vocab, listed ids or V)
         self.norm = w("model.norm.weight")
         self.layers: list[_Layer] = []
         for i in range(s.num_layers):
@@ -468,7 +482,7 @@ class LlamaModel:
     # ----------------------------------------------------------------------------- loading
     @classmethod
     def from_dir(cls, path: str | Path, *, dtype=torch.bfloat16, max_length: int = 4096,
-                 weight_format: str = "dense", head_vocab: int | None = None,
+                 weight_format: str = "dense", head_vocab: int | torch.Tensor | None = None,
                  gguf=None, config=None) -> LlamaModel:
         """weight_format "gguf" needs ``gguf``: the gguf_weights.GGUFTensors of the file the
         directory was converted from. ``config``: the directory's (config_view.load_config), where
