@@ -21,20 +21,30 @@ from specdraft.drafters.self_draft import agreement, greedy_choices, kept_layers
 from specdraft.pipeline import DEFAULT_DRAFT, DEFAULT_DRAFT_VOCAB, DEFAULT_TARGET, load_model
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def report_answers(description: str, extra=None):
+    """(parsed arguments, the answers [T] of the report's --method, the default target and the
+    default draft (Q4_K) sized for them, the draft's logits over ``head_vocab``): what the
+    teacher-forced agreement scripts share. ``extra(parser)`` adds a script's own arguments."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("report", help="a `specdraft bench --json` report")
     ap.add_argument("--method", default="none")
-    ap.add_argument("--skips", default="1,2,3,4,6,8")
+    if extra is not None:
+        extra(ap)
     args = ap.parse_args()
     with open(args.report) as f:
         seqs = [torch.tensor(p["token_ids"]) for p in json.load(f)["prompts"]
                 if p["method"] == args.method and p["token_ids"]]
     longest = max(map(len, seqs)) + 1
-    total = sum(map(len, seqs))
     target = load_model(DEFAULT_TARGET, dtype="auto", weight_format="auto", max_length=longest).model
-    draft = load_model(DEFAULT_DRAFT, dtype="auto", weight_format="q4k", max_length=longest, draft=True,
-                       head_vocab=DEFAULT_DRAFT_VOCAB).model
+    return args, seqs, target, lambda head_vocab: load_model(DEFAULT_DRAFT, dtype="auto", weight_format="q4k",
+                                                             max_length=longest, draft=True, head_vocab=head_vocab).model
+
+
+def main() -> None:
+    args, seqs, target, draft_with = report_answers(__doc__.splitlines()[0],
+                                                    lambda ap: ap.add_argument("--skips", default="1,2,3,4,6,8"))
+    total = sum(map(len, seqs))
+    draft = draft_with(DEFAULT_DRAFT_VOCAB)
     want = [greedy_choices(target, s) for s in seqs]
 
     def pooled(model) -> float:

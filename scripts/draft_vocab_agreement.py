@@ -10,29 +10,18 @@ of the target's choices it holds and the draft's agreement with the target.
 """
 from __future__ import annotations
 
-import argparse
-import json
-
 import torch
+from draft_skip_agreement import report_answers  # scripts/ is on the path of a script run from it
 
 from specdraft.drafters.self_draft import greedy_choices
 from specdraft.heads.model import shipped_frequent_ids
 from specdraft.heads.vocab import filled_ids
-from specdraft.pipeline import DEFAULT_DRAFT, DEFAULT_TARGET, load_model
+from specdraft.pipeline import DEFAULT_TARGET
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("report", help="a `specdraft bench --json` report")
-    ap.add_argument("--method", default="none")
-    args = ap.parse_args()
-    with open(args.report) as f:
-        seqs = [torch.tensor(p["token_ids"]) for p in json.load(f)["prompts"]
-                if p["method"] == args.method and p["token_ids"]]
-    longest = max(map(len, seqs)) + 1
-    target = load_model(DEFAULT_TARGET, dtype="auto", weight_format="auto", max_length=longest).model
-    draft = load_model(DEFAULT_DRAFT, dtype="auto", weight_format="q4k", max_length=longest, draft=True,
-                       head_vocab=None).model
+    _, seqs, target, draft_with = report_answers(__doc__.splitlines()[0])
+    draft = draft_with(None)
     V = draft.vocab_size
     frequent = shipped_frequent_ids(DEFAULT_TARGET)
     sets = {"every id": torch.arange(V), f"shipped head's {len(frequent)}": frequent}
