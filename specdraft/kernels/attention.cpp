@@ -16,7 +16,7 @@
 // L = cache length including the T new rows (row t sits at position L - T + t);
 // mask [T, L] bool (true = may attend) or none (causal). -> [T, nh, hd] (the layout the output
 // projection reads). hd % 16 == 0.
-#include <torch/extension.h>
+#include "torch_lite.h"
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <cmath>
@@ -108,10 +108,10 @@ struct Scratch {
 
 }  // namespace
 
-torch::Tensor block_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t L,
-                              std::optional<torch::Tensor> mask) {
-    TORCH_CHECK(q.dtype() == torch::kFloat32 && q.dim() == 3 && q.is_contiguous(), "q: contiguous float32 [nh, T, hd]");
-    TORCH_CHECK(k.dtype() == torch::kFloat32 && v.dtype() == torch::kFloat32 && k.dim() == 3 && v.dim() == 3,
+at::Tensor block_attention(at::Tensor q, at::Tensor k, at::Tensor v, int64_t L,
+                              std::optional<at::Tensor> mask) {
+    TORCH_CHECK(q.dtype() == at::kFloat && q.dim() == 3 && q.is_contiguous(), "q: contiguous float32 [nh, T, hd]");
+    TORCH_CHECK(k.dtype() == at::kFloat && v.dtype() == at::kFloat && k.dim() == 3 && v.dim() == 3,
                 "k, v: float32 [nkv, C, hd]");
     const int64_t nh = q.size(0), T = q.size(1), hd = q.size(2), nkv = k.size(0);
     TORCH_CHECK(hd % 16 == 0, "head_dim must be a multiple of 16");
@@ -121,11 +121,11 @@ torch::Tensor block_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
     TORCH_CHECK(T >= 1 && L >= T && L <= k.size(1), "need 1 <= T <= L <= cache capacity");
     const bool* pm = nullptr;
     if (mask) {
-        TORCH_CHECK(mask->dtype() == torch::kBool && mask->dim() == 2 && mask->size(0) == T && mask->size(1) == L &&
+        TORCH_CHECK(mask->dtype() == at::kBool && mask->dim() == 2 && mask->size(0) == T && mask->size(1) == L &&
                     mask->is_contiguous(), "mask: contiguous bool [T, L]");
         pm = mask->data_ptr<bool>();
     }
-    auto out = torch::empty({T, nh, hd}, torch::kFloat32);
+    auto out = at::empty({T, nh, hd}, at::kFloat);
     block_attention_rows(q.data_ptr<float>(), {nh, T, hd, nkv, k.stride(0), v.stride(0)}, k.data_ptr<float>(),
                          v.data_ptr<float>(), L, pm, out.data_ptr<float>());
     return out;

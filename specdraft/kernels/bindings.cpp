@@ -1,5 +1,45 @@
+// The Python bindings of the kernels: the one file that includes <torch/extension.h> (torch_lite.h).
+#include <torch/extension.h>
+
 #include "ops.h"
 #include "gguf_common.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// (parts [(kind, records, out)], bias or None) -> a decoder projection
+NativeDecoder::Projection read_projection(const py::handle& spec) {
+    auto t = spec.cast<py::tuple>();
+    NativeDecoder::Projection p;
+    for (const auto& part : t[0].cast<py::list>()) {
+        auto pt = part.cast<py::tuple>();
+        p.parts.push_back({pt[0].cast<int64_t>(), pt[1].cast<at::Tensor>(), pt[2].cast<int64_t>()});
+        p.out += p.parts.back().out;
+    }
+    if (!t[1].is_none()) p.bias = t[1].cast<at::Tensor>().contiguous();
+    return p;
+}
+
+// Decoder(layers, num_heads, eps): one tuple a layer, (ln1, ln2, k_cache, v_cache, qkv, o, gate_up, down[, q_norm, k_norm])
+NativeDecoder read_decoder(const py::list& layers, int64_t num_heads, double eps) {
+    std::vector<NativeDecoder::Layer> read;
+    for (const auto& item : layers) {
+        auto t = item.cast<py::tuple>();
+        TORCH_CHECK(t.size() == 8 || t.size() == 10, "a layer is (ln1, ln2, k_cache, v_cache, qkv, o, gate_up, down[, q_norm, k_norm])");
+        NativeDecoder::Layer l{t[0].cast<at::Tensor>(), t[1].cast<at::Tensor>(), t[2].cast<at::Tensor>(), t[3].cast<at::Tensor>(),
+                               read_projection(t[4]), read_projection(t[5]), read_projection(t[6]), read_projection(t[7]),
+                               std::nullopt, std::nullopt};
+        if (t.size() == 10 && !t[8].is_none()) {
+            l.q_norm = t[8].cast<at::Tensor>().contiguous();
+            l.k_norm = t[9].cast<at::Tensor>().contiguous();
+        }
+        read.push_back(std::move(l));
+    }
+    return NativeDecoder(std::move(read), num_heads, eps);
+}
+
+}  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("quantize_q8k", &quantize_q8k, "x [T, in] float32 -> (qx int8 [T, in'], xs f32 [T, in'/256], bsums i16 [T, in'/16]), in' = in rounded up to 256 (zeros)");
@@ -32,7 +72,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           pybind11::arg("k_norm") = pybind11::none(), pybind11::arg("eps") = 0.0);
     // module_local: builds of other sources can load beside this one (scripts/kernel_ab.py)
     pybind11::class_<NativeDecoder>(m, "Decoder", pybind11::module_local())
-        .def(pybind11::init<pybind11::list, int64_t, double>(), "layers: [(ln1, ln2, k_cache, v_cache, qkv, o, gate_up, down[, q_norm, k_norm])], num_heads, eps")
+        .def(pybind11::init(&read_decoder), "layers: [(ln1, ln2, k_cache, v_cache, qkv, o, gate_up, down[, q_norm, k_norm])], num_heads, eps")
         .def("forward", &NativeDecoder::forward, "x [T, H], start, cos, sin_signed [T, hd], mask [T, start + T] or None -> x after every layer",
              pybind11::arg("x"), pybind11::arg("start"), pybind11::arg("cos"), pybind11::arg("sin_signed"), pybind11::arg("mask") = pybind11::none())
         .def("step_seconds", &NativeDecoder::step_seconds, "seconds in each step kind (step_names) since the last clear, over layers and forwards")

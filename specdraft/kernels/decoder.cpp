@@ -15,7 +15,7 @@
 // records uint8 [ceil(out / 8), in' / 256 * REC], out) stacked along the outputs.
 // forward(x [T, H] f32, start, cos [T, hd], sin_signed [T, hd], mask [T, start + T] bool or None)
 // -> x after the layers; the caches get the block's k and v at positions start .. start + T - 1.
-#include <torch/extension.h>
+#include "torch_lite.h"
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -24,40 +24,15 @@
 
 #include "ops.h"
 
-namespace py = pybind11;
-
-namespace {
-
-NativeDecoder::Projection read_projection(const py::handle& spec) {
-    auto t = spec.cast<py::tuple>();
-    NativeDecoder::Projection p;
-    for (const auto& part : t[0].cast<py::list>()) {
-        auto pt = part.cast<py::tuple>();
-        p.parts.push_back({pt[0].cast<int64_t>(), pt[1].cast<torch::Tensor>(), pt[2].cast<int64_t>()});
-        p.out += p.parts.back().out;
-    }
-    TORCH_CHECK(!p.parts.empty(), "a projection needs at least one part");
-    if (!t[1].is_none()) {
-        p.bias = t[1].cast<torch::Tensor>().contiguous();
-        TORCH_CHECK(p.bias.dtype() == torch::kFloat32 && p.bias.numel() == p.out, "bias: float32 [out]");
-    }
-    return p;
-}
-
-}  // namespace
-
-NativeDecoder::NativeDecoder(py::list layers, int64_t num_heads, double eps) : num_heads_(num_heads), eps_(eps) {
-    for (const auto& item : layers) {
-        auto t = item.cast<py::tuple>();
-        TORCH_CHECK(t.size() == 8 || t.size() == 10, "a layer is (ln1, ln2, k_cache, v_cache, qkv, o, gate_up, down[, q_norm, k_norm])");
-        Layer l{t[0].cast<torch::Tensor>(), t[1].cast<torch::Tensor>(), t[2].cast<torch::Tensor>(), t[3].cast<torch::Tensor>(),
-                read_projection(t[4]), read_projection(t[5]), read_projection(t[6]), read_projection(t[7]), std::nullopt, std::nullopt};
-        if (t.size() == 10 && !t[8].is_none()) {
-            l.q_norm = t[8].cast<torch::Tensor>().contiguous();
-            l.k_norm = t[9].cast<torch::Tensor>().contiguous();
+NativeDecoder::NativeDecoder(std::vector<Layer> layers, int64_t num_heads, double eps) : num_heads_(num_heads), eps_(eps) {
+    for (auto& l : layers) {
+        for (const Projection* p : {&l.qkv, &l.o, &l.gate_up, &l.down}) {
+            TORCH_CHECK(!p->parts.empty(), "a projection needs at least one part");
+            TORCH_CHECK(!p->bias.defined() || (p->bias.dtype() == at::kFloat && p->bias.numel() == p->out),
+                        "bias: float32 [out]");
         }
         TORCH_CHECK(l.gate_up.out % 2 == 0, "gate_up: [2I] outputs (gate | up)");
-        TORCH_CHECK(l.k.dtype() == torch::kFloat32 && l.v.dtype() == torch::kFloat32 && l.k.dim() == 3 && l.k.is_contiguous() &&
+        TORCH_CHECK(l.k.dtype() == at::kFloat && l.v.dtype() == at::kFloat && l.k.dim() == 3 && l.k.is_contiguous() &&
                     l.v.is_contiguous() && l.k.sizes() == l.v.sizes() && l.k.size(2) % 16 == 0 && l.k.size(2) <= 1024,
                     "caches: contiguous float32 [nkv, C, hd], hd a multiple of 16 up to 1024");
         TORCH_CHECK(num_heads % l.k.size(0) == 0, "query heads must be a multiple of kv heads");
@@ -101,21 +76,21 @@ void NativeDecoder::Workspace::fit(int64_t rows, int64_t H, const Layer& l, int6
     qx.resize(T * wide), xs.resize(T * wide / 256), bsums.resize(T * wide / 16);
 }
 
-torch::Tensor NativeDecoder::forward(torch::Tensor x, int64_t start, torch::Tensor cos, torch::Tensor sin_signed,
-                                     std::optional<torch::Tensor> mask) {
-    TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2, "x: float32 [T, H]");
+at::Tensor NativeDecoder::forward(at::Tensor x, int64_t start, at::Tensor cos, at::Tensor sin_signed,
+                                     std::optional<at::Tensor> mask) {
+    TORCH_CHECK(x.dtype() == at::kFloat && x.dim() == 2, "x: float32 [T, H]");
     x = x.contiguous().clone();  // the residual stream, updated in place below
     const int64_t T = x.size(0), H = x.size(1);
     TORCH_CHECK(!layers_.empty(), "no layers");
     const Layer& first = layers_.front();
     const int64_t nkv = first.k.size(0), C = first.k.size(1), hd = first.k.size(2), nh = num_heads_;
     TORCH_CHECK(T >= 1 && H == first.ln1.numel() && H % 8 == 0, "x: [T, H] with H the layers' hidden size");
-    TORCH_CHECK(cos.dtype() == torch::kFloat32 && sin_signed.dtype() == torch::kFloat32 && cos.is_contiguous() &&
+    TORCH_CHECK(cos.dtype() == at::kFloat && sin_signed.dtype() == at::kFloat && cos.is_contiguous() &&
                 sin_signed.is_contiguous() && cos.numel() == T * hd && sin_signed.numel() == T * hd, "cos, sin: float32 [T, hd]");
     TORCH_CHECK(start >= 0 && start + T <= C, "cache overflow");
     const bool* pm = nullptr;
     if (mask) {
-        TORCH_CHECK(mask->dtype() == torch::kBool && mask->dim() == 2 && mask->size(0) == T && mask->size(1) == start + T &&
+        TORCH_CHECK(mask->dtype() == at::kBool && mask->dim() == 2 && mask->size(0) == T && mask->size(1) == start + T &&
                     mask->is_contiguous(), "mask: contiguous bool [T, L]");
         pm = mask->data_ptr<bool>();
     }

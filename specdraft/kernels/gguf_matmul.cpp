@@ -26,7 +26,7 @@
 //
 // These AVX2 kernels are the reference for the other ISA paths (gguf_vnni.cpp: AVX-512 VNNI,
 // gguf_avxvnni.cpp: AVX-VNNI, gguf_amx.cpp: AMX-INT8), which give their results bit for bit; gguf_matmul_into picks one.
-#include <torch/extension.h>
+#include "torch_lite.h"
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <cmath>
@@ -169,12 +169,12 @@ inline void q6k_rows(const uint8_t* w, const int8_t* qx, const float* xs, const 
 
 constexpr int TILE = 8;  // rows of x per pass over a weight row (more rows share each unpacked sub-block)
 
-void check_x(const torch::Tensor& qx, const torch::Tensor& xs, const torch::Tensor& bsums) {
-    TORCH_CHECK(qx.dtype() == torch::kInt8 && qx.dim() == 2 && qx.is_contiguous(), "qx: contiguous int8 [T, in]");
+void check_x(const at::Tensor& qx, const at::Tensor& xs, const at::Tensor& bsums) {
+    TORCH_CHECK(qx.dtype() == at::kChar && qx.dim() == 2 && qx.is_contiguous(), "qx: contiguous int8 [T, in]");
     TORCH_CHECK(qx.size(1) % 256 == 0, "input width must be a multiple of 256");
     const int64_t T = qx.size(0), nb = qx.size(1) / 256;
-    TORCH_CHECK(xs.dtype() == torch::kFloat32 && xs.is_contiguous() && xs.numel() == T * nb, "xs: float [T, in/256]");
-    TORCH_CHECK(bsums.dtype() == torch::kInt16 && bsums.is_contiguous() && bsums.numel() == T * nb * 16, "bsums: int16 [T, in/16]");
+    TORCH_CHECK(xs.dtype() == at::kFloat && xs.is_contiguous() && xs.numel() == T * nb, "xs: float [T, in/256]");
+    TORCH_CHECK(bsums.dtype() == at::kShort && bsums.is_contiguous() && bsums.numel() == T * nb * 16, "bsums: int16 [T, in/16]");
 }
 
 // y[t, 0 .. O) (row stride ldy) for T rows of x (quantized: qx [T, in], xs [T, nb], bsums
@@ -229,14 +229,14 @@ std::vector<int32_t> q6k_corr(const int8_t* px, int64_t n16) {
 // x [T, in] float32 -> (qx int8 [T, in'], xs float32 [T, in'/256], bsums int16 [T, in'/16]) where
 // in' is in rounded up to whole super-blocks of 256: the padding is zeros (weights re-quantized for
 // these kernels pad their inputs the same way, e.g. a hidden size of 896)
-std::vector<torch::Tensor> quantize_q8k(torch::Tensor x) {
-    TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2, "x: float32 [T, in]");
+std::vector<at::Tensor> quantize_q8k(at::Tensor x) {
+    TORCH_CHECK(x.dtype() == at::kFloat && x.dim() == 2, "x: float32 [T, in]");
     x = x.contiguous();
-    if (x.size(1) % 256) x = torch::constant_pad_nd(x, {0, 256 - x.size(1) % 256});
+    if (x.size(1) % 256) x = at::constant_pad_nd(x, {0, 256 - x.size(1) % 256});
     const int64_t T = x.size(0), in = x.size(1);
-    auto qx = torch::empty({T, in}, torch::kInt8);
-    auto xs = torch::empty({T, in / 256}, torch::kFloat32);
-    auto bsums = torch::empty({T, in / 16}, torch::kInt16);
+    auto qx = at::empty({T, in}, at::kChar);
+    auto xs = at::empty({T, in / 256}, at::kFloat);
+    auto bsums = at::empty({T, in / 16}, at::kShort);
     quantize_q8k_rows(x.data_ptr<float>(), T, {qx.data_ptr<int8_t>(), xs.data_ptr<float>(), bsums.data_ptr<int16_t>(), in});
     return {qx, xs, bsums};
 }
@@ -356,7 +356,7 @@ void set_vnni_forms(const std::vector<int64_t>& masks) {
 }
 
 void gguf_matmul_into(int64_t kind, const int8_t* qx, const float* xs, const int16_t* bsums, int64_t T, int64_t in,
-                      const torch::Tensor& w, int64_t O, float* y, int64_t ldy) {
+                      const at::Tensor& w, int64_t O, float* y, int64_t ldy) {
     TORCH_CHECK(kind == 4 || kind == 6, "weight kind must be 4 (Q4_K) or 6 (Q6_K)");
     const int64_t rec = kind == 4 ? Q4K_REC : Q6K_REC, nb = in / 256;
     TORCH_CHECK(in % 256 == 0, "input width must be a multiple of 256");
@@ -364,7 +364,7 @@ void gguf_matmul_into(int64_t kind, const int8_t* qx, const float* xs, const int
     // 24.04, g++ 13.3, glibc 2.39, Python 3.12, torch 2.11) inserting an int64 into TORCH_CHECK's
     // message stream segfaulted inside the extension (basic_ostream::_M_insert<long>), so bad
     // weights crashed the process instead of raising; string arguments format fine there
-    TORCH_CHECK(w.dtype() == torch::kUInt8 && w.dim() == 2 && w.is_contiguous() && w.size(1) == nb * rec,
+    TORCH_CHECK(w.dtype() == at::kByte && w.dim() == 2 && w.is_contiguous() && w.size(1) == nb * rec,
                 "weights: uint8 [O / " + std::to_string(GROUP) + ", in/256 * " + std::to_string(rec) +
                     "] records for this input width");
     TORCH_CHECK(O > (w.size(0) - 1) * GROUP && O <= w.size(0) * GROUP,
@@ -403,21 +403,21 @@ void gguf_matmul_into(int64_t kind, const int8_t* qx, const float* xs, const int
 }
 
 namespace {
-torch::Tensor matmul(int64_t kind, const torch::Tensor& qx, const torch::Tensor& xs, const torch::Tensor& bsums,
-                     const torch::Tensor& w, int64_t O) {
+at::Tensor matmul(int64_t kind, const at::Tensor& qx, const at::Tensor& xs, const at::Tensor& bsums,
+                     const at::Tensor& w, int64_t O) {
     check_x(qx, xs, bsums);
     const int64_t T = qx.size(0), in = qx.size(1);
-    auto y = torch::empty({T, O}, torch::kFloat32);
+    auto y = at::empty({T, O}, at::kFloat);
     gguf_matmul_into(kind, qx.data_ptr<int8_t>(), xs.data_ptr<float>(), bsums.data_ptr<int16_t>(), T, in, w, O,
                      y.data_ptr<float>(), O);
     return y;
 }
 }  // namespace
 
-torch::Tensor q4k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums, torch::Tensor w, int64_t out_features) {
+at::Tensor q4k_matmul(at::Tensor qx, at::Tensor xs, at::Tensor bsums, at::Tensor w, int64_t out_features) {
     return matmul(4, qx, xs, bsums, w, out_features);
 }
 
-torch::Tensor q6k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums, torch::Tensor w, int64_t out_features) {
+at::Tensor q6k_matmul(at::Tensor qx, at::Tensor xs, at::Tensor bsums, at::Tensor w, int64_t out_features) {
     return matmul(6, qx, xs, bsums, w, out_features);
 }

@@ -3,7 +3,7 @@
 //
 // Each works row by row (one token at a time) with fixed reduction orders, so a row's result
 // does not depend on the block it is computed in.
-#include <torch/extension.h>
+#include "torch_lite.h"
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <algorithm>
@@ -36,15 +36,15 @@ static inline void rms_row(const float* x, const float* w, int64_t n, double eps
 
 // RMSNorm then 8-bit quantization for the next product: h = w * (x / sqrt(mean(x^2) + eps)).
 // x [T, H] f32, w [H] f32 -> quantize_q8k(h)
-std::vector<torch::Tensor> rms_quantize(torch::Tensor x, torch::Tensor w, double eps) {
-    TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2 && x.is_contiguous(), "x: contiguous float32 [T, H]");
+std::vector<at::Tensor> rms_quantize(at::Tensor x, at::Tensor w, double eps) {
+    TORCH_CHECK(x.dtype() == at::kFloat && x.dim() == 2 && x.is_contiguous(), "x: contiguous float32 [T, H]");
     const int64_t T = x.size(0), H = x.size(1), in = (H + 255) / 256 * 256;
-    TORCH_CHECK(w.dtype() == torch::kFloat32 && w.numel() == H && w.is_contiguous(), "w: float32 [H]");
+    TORCH_CHECK(w.dtype() == at::kFloat && w.numel() == H && w.is_contiguous(), "w: float32 [H]");
     TORCH_CHECK(H % 8 == 0, "hidden size must be a multiple of 8");
-    auto h = torch::zeros({T, in}, torch::kFloat32);
-    auto qx = torch::empty({T, in}, torch::kInt8);
-    auto xs = torch::empty({T, in / 256}, torch::kFloat32);
-    auto bsums = torch::empty({T, in / 16}, torch::kInt16);
+    auto h = at::zeros({T, in}, at::kFloat);
+    auto qx = at::empty({T, in}, at::kChar);
+    auto xs = at::empty({T, in / 256}, at::kFloat);
+    auto bsums = at::empty({T, in / 16}, at::kShort);
     rms_quantize_rows(x.data_ptr<float>(), w.data_ptr<float>(), T, H, eps, h.data_ptr<float>(),
                       {qx.data_ptr<int8_t>(), xs.data_ptr<float>(), bsums.data_ptr<int16_t>(), in});
     return {qx, xs, bsums};
@@ -69,15 +69,15 @@ void rms_quantize_rows(const float* x, const float* w, int64_t T, int64_t H, dou
 }
 
 // silu(gate) * up, quantized for the down projection. gate_up [T, 2I] f32 (gate | up) -> quantize_q8k([T, I])
-std::vector<torch::Tensor> swiglu_quantize(torch::Tensor gate_up) {
-    TORCH_CHECK(gate_up.dtype() == torch::kFloat32 && gate_up.dim() == 2 && gate_up.is_contiguous(),
+std::vector<at::Tensor> swiglu_quantize(at::Tensor gate_up) {
+    TORCH_CHECK(gate_up.dtype() == at::kFloat && gate_up.dim() == 2 && gate_up.is_contiguous(),
                 "gate_up: contiguous float32 [T, 2I]");
     const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2, in = (I + 255) / 256 * 256;
     TORCH_CHECK(gate_up.size(1) == 2 * I && I % 8 == 0, "gate_up: [T, 2I] with I a multiple of 8");
-    auto a = torch::zeros({T, in}, torch::kFloat32);
-    auto qx = torch::empty({T, in}, torch::kInt8);
-    auto xs = torch::empty({T, in / 256}, torch::kFloat32);
-    auto bsums = torch::empty({T, in / 16}, torch::kInt16);
+    auto a = at::zeros({T, in}, at::kFloat);
+    auto qx = at::empty({T, in}, at::kChar);
+    auto xs = at::empty({T, in / 256}, at::kFloat);
+    auto bsums = at::empty({T, in / 16}, at::kShort);
     swiglu_quantize_rows(gate_up.data_ptr<float>(), T, I, a.data_ptr<float>(),
                          {qx.data_ptr<int8_t>(), xs.data_ptr<float>(), bsums.data_ptr<int16_t>(), in});
     return {qx, xs, bsums};
@@ -108,27 +108,27 @@ void swiglu_quantize_rows(const float* gate_up, int64_t T, int64_t I, float* a, 
 // qkv [T, (nh + 2 nkv) hd] f32; cos, sin_signed [T, hd]; caches [nkv, C, hd] -> q [nh, T, hd]
 // With q_norm, k_norm ([hd] f32 each; Qwen3) every q / k head is first RMS-normalised over its hd
 // values and scaled by them, as the norms' weights times x / sqrt(mean(x^2) + eps).
-torch::Tensor rope_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin_signed, torch::Tensor k_cache,
-                         torch::Tensor v_cache, int64_t start, int64_t num_heads,
-                         std::optional<torch::Tensor> q_norm, std::optional<torch::Tensor> k_norm, double eps) {
-    TORCH_CHECK(qkv.dtype() == torch::kFloat32 && qkv.dim() == 2 && qkv.is_contiguous(), "qkv: contiguous float32 [T, n]");
-    TORCH_CHECK(k_cache.dtype() == torch::kFloat32 && v_cache.dtype() == torch::kFloat32 && k_cache.dim() == 3 &&
+at::Tensor rope_cache(at::Tensor qkv, at::Tensor cos, at::Tensor sin_signed, at::Tensor k_cache,
+                         at::Tensor v_cache, int64_t start, int64_t num_heads,
+                         std::optional<at::Tensor> q_norm, std::optional<at::Tensor> k_norm, double eps) {
+    TORCH_CHECK(qkv.dtype() == at::kFloat && qkv.dim() == 2 && qkv.is_contiguous(), "qkv: contiguous float32 [T, n]");
+    TORCH_CHECK(k_cache.dtype() == at::kFloat && v_cache.dtype() == at::kFloat && k_cache.dim() == 3 &&
                 k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes(),
                 "caches: contiguous float32 [nkv, C, hd]");
     const int64_t T = qkv.size(0), nkv = k_cache.size(0), C = k_cache.size(1), hd = k_cache.size(2), nh = num_heads;
     TORCH_CHECK(qkv.size(1) == (nh + 2 * nkv) * hd && hd % 16 == 0, "qkv: [T, (nh + 2 nkv) hd], hd a multiple of 16");
-    TORCH_CHECK(cos.dtype() == torch::kFloat32 && sin_signed.dtype() == torch::kFloat32 && cos.is_contiguous() &&
+    TORCH_CHECK(cos.dtype() == at::kFloat && sin_signed.dtype() == at::kFloat && cos.is_contiguous() &&
                 sin_signed.is_contiguous() && cos.numel() == T * hd && sin_signed.numel() == T * hd, "cos, sin: float32 [T, hd]");
     TORCH_CHECK(start >= 0 && start + T <= C, "cache overflow");
     TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "q_norm and k_norm come together");
     const float *pqn = nullptr, *pkn = nullptr;
     if (q_norm) {
-        TORCH_CHECK(q_norm->dtype() == torch::kFloat32 && k_norm->dtype() == torch::kFloat32 && q_norm->is_contiguous() &&
+        TORCH_CHECK(q_norm->dtype() == at::kFloat && k_norm->dtype() == at::kFloat && q_norm->is_contiguous() &&
                     k_norm->is_contiguous() && q_norm->numel() == hd && k_norm->numel() == hd && hd <= 1024,
                     "q_norm, k_norm: float32 [hd], hd up to 1024");
         pqn = q_norm->data_ptr<float>(), pkn = k_norm->data_ptr<float>();
     }
-    auto q = torch::empty({nh, T, hd}, torch::kFloat32);
+    auto q = at::empty({nh, T, hd}, at::kFloat);
     RopeShape shape{T, nh, nkv, hd, C, start};
     rope_cache_rows(qkv.data_ptr<float>(), shape, cos.data_ptr<float>(), sin_signed.data_ptr<float>(),
                     k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), pqn, pkn, eps, q.data_ptr<float>());

@@ -1,12 +1,12 @@
 // The native ops of specdraft's fp32 GGUF runtime (bound to Python in bindings.cpp).
 #pragma once
-#include <torch/extension.h>
+#include "torch_lite.h"
 #include <optional>
 #include <string>
 #include <vector>
 
 // gguf_matmul.cpp: 8-bit activations against GGUF Q4_K / Q6_K weight records
-std::vector<torch::Tensor> quantize_q8k(torch::Tensor x);
+std::vector<at::Tensor> quantize_q8k(at::Tensor x);
 // one super-block of 256 floats -> 256 int8 q, its scale (1 / (127 / max |v|)) and 16 sums of 16 q
 void quantize_q8k_block(const float* v, int8_t* q, float* scale, int16_t* bsums);
 // quantize_q8k's three outputs for T rows of width in (a multiple of 256), in caller-owned memory:
@@ -20,11 +20,11 @@ struct Q8Rows {
 };
 // quantize_q8k of x [T, out.in] float32 (row stride out.in; a padded row's tail holds zeros) into out
 void quantize_q8k_rows(const float* x, int64_t T, const Q8Rows& out);
-torch::Tensor q4k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums, torch::Tensor w, int64_t out_features);
-torch::Tensor q6k_matmul(torch::Tensor qx, torch::Tensor xs, torch::Tensor bsums, torch::Tensor w, int64_t out_features);
+at::Tensor q4k_matmul(at::Tensor qx, at::Tensor xs, at::Tensor bsums, at::Tensor w, int64_t out_features);
+at::Tensor q6k_matmul(at::Tensor qx, at::Tensor xs, at::Tensor bsums, at::Tensor w, int64_t out_features);
 // y[t, 0 .. O) (row stride ldy) for T rows of quantized x of width in against kind 4 (Q4_K) or 6 (Q6_K) records w
 void gguf_matmul_into(int64_t kind, const int8_t* qx, const float* xs, const int16_t* bsums, int64_t T, int64_t in,
-                      const torch::Tensor& w, int64_t O, float* y, int64_t ldy);
+                      const at::Tensor& w, int64_t O, float* y, int64_t ldy);
 // the ISA path those kernels take ("avx2", "avx-vnni", "avx512-vnni", "amx-int8"), force one ("auto": the best), those this CPU has
 std::string kernel_path();
 void set_kernel_path(const std::string& name);
@@ -42,8 +42,8 @@ std::vector<int64_t> vnni_forms();
 void set_vnni_forms(const std::vector<int64_t>& masks);
 
 // attention.cpp: a block of new rows over the KV cache, every row independent of the block -> [T, nh, hd]
-torch::Tensor block_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t L,
-                              std::optional<torch::Tensor> mask);
+at::Tensor block_attention(at::Tensor q, at::Tensor k, at::Tensor v, int64_t L,
+                              std::optional<at::Tensor> mask);
 // the same on caller-owned memory: q [nh, T, hd], the caches [nkv, C, hd] at strides ks, vs a head,
 // mask [T, L] or nullptr (causal), out [T, nh, hd]
 struct AttentionShape { int64_t nh, T, hd, nkv, ks, vs; };
@@ -51,11 +51,11 @@ void block_attention_rows(const float* q, const AttentionShape& shape, const flo
                           const bool* mask, float* out);
 
 // layer_ops.cpp: the steps of a decoder layer between the matrix products, fused (one call each)
-std::vector<torch::Tensor> rms_quantize(torch::Tensor x, torch::Tensor w, double eps);
-std::vector<torch::Tensor> swiglu_quantize(torch::Tensor gate_up);
-torch::Tensor rope_cache(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin_signed, torch::Tensor k_cache,
-                         torch::Tensor v_cache, int64_t start, int64_t num_heads,
-                         std::optional<torch::Tensor> q_norm = std::nullopt, std::optional<torch::Tensor> k_norm = std::nullopt,
+std::vector<at::Tensor> rms_quantize(at::Tensor x, at::Tensor w, double eps);
+std::vector<at::Tensor> swiglu_quantize(at::Tensor gate_up);
+at::Tensor rope_cache(at::Tensor qkv, at::Tensor cos, at::Tensor sin_signed, at::Tensor k_cache,
+                         at::Tensor v_cache, int64_t start, int64_t num_heads,
+                         std::optional<at::Tensor> q_norm = std::nullopt, std::optional<at::Tensor> k_norm = std::nullopt,
                          double eps = 0.0);
 // The same steps on caller-owned memory (NativeDecoder's workspace: a forward's steps allocate
 // nothing). h, a: [T, out.in] float32 scratch whose rows' tails past H / I hold zeros.
@@ -69,11 +69,13 @@ void rope_cache_rows(const float* qkv, const RopeShape& shape, const float* cos,
 // decoder.cpp: every decoder layer of a GGUF-weight model in one call (see there)
 class NativeDecoder {
 public:
-    struct Part { int64_t kind; torch::Tensor w; int64_t out; };
-    struct Projection { std::vector<Part> parts; torch::Tensor bias; int64_t out = 0; };
-    NativeDecoder(pybind11::list layers, int64_t num_heads, double eps);
-    torch::Tensor forward(torch::Tensor x, int64_t start, torch::Tensor cos, torch::Tensor sin_signed,
-                          std::optional<torch::Tensor> mask);
+    struct Part { int64_t kind; at::Tensor w; int64_t out; };
+    struct Projection { std::vector<Part> parts; at::Tensor bias; int64_t out = 0; };
+    struct Layer { at::Tensor ln1, ln2, k, v; Projection qkv, o, gate_up, down; std::optional<at::Tensor> q_norm, k_norm; };
+    // the layers as bindings.cpp reads them from Python's list of tuples; their shapes checked here
+    NativeDecoder(std::vector<Layer> layers, int64_t num_heads, double eps);
+    at::Tensor forward(at::Tensor x, int64_t start, at::Tensor cos, at::Tensor sin_signed,
+                          std::optional<at::Tensor> mask);
     // seconds spent in each step kind since construction or the last clear, summed over layers and
     // forwards, as STEP_NAMES orders them: where a forward's time goes (specdraft calibrate --steps)
     static constexpr const char* STEP_NAMES[8] = {"rms_quantize", "qkv", "rope_cache", "attention",
@@ -82,7 +84,6 @@ public:
     void clear_step_seconds() { std::fill(steps_, steps_ + 8, 0.0); }
 
 private:
-    struct Layer { torch::Tensor ln1, ln2, k, v; Projection qkv, o, gate_up, down; std::optional<torch::Tensor> q_norm, k_norm; };
     struct Workspace {
         int64_t T = 0, Hp = 0, Ap = 0, Ip = 0;  // rows fitted; hidden, attention and MLP widths padded to 256
         std::vector<float> h, qkv, q, att, attp, y, gu, a, xs;
