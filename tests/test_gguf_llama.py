@@ -265,3 +265,29 @@ def test_a_llama_gguf_file_runs_end_to_end(ops, llama_gguf_file, tmp_path, monke
     assert float(torch.nn.functional.cosine_similarity(a, b, dim=-1).min()) > 0.99
     assert main(["generate", "--target", str(path), "--method", "suffix", "--max-new-tokens", "6", "--no-chat",
                  "--color", "never", "the tether"]) == 0
+
+
+def test_a_conversion_parses_the_gguf_once_and_writes_what_separate_parses_write(llama_gguf_file, tmp_path, monkeypatch):
+    """transformers reads the GGUF for the config, the weights and the tokenizer; convert_gguf
+    hands them (and the RoPE divisors' read) one reader, and the copy is the one separate readers
+    make, byte for byte."""
+    from contextlib import nullcontext
+
+    from specdraft.models import convert
+
+    path, _ = llama_gguf_file
+    built = []
+    real = gguf.GGUFReader
+
+    def counted(*args, **kwargs):
+        built.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counted)
+    shared = convert.convert_gguf(path, tmp_path / "shared", progress=False, sha256="x")
+    assert len(built) == 1
+    monkeypatch.setattr(convert, "_one_reader", nullcontext)
+    separate = convert.convert_gguf(path, tmp_path / "separate", progress=False, sha256="x")
+    assert len(built) > 2  # config, weights, tokenizer, RoPE divisors: each its own
+    for name in ("model.safetensors", "config.json", "tokenizer.json", convert.MARKER):
+        assert (shared / name).read_bytes() == (separate / name).read_bytes(), name
