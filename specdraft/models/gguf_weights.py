@@ -29,6 +29,7 @@ from ..errors import ModelFileError
 from ..kernels import KernelUnavailable, gguf_ops
 from ..kernels.plan import use_forms
 from .files import safetensors_header, save_safetensors
+from .gguf_index import GGUFIndex
 from .hugepages import in_huge_pages, map_file, none_at_all, read_huge, start_read, uncache
 from .packaged import gguf_file
 
@@ -50,11 +51,11 @@ def _hf_row_order(rows: int, heads: int) -> np.ndarray:
     return np.arange(rows).reshape(heads, -1, 2).swapaxes(1, 2).reshape(-1)
 
 
-def _head_counts(reader, arch: str) -> dict[str, int]:
+def _head_counts(reader: GGUFIndex, arch: str) -> dict[str, int]:
     """GGUF q / k tensor suffix -> the heads its rows hold, from the file's metadata."""
     def field(key: str) -> int | None:
-        f = reader.fields.get(f"{arch}.attention.{key}")
-        return None if f is None else int(f.parts[f.data[0]][0])
+        value = reader.fields.get(f"{arch}.attention.{key}")
+        return None if value is None else int(value)
 
     heads = field("head_count")
     if heads is None:
@@ -397,14 +398,11 @@ class GGUFTensors:
 
     def _write_pack(self, pack: Path, progress: bool) -> None:
         """Parse the GGUF, unpack every Q4_K / Q6_K matrix into records, write them to ``pack``."""
-        import gguf
-
         try:
-            reader = gguf.GGUFReader(str(self.path))
+            reader = GGUFIndex(self.path)
         except Exception as e:
-            raise ModelFileError(f"cannot read GGUF {self.path.name} ({type(e).__name__}); re-create the file") from None
-        field = reader.fields.get("general.architecture")
-        arch = bytes(field.parts[field.data[0]]).decode() if field is not None else "?"
+            raise ModelFileError(f"cannot read GGUF {self.path.name} ({type(e).__name__}: {e}); re-create the file") from None
+        arch = str(reader.fields.get("general.architecture", "?"))
         records, entries, offset = [], {}, 0
         if arch in _ARCHS:  # others are refused on open, with the reason
             heads = _head_counts(reader, arch) if _ARCHS[arch] else {}
