@@ -19,7 +19,7 @@ from .engine import Engine, Piece
 from .errors import ModelFileError, ParameterError, TokenizerMismatchError
 from .heads.model import load_head, shipped_frequent_ids, shipped_head_dir
 from .heads.vocab import filled_ids
-from .kernels import KernelUnavailable, gguf_ops
+from .kernels import KernelUnavailable, gguf_ops, prebuild_kernels
 from .metrics import SpecStats
 from .models.config_view import generation_eos, load_config
 from .models.gguf_weights import gguf_source, start_pack_read
@@ -98,8 +98,10 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
         raise ParameterError(f"max-context must be an integer >= 2 tokens, got {max_length!r}")
     if weight_format != "auto" and weight_format not in WEIGHT_FORMATS:
         raise ParameterError(f"weight format must be auto or one of {', '.join(WEIGHT_FORMATS)}, got {weight_format!r}")
-    path = resolve_model_dir(spec, progress=progress)
     gguf_wanted = weight_format == "gguf" or (weight_format == "auto" and not draft and DTYPES[dtype] == torch.float32)
+    kernels_wanted = runtime != "hf" and (gguf_wanted or weight_format == "q4k")
+    # a first run's conversion (~50 s, mostly one core) and the kernels' build (~40 s on both) side by side
+    path = resolve_model_dir(spec, progress=progress, converting=prebuild_kernels if kernels_wanted else lambda: None)
     if runtime != "hf" and gguf_wanted:
         # the records' read into 2 MB pages, the longest wait of a start, runs beside the config's
         # and tokenizer's (hugepages.start_read); GGUFTensors takes it, drop_reads what none took

@@ -355,3 +355,35 @@ def test_amx_parts_switches_name_statements_of_the_amx_kernel():
     assert set(parts.SWITCHES) == {1, 2, 4}
     for starts in parts.SWITCHES.values():
         assert all(start in source for start in starts), starts
+
+
+def test_a_prebuild_runs_once_on_a_thread_and_gguf_ops_waits_for_it(monkeypatch, tmp_path):
+    """prebuild_kernels builds on a thread where nothing is built yet (once, whatever the calls);
+    gguf_ops waits for that build and takes its module; with the kernels built, no thread."""
+    import functools
+    import threading
+    import time
+
+    import specdraft.kernels as kernels
+
+    monkeypatch.setattr(kernels, "_prebuild", None)
+    monkeypatch.setattr(kernels, "cpu_supports_avx2", lambda: True)
+    monkeypatch.setattr(kernels, "gguf_build_dir", lambda: tmp_path)
+    builds = []
+
+    def slow_build():
+        builds.append(threading.current_thread().name)
+        time.sleep(0.3)
+        return "module"
+
+    monkeypatch.setattr(kernels, "_gguf_ops", functools.lru_cache(maxsize=1)(slow_build))  # as the real one
+    kernels.prebuild_kernels()
+    kernels.prebuild_kernels()
+    thread = kernels._prebuild
+    assert thread is not None and thread.is_alive()
+    assert kernels.gguf_ops() == "module" and not thread.is_alive()
+    assert builds == ["specdraft-kernel-build"]  # built once, on the thread
+    monkeypatch.setattr(kernels, "_prebuild", None)
+    (tmp_path / "kernels.so").write_bytes(b"")
+    kernels.prebuild_kernels()
+    assert kernels._prebuild is None  # built: nothing to start

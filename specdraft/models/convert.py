@@ -252,9 +252,10 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True, sha256: 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:
-        with _quiet_transformers(), _one_reader():
-            model, tokenizer = _load_gguf(gguf_path, progress, fix)
-            factors = rope_freq_factors(gguf_path) if model.config.model_type in ("llama", "mistral") else None
+        with _quiet_transformers():
+            with _one_reader():  # let go before the copy is written: its map of the file is ~1 GB resident
+                model, tokenizer = _load_gguf(gguf_path, progress, fix)
+                factors = rope_freq_factors(gguf_path) if model.config.model_type in ("llama", "mistral") else None
             _save_copy(model, tokenizer, tmp, out_dir, gguf_path.name, progress, factors)
             with step("verifying the converted copy", progress):
                 _verify_copy(tmp, model, tokenizer)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from safetensors import safe_open
@@ -93,11 +94,12 @@ def _packaged_gguf(model: PackagedModel, progress: bool) -> Path:
     return gguf
 
 
-def _resolve_packaged(model: PackagedModel, progress: bool) -> Path:
+def _resolve_packaged(model: PackagedModel, progress: bool, converting: Callable[[], None]) -> Path:
     out_dir = cache_root() / "models" / model.name
     if is_converted(out_dir, model.sha256):
         return out_dir
     gguf = _packaged_gguf(model, progress)
+    converting()
     return convert_gguf(gguf, out_dir, progress, sha256=model.sha256, fix=model_reinstall_hint(model))
 
 
@@ -124,15 +126,16 @@ def _missing_model_error(spec: str) -> ModelFileError:
                           f"or pass a path to a Hugging Face model directory or a .gguf file")
 
 
-def resolve_model_dir(spec: str, progress: bool = True) -> Path:
+def resolve_model_dir(spec: str, progress: bool = True, converting: Callable[[], None] = lambda: None) -> Path:
     """Turn a model spec into a Hugging Face model directory, joining/converting as needed.
 
     ``spec`` is a packaged name (or ``default-target`` / ``default-draft``), a Hugging Face model
-    directory (returned as is), or a ``.gguf`` file (converted once into the cache).
+    directory (returned as is), or a ``.gguf`` file (converted once into the cache). ``converting``
+    is called just before a conversion starts (pipeline: the kernels' build beside it).
     """
     name = ALIASES.get(spec, spec)
     if name in PACKAGED:
-        return _resolve_packaged(PACKAGED[name], progress)
+        return _resolve_packaged(PACKAGED[name], progress, converting)
     path = Path(spec).expanduser()
     if not path.exists():
         raise _missing_model_error(spec)
@@ -149,4 +152,5 @@ def resolve_model_dir(spec: str, progress: bool = True) -> Path:
     out_dir = _local_gguf_dir(path)
     if is_converted(out_dir):
         return out_dir
+    converting()
     return convert_gguf(path, out_dir, progress)
