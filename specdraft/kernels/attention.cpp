@@ -109,7 +109,7 @@ struct Scratch {
 }  // namespace
 
 at::Tensor block_attention(at::Tensor q, at::Tensor k, at::Tensor v, int64_t L,
-                              std::optional<at::Tensor> mask) {
+                           std::optional<at::Tensor> mask) {
     TORCH_CHECK(q.dtype() == at::kFloat && q.dim() == 3 && q.is_contiguous(), "q: contiguous float32 [nh, T, hd]");
     TORCH_CHECK(k.dtype() == at::kFloat && v.dtype() == at::kFloat && k.dim() == 3 && v.dim() == 3,
                 "k, v: float32 [nkv, C, hd]");

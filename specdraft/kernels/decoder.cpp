@@ -77,7 +77,7 @@ void NativeDecoder::Workspace::fit(int64_t rows, int64_t H, const Layer& l, int6
 }
 
 at::Tensor NativeDecoder::forward(at::Tensor x, int64_t start, at::Tensor cos, at::Tensor sin_signed,
-                                     std::optional<at::Tensor> mask) {
+                                  std::optional<at::Tensor> mask) {
     TORCH_CHECK(x.dtype() == at::kFloat && x.dim() == 2, "x: float32 [T, H]");
     x = x.contiguous().clone();  // the residual stream, updated in place below
     const int64_t T = x.size(0), H = x.size(1);

@@ -404,7 +404,7 @@ void gguf_matmul_into(int64_t kind, const int8_t* qx, const float* xs, const int
 
 namespace {
 at::Tensor matmul(int64_t kind, const at::Tensor& qx, const at::Tensor& xs, const at::Tensor& bsums,
-                     const at::Tensor& w, int64_t O) {
+                  const at::Tensor& w, int64_t O) {
     check_x(qx, xs, bsums);
     const int64_t T = qx.size(0), in = qx.size(1);
     auto y = at::empty({T, O}, at::kFloat);

@@ -109,8 +109,8 @@ void swiglu_quantize_rows(const float* gate_up, int64_t T, int64_t I, float* a, 
 // With q_norm, k_norm ([hd] f32 each; Qwen3) every q / k head is first RMS-normalised over its hd
 // values and scaled by them, as the norms' weights times x / sqrt(mean(x^2) + eps).
 at::Tensor rope_cache(at::Tensor qkv, at::Tensor cos, at::Tensor sin_signed, at::Tensor k_cache,
-                         at::Tensor v_cache, int64_t start, int64_t num_heads,
-                         std::optional<at::Tensor> q_norm, std::optional<at::Tensor> k_norm, double eps) {
+                      at::Tensor v_cache, int64_t start, int64_t num_heads,
+                      std::optional<at::Tensor> q_norm, std::optional<at::Tensor> k_norm, double eps) {
     TORCH_CHECK(qkv.dtype() == at::kFloat && qkv.dim() == 2 && qkv.is_contiguous(), "qkv: contiguous float32 [T, n]");
     TORCH_CHECK(k_cache.dtype() == at::kFloat && v_cache.dtype() == at::kFloat && k_cache.dim() == 3 &&
                 k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes(),

@@ -43,7 +43,7 @@ void set_vnni_forms(const std::vector<int64_t>& masks);
 
 // attention.cpp: a block of new rows over the KV cache, every row independent of the block -> [T, nh, hd]
 at::Tensor block_attention(at::Tensor q, at::Tensor k, at::Tensor v, int64_t L,
-                              std::optional<at::Tensor> mask);
+                           std::optional<at::Tensor> mask);
 // the same on caller-owned memory: q [nh, T, hd], the caches [nkv, C, hd] at strides ks, vs a head,
 // mask [T, L] or nullptr (causal), out [T, nh, hd]
 struct AttentionShape { int64_t nh, T, hd, nkv, ks, vs; };
@@ -54,9 +54,9 @@ void block_attention_rows(const float* q, const AttentionShape& shape, const flo
 std::vector<at::Tensor> rms_quantize(at::Tensor x, at::Tensor w, double eps);
 std::vector<at::Tensor> swiglu_quantize(at::Tensor gate_up);
 at::Tensor rope_cache(at::Tensor qkv, at::Tensor cos, at::Tensor sin_signed, at::Tensor k_cache,
-                         at::Tensor v_cache, int64_t start, int64_t num_heads,
-                         std::optional<at::Tensor> q_norm = std::nullopt, std::optional<at::Tensor> k_norm = std::nullopt,
-                         double eps = 0.0);
+                      at::Tensor v_cache, int64_t start, int64_t num_heads,
+                      std::optional<at::Tensor> q_norm = std::nullopt, std::optional<at::Tensor> k_norm = std::nullopt,
+                      double eps = 0.0);
 // The same steps on caller-owned memory (NativeDecoder's workspace: a forward's steps allocate
 // nothing). h, a: [T, out.in] float32 scratch whose rows' tails past H / I hold zeros.
 void rms_quantize_rows(const float* x, const float* w, int64_t T, int64_t H, double eps, float* h, const Q8Rows& out);
@@ -75,7 +75,7 @@ public:
     // the layers as bindings.cpp reads them from Python's list of tuples; their shapes checked here
     NativeDecoder(std::vector<Layer> layers, int64_t num_heads, double eps);
     at::Tensor forward(at::Tensor x, int64_t start, at::Tensor cos, at::Tensor sin_signed,
-                          std::optional<at::Tensor> mask);
+                       std::optional<at::Tensor> mask);
     // seconds spent in each step kind since construction or the last clear, summed over layers and
     // forwards, as STEP_NAMES orders them: where a forward's time goes (specdraft calibrate --steps)
     static constexpr const char* STEP_NAMES[8] = {"rms_quantize", "qkv", "rope_cache", "attention",
