@@ -44,6 +44,7 @@ import torch
 
 from ..config import SamplingConfig
 from ..costs import PassRates, running_mean
+from ..heads.vocab import to_target
 from .base import Draft, DrafterContext, RatedGuesses, choose, register
 from .trees import GrownTree, node_depths, node_mask
 
@@ -126,9 +127,8 @@ class DraftModel(RatedGuesses):
             tok, q, p = choose(logits, sampling, generator, costed or self.min_confidence > 0.0)
             if q is not None and costed:
                 p = float(q[tok])  # a sampled guess is rated by its probability under q
-            if self.ids is not None:  # index j -> token ids[j]; q onto the token ids (zero elsewhere)
-                tok = int(self.ids[tok])
-                q = None if q is None else torch.zeros(self.model.vocab_size, dtype=q.dtype).index_copy_(0, self.ids, q)
+            if self.ids is not None:  # index j -> id ids[j]; q onto the ids
+                tok, q = to_target(self.ids, tok, q, self.model.vocab_size)
             confidences.append(p)
             p_all_pass *= rates.rate(p) if costed else p
             cumulative.append(p_all_pass)

@@ -25,6 +25,7 @@ import torch
 from ..config import SamplingConfig
 from ..costs import BetterOfTwo, PassRates, running_mean
 from ..errors import ParameterError
+from ..heads.vocab import to_target
 from ..models.quant import DenseLinear, W8A8Linear
 from ..models.small_linear import drafter_linear, drafter_linear_of
 from .base import Draft, DrafterContext, RatedGuesses, choose, register
@@ -128,11 +129,7 @@ class FeatureHeadDrafter(RatedGuesses):
     def to_target(self, index: int, q: torch.Tensor | None = None) -> tuple[int, torch.Tensor | None]:
         """A guess's draft index as the target's token id, and its distribution q [V'] over the
         target's ids (zero outside the head's vocabulary), as the verifier reads them."""
-        if self.ids is None:
-            return index, q
-        if q is not None:
-            q = torch.zeros(len(self.embed), dtype=q.dtype).index_copy_(0, self.ids, q)
-        return int(self.ids[index]), q
+        return to_target(self.ids, index, q, len(self.embed))
 
     @torch.inference_mode()
     def take_features(self, hidden: torch.Tensor) -> None:

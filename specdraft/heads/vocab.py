@@ -49,6 +49,17 @@ def draft_index(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return t2d
 
 
+def to_target(ids: torch.Tensor | None, index: int, q: torch.Tensor | None, width: int) -> tuple[int, torch.Tensor | None]:
+    """A guess's draft index as the target's token id, and its distribution q [V'] put on the
+    target's ``width`` ids (zero outside the listed ``ids``), as the verifier reads them; ``ids``
+    None: the first V' ids, index and q as they are."""
+    if ids is None:
+        return index, q
+    if q is not None:
+        q = torch.zeros(width, dtype=q.dtype).index_copy_(0, ids, q)
+    return int(ids[index]), q
+
+
 def as_draft_indices(cand: torch.Tensor, vocab: int, ids: torch.Tensor | None = None) -> torch.Tensor:
     """Target ids ``cand`` [...] as draft indices: for the first ``vocab`` ids (``ids`` None)
     themselves, else their place in ``ids``; -1 outside the vocabulary."""
