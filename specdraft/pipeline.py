@@ -26,7 +26,7 @@ from .models.gguf_weights import gguf_source, start_pack_read
 from .models.hf import HFModel
 from .models.hugepages import drop_reads
 from .models.llama import LlamaModel, not_native
-from .models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model_dir
+from .models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET, has_weights, resolve_model_dir
 from .models.quant import WEIGHT_FORMATS, resolve_format
 from .models.tokenizer import load_tokenizer
 from .prefix import DEFAULT_BUDGET, PrefixCache, reuses_exactly
@@ -100,8 +100,11 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
         raise ParameterError(f"weight format must be auto or one of {', '.join(WEIGHT_FORMATS)}, got {weight_format!r}")
     gguf_wanted = weight_format == "gguf" or (weight_format == "auto" and not draft and DTYPES[dtype] == torch.float32)
     kernels_wanted = runtime != "hf" and (gguf_wanted or weight_format == "q4k")
-    # a first run's conversion (~50 s, mostly one core) and the kernels' build (~40 s on both) side by side
-    path = resolve_model_dir(spec, progress=progress, converting=prebuild_kernels if kernels_wanted else lambda: None)
+    # a first run's conversion (~15 s for the gguf format's config and tokenizer, ~50 s for a full
+    # copy; mostly one core) and the kernels' build (~40 s on both) side by side
+    building = prebuild_kernels if kernels_wanted else lambda: None
+    light = runtime != "hf" and gguf_wanted  # the gguf format reads its numbers from the GGUF itself
+    path = resolve_model_dir(spec, progress=progress, converting=building, weights=not light)
     if runtime != "hf" and gguf_wanted:
         # the records' read into 2 MB pages, the longest wait of a start, runs beside the config's
         # and tokenizer's (hugepages.start_read); GGUFTensors takes it, drop_reads what none took
@@ -123,6 +126,11 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
             if native else ("dense" if weight_format == "auto" else weight_format)
         if weight_format == "q4k" and native and _kernel_problem() is not None:
             raise ParameterError(f"weight format q4k needs the native kernels: {_kernel_problem()}; use w8a8")
+        if (not native or weight_format != "gguf") and not has_weights(path):
+            # the gguf format cannot run this one after all (no kernels here, another architecture):
+            # the full copy, made now
+            path = resolve_model_dir(spec, progress=progress, converting=building)
+            config, tokenizer = _config_and_tokenizer(path)
         if native:
             model = LlamaModel.from_dir(path, dtype=DTYPES[dtype], max_length=max_length, weight_format=weight_format,
                                         head_vocab=head_vocab, gguf=gguf, config=config)

@@ -248,6 +248,7 @@ def test_a_llama_gguf_file_runs_end_to_end(ops, llama_gguf_file, tmp_path, monke
         monkeypatch.setattr(module, "cache_root", lambda: tmp_path / "cache")
     native = load_model(str(path), dtype="auto", weight_format="auto", max_length=64)
     assert native.model.weight_format == "gguf"
+    assert not packaged.has_weights(native.path)  # the config and tokenizer alone: the numbers are the GGUF's
     # once packed, a load starts reading the pack before the config and tokenizer (a thread of its
     # own, where huge pages are on) and leaves no read behind
     order = []
@@ -259,9 +260,13 @@ def test_a_llama_gguf_file_runs_end_to_end(ops, llama_gguf_file, tmp_path, monke
     assert order == ["read", "config"] and not hugepages._reads
     assert AutoConfig.from_pretrained(native.path).rope_freq_factors == pytest.approx(factors.tolist())
     dense = load_model(str(path), dtype="fp32", weight_format="dense", max_length=64)
+    assert packaged.has_weights(dense.path)  # a format that reads the weights: the full copy, made now
     ids = torch.tensor(native.tokenizer("the tether that the thin ten tie")["input_ids"])
     a, b = native.model.forward(ids).logits, dense.model.forward(ids).logits
     assert torch.equal(again.model.forward(ids).logits, a)  # the records read early are the same
+    beside = load_model(str(path), dtype="auto", weight_format="auto", max_length=64)
+    assert beside.path == dense.path  # the full copy serves the gguf format too, and changes no number
+    assert torch.equal(beside.model.forward(ids).logits, a)
     assert float(torch.nn.functional.cosine_similarity(a, b, dim=-1).min()) > 0.99
     assert main(["generate", "--target", str(path), "--method", "suffix", "--max-new-tokens", "6", "--no-chat",
                  "--color", "never", "the tether"]) == 0
@@ -291,3 +296,11 @@ def test_a_conversion_parses_the_gguf_once_and_writes_what_separate_parses_write
     assert len(built) > 2  # config, weights, tokenizer, RoPE divisors: each its own
     for name in ("model.safetensors", "config.json", "tokenizer.json", convert.MARKER):
         assert (shared / name).read_bytes() == (separate / name).read_bytes(), name
+    # without weights (the gguf format's copy): the same config, generation config and tokenizer
+    light = convert.convert_gguf(path, tmp_path / "light", progress=False, sha256="x", weights=False)
+    assert not list(light.glob("*.safetensors")) and convert.read_marker(light)["weights"] == convert.GGUF_ONLY
+    files = sorted(p.name for p in light.iterdir())
+    assert files == sorted(p.name for p in shared.iterdir() if p.name != "model.safetensors")
+    for name in files:
+        if name != convert.MARKER:
+            assert (light / name).read_bytes() == (shared / name).read_bytes(), name

@@ -3,6 +3,7 @@ later starts, rebuilt when damaged, and stacked projections (q, k; gate, up) rea
 records, not copies."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from test_gguf_kernels import random_blocks
@@ -194,3 +195,49 @@ def test_unreachable_packs_are_removed_and_others_kept(gguf_file, tmp_path):
     t = GGUFTensors(path, progress=False)
     assert gguf_weights._pack_path(path).exists() and not first.exists() and kept.exists()
     assert t.has_kernel(TENSORS[0][1])
+
+
+def test_the_dense_file_holds_what_has_no_records_in_bf16(tmp_path, monkeypatch):
+    """The gguf format's other numbers (the embedding, norms, biases, a matrix of a type without a
+    kernel), dequantized by gguf-py and rounded to bf16 as a converted copy's, by Hugging Face
+    name; the matrices with records are not in it. A damaged file is removed with one line."""
+    from gguf import dequantize
+
+    monkeypatch.setattr(gguf_weights, "cache_root", lambda: tmp_path / "cache")
+    rng = np.random.default_rng(0)
+    path = tmp_path / "tiny-dense.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    emb = random_blocks("Q4_K", 64, H, seed=7)  # [vocab 64, H]: gathered from, so numbers too
+    q8 = gguf.quants.quantize(rng.standard_normal((INNER, H)).astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
+    plain = {"blk.0.attn_norm.weight": rng.standard_normal(H).astype(np.float32),
+             "blk.0.attn_q.bias": rng.standard_normal(H).astype(np.float32),
+             "output_norm.weight": rng.standard_normal(H).astype(np.float32)}
+    w.add_tensor("token_embd.weight", emb, raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+    w.add_tensor("blk.0.ffn_up.weight", random_blocks("Q4_K", INNER, H, seed=8), raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+    w.add_tensor("blk.0.ffn_gate.weight", q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    for name, x in plain.items():
+        w.add_tensor(name, x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    t = GGUFTensors(path, progress=False)
+    dense = t.dense_file()
+    from safetensors.torch import load_file
+
+    got = load_file(str(dense))
+    want = {"model.embed_tokens.weight": dequantize(emb, gguf.GGMLQuantizationType.Q4_K),
+            "model.layers.0.mlp.gate_proj.weight": dequantize(q8, gguf.GGMLQuantizationType.Q8_0),
+            "model.layers.0.input_layernorm.weight": plain["blk.0.attn_norm.weight"],
+            "model.layers.0.self_attn.q_proj.bias": plain["blk.0.attn_q.bias"],
+            "model.norm.weight": plain["output_norm.weight"]}
+    assert set(got) == set(want)  # up_proj has records: not here
+    for name, x in want.items():
+        assert torch.equal(got[name], torch.from_numpy(np.ascontiguousarray(x)).to(torch.bfloat16)), name
+    assert t.has_kernel("model.layers.0.mlp.up_proj.weight") and not t.has_kernel("model.layers.0.mlp.gate_proj.weight")
+    assert GGUFTensors(path, progress=False).dense_file() == dense  # made once
+    dense.write_bytes(b"\xff" * 16)
+    with pytest.raises(ModelFileError, match=r"dense tensors .* damaged and are removed") as err:
+        GGUFTensors(path, progress=False).dense_file()
+    assert "\n" not in str(err.value) and not dense.exists()
+    assert GGUFTensors(path, progress=False).dense_file() == dense  # made again

@@ -12,12 +12,13 @@ import pytest
 
 from specdraft.errors import ModelFileError
 from specdraft.models import packaged
-from specdraft.models.convert import move_into_place
+from specdraft.models.convert import GGUF_ONLY, move_into_place
 from specdraft.models.packaged import (
     MARKER,
     PACKAGED,
     PackagedModel,
     cache_root,
+    has_weights,
     is_converted,
     join_parts,
     resolve_model_dir,
@@ -46,12 +47,14 @@ def write_parts(directory):
     return paths
 
 
-def fake_converted_dir(path, sha=SHA, marker=True):
+def fake_converted_dir(path, sha=SHA, marker=True, weights=True):
     path.mkdir(parents=True)
     (path / "config.json").write_text("{}")
-    (path / "model.safetensors").write_bytes(b"")
+    if weights:
+        (path / "model.safetensors").write_bytes(b"")
     if marker:
-        (path / MARKER).write_text(json.dumps({"format": packaged.MARKER_FORMAT, "sha256": sha}))
+        (path / MARKER).write_text(json.dumps({"format": packaged.MARKER_FORMAT, "sha256": sha,
+                                               **({} if weights else {"weights": GGUF_ONLY})}))
     return path
 
 
@@ -148,6 +151,11 @@ def test_incomplete_cache_dir_not_accepted(tmp_path):
     d = fake_converted_dir(tmp_path / "d")
     (d / "model.safetensors").unlink()
     assert not is_converted(d)
+    # a copy without weights (the gguf format's) is complete with its config alone, and says so
+    light = fake_converted_dir(tmp_path / "e", weights=False)
+    assert is_converted(light) and not has_weights(light)
+    (light / "config.json").unlink()
+    assert not is_converted(light)
 
 
 @pytest.fixture
@@ -162,10 +170,10 @@ def fake_package(tmp_path, monkeypatch):
     monkeypatch.setitem(PACKAGED, "fake", model)
     calls = []
 
-    def fake_convert(gguf, out_dir, progress=True, sha256=None, fix=None):
+    def fake_convert(gguf, out_dir, progress=True, sha256=None, fix=None, weights=True):
         calls.append(gguf)
         assert gguf.read_bytes() == JOINED
-        tmp = fake_converted_dir(out_dir.parent / ".fake.tmp", sha=sha256)
+        tmp = fake_converted_dir(out_dir.parent / ".fake.tmp", sha=sha256, weights=weights)
         move_into_place(tmp, out_dir)  # the real publish step, replacing any leftover
         return out_dir
 
@@ -178,6 +186,18 @@ def test_resolve_packaged_joins_converts_then_caches(fake_package, cache):
     out = resolve_model_dir("fake", progress=False)
     assert out == cache / "models" / "fake" and calls == [cache / "gguf" / "fake.gguf"]
     assert resolve_model_dir("fake", progress=False) == out and len(calls) == 1  # cached: no reconversion
+
+
+def test_a_load_without_weights_takes_the_light_copy_or_the_full_one(fake_package, cache):
+    """weights=False (the gguf format's loads): a copy without weights, made once in <cache>/light;
+    the full copy where one is made; a load that needs the weights makes the full copy all the same."""
+    _, calls = fake_package
+    light = resolve_model_dir("fake", progress=False, weights=False)
+    assert light == cache / "light" / "fake" and not has_weights(light) and len(calls) == 1
+    assert resolve_model_dir("fake", progress=False, weights=False) == light and len(calls) == 1  # cached
+    full = resolve_model_dir("fake", progress=False)
+    assert full == cache / "models" / "fake" and has_weights(full) and len(calls) == 2
+    assert resolve_model_dir("fake", progress=False, weights=False) == full and len(calls) == 2
 
 
 def test_resolve_packaged_reconverts_incomplete_dir(fake_package, cache):

@@ -269,6 +269,37 @@ def w8a8_target():
     return Speculator(target_format="w8a8", dtype="fp32", load_draft=False, progress=False)
 
 
+def test_the_gguf_format_s_numbers_are_the_full_copy_s(pair, w8a8_target):
+    """The default target on its GGUF weights reads the embedding, norms and biases from the GGUF
+    (GGUFTensors.dense_file), and its config and tokenizer from a copy without weights where no
+    full copy is made: the same numbers and files as the full copy (made for w8a8), bit for bit."""
+    from safetensors import safe_open
+
+    from specdraft.models import convert
+    from specdraft.models.gguf_weights import GGUFTensors
+    from specdraft.models.packaged import gguf_file, has_weights
+
+    if pair.target.model.weight_format != "gguf":
+        pytest.skip("the GGUF kernels do not run here")
+    full = w8a8_target.target.path
+    assert has_weights(full)
+    dense = GGUFTensors(gguf_file("default-target", progress=False), progress=False).dense_file()
+    with safe_open(str(dense), "pt") as d, safe_open(str(full / "model.safetensors"), "pt") as f:
+        names = list(d.keys())
+        assert "model.embed_tokens.weight" in names and len(names) > 100
+        for name in names:
+            assert torch.equal(d.get_tensor(name), f.get_tensor(name)), name
+    light = convert.convert_gguf(gguf_file("default-target", progress=False), full.parent / ".light-check",
+                                 progress=False, sha256="x", weights=False)
+    try:
+        for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+            assert (light / name).read_bytes() == (full / name).read_bytes(), name
+    finally:
+        import shutil
+
+        shutil.rmtree(light, ignore_errors=True)
+
+
 @pytest.mark.parametrize("method", ["prompt-lookup", "hybrid-head"])
 def test_w8a8_target_greedy_speculative_equals_plain(w8a8_target, method):
     """The int8 format stays available and exact."""

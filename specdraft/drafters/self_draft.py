@@ -19,6 +19,7 @@ import torch
 
 from ..cache import cache_root, console
 from ..errors import ParameterError
+from ..models.convert import MARKER
 from .base import DrafterContext, register
 from .draft_model import DraftModel
 
@@ -131,7 +132,8 @@ def _harm_path(target, target_dir: Path) -> Path:
     """Where the measurement of these weights is kept: named by the model directory, its weight
     files' sizes and times, the weight format and CALIBRATION."""
     d = Path(target_dir).resolve()
-    files = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in d.glob("*.safetensors"))
+    # with the conversion's marker: a copy without weights (the gguf format's) is told apart by its GGUF's
+    files = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in [*d.glob("*.safetensors"), *d.glob(MARKER)])
     key = json.dumps([str(d), files, getattr(target, "weight_format", ""), CALIBRATION])
     return cache_root() / "self-draft" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
 

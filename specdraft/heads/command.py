@@ -411,7 +411,7 @@ def export_from_args(args) -> int:
     if directory is None:
         raise ParameterError(f"no {kind} drafter is shipped for {name!r}; give its directory")
     head = load_head(directory, kind)
-    config_path = resolve_model_dir(name) / "config.json"
+    config_path = resolve_model_dir(name, weights=False) / "config.json"
     try:
         verifier_config = json.loads(config_path.read_text())
     except (OSError, ValueError) as e:

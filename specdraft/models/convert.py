@@ -4,8 +4,10 @@ The copy is written into a hidden temporary directory, reloaded and compared ten
 with the source, and published by a rename only after its marker file (:data:`MARKER`, written
 last) is in place: a directory without a valid marker is an unfinished conversion and is redone.
 Conversion dequantizes to bfloat16 (about 2 bytes per parameter of disk), which every runtime and
-weight format can read; the gguf weight format reads the GGUF file itself instead
-(:mod:`specdraft.models.gguf_weights`).
+weight format can read. The gguf weight format reads its numbers from the GGUF file itself
+(:mod:`specdraft.models.gguf_weights`): for it a conversion without weights (``weights=False``:
+the config, generation config and tokenizer alone, its marker saying so) is enough, and takes a
+fraction of the time and memory.
 """
 from __future__ import annotations
 
@@ -28,6 +30,9 @@ _STILL_GOOD = {1: ("llama", "mistral")}  # format -> model types it must be redo
 GGUF_MAGIC = b"GGUF"
 
 
+GGUF_ONLY = "gguf"  # a marker's "weights" where the copy holds none: they are read from the GGUF
+
+
 def read_marker(model_dir: Path) -> dict | None:
     """The conversion marker of ``model_dir``, or None when the directory is incomplete.
 
@@ -38,7 +43,10 @@ def read_marker(model_dir: Path) -> dict | None:
         marker = json.loads((model_dir / MARKER).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(marker, dict) or not all((model_dir / f).is_file() for f in ("config.json", "model.safetensors")):
+    if not isinstance(marker, dict):
+        return None
+    files = ("config.json",) if marker.get("weights") == GGUF_ONLY else ("config.json", "model.safetensors")
+    if not all((model_dir / f).is_file() for f in files):
         return None
     if marker.get("format") != MARKER_FORMAT:
         redo = _STILL_GOOD.get(marker.get("format"))
@@ -188,18 +196,25 @@ def _one_reader() -> Iterator[None]:
         gguf.GGUFReader = real
 
 
-def _load_gguf(gguf_path: Path, progress: bool, fix: str):
-    """(model, tokenizer) dequantized from the GGUF by transformers; a one-line error if it cannot."""
+def _load_gguf(gguf_path: Path, progress: bool, fix: str, weights: bool = True):
+    """(model, tokenizer) dequantized from the GGUF by transformers; a one-line error if it cannot.
+    ``weights=False``: the model built from the GGUF's config on the meta device (its class, config
+    and generation config, no numbers): seconds instead of ~50 for the default target."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     src_dir, src_name = str(gguf_path.parent), gguf_path.name
     try:
-        with step(f"loading GGUF {src_name}", progress):
-            model = AutoModelForCausalLM.from_pretrained(
-                src_dir, gguf_file=src_name, dtype=torch.bfloat16,
-                quantization_config=GgufConfig(dequantize=True),
-            )
+        with step(f"loading GGUF {src_name}" if weights else f"reading GGUF {src_name}'s config and tokenizer", progress):
+            if weights:
+                model = AutoModelForCausalLM.from_pretrained(
+                    src_dir, gguf_file=src_name, dtype=torch.bfloat16,
+                    quantization_config=GgufConfig(dequantize=True),
+                )
+            else:
+                config = AutoConfig.from_pretrained(src_dir, gguf_file=src_name)
+                with torch.device("meta"):
+                    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
             tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=src_name)
     except (MemoryError, KeyboardInterrupt):
         raise
@@ -211,15 +226,17 @@ def _load_gguf(gguf_path: Path, progress: bool, fix: str):
 
 def _save_copy(model, tokenizer, tmp: Path, out_dir: Path, gguf_name: str, progress: bool,
                rope_factors: list[float] | None = None) -> None:
-    """Write the safetensors weights, config, generation config and tokenizer into ``tmp``."""
-    state = _state_dict_for_saving(model)
-    bad = [n for n, t in state.items() if not t.is_floating_point()]
+    """Write the safetensors weights (not for a model on the meta device: no numbers), config,
+    generation config and tokenizer into ``tmp``."""
+    state = _state_dict_for_saving(model) if model.device.type != "meta" else None
+    bad = [n for n, t in (state or {}).items() if not t.is_floating_point()]
     if bad:  # packed blocks slipped through: the copy would be garbage
         raise ModelFileError(f"GGUF {gguf_name} was not fully dequantized ({bad[0]} is {state[bad[0]].dtype}); "
                              f"fix: upgrade transformers and gguf")
     try:
-        with step("saving safetensors", progress):
-            save_safetensors(state, tmp / "model.safetensors", {"format": "pt"})  # a full disk: ModelFileError
+        with step("saving safetensors" if state is not None else "saving the config and tokenizer", progress):
+            if state is not None:
+                save_safetensors(state, tmp / "model.safetensors", {"format": "pt"})  # a full disk: ModelFileError
             (tmp / "config.json").write_text(json.dumps(_config_dict(model, rope_factors), indent=2, sort_keys=True) + "\n")
             model.generation_config.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
@@ -229,7 +246,7 @@ def _save_copy(model, tokenizer, tmp: Path, out_dir: Path, gguf_name: str, progr
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True, sha256: str | None = None,
-                 fix: str | None = None) -> Path:
+                 fix: str | None = None, weights: bool = True) -> Path:
     """Convert a GGUF file into a bfloat16 Hugging Face model directory at ``out_dir``.
 
     transformers dequantizes the GGUF on load (explicitly requested with
@@ -242,7 +259,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True, sha256: 
     compared tensor by tensor with the in-memory model, the marker is written last, and only
     then is the directory renamed into place. An interrupted conversion leaves at most a hidden
     temp directory, never something that looks complete. ``sha256`` (of the GGUF) goes into the
-    marker; it is computed here when not given.
+    marker; it is computed here when not given. ``weights=False``: the config, generation config
+    and tokenizer alone (for the gguf weight format, which reads every number from the GGUF), the
+    marker's "weights" saying so.
     """
     gguf_path, out_dir = Path(gguf_path).resolve(), Path(out_dir)
     fix = fix or f"re-download or re-create {gguf_path.name}"
@@ -254,14 +273,14 @@ def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True, sha256: 
     try:
         with _quiet_transformers():
             with _one_reader():  # let go before the copy is written: its map of the file is ~1 GB resident
-                model, tokenizer = _load_gguf(gguf_path, progress, fix)
+                model, tokenizer = _load_gguf(gguf_path, progress, fix, weights)
                 factors = rope_freq_factors(gguf_path) if model.config.model_type in ("llama", "mistral") else None
             _save_copy(model, tokenizer, tmp, out_dir, gguf_path.name, progress, factors)
             with step("verifying the converted copy", progress):
                 _verify_copy(tmp, model, tokenizer)
             del model
         marker = {"format": MARKER_FORMAT, "source": gguf_path.name, "sha256": sha256,
-                  "size": gguf_path.stat().st_size}
+                  "size": gguf_path.stat().st_size, **({} if weights else {"weights": GGUF_ONLY})}
         (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
         move_into_place(tmp, out_dir)
     except BaseException:
@@ -278,12 +297,21 @@ def _verify_copy(model_dir: Path, model, tokenizer) -> None:
     Catches the classic conversion bugs: a dropped or untied ``lm_head``, a config that makes
     transformers expect packed weights, a tokenizer that encodes differently after saving.
     """
-    import torch
     from transformers import AutoConfig, AutoTokenizer
 
     config = AutoConfig.from_pretrained(model_dir)
     if getattr(config, "quantization_config", None) is not None:
         raise ModelFileError("converted config still asks for packed GGUF weights; this is a specdraft bug")
+    if model.device.type != "meta":
+        _verify_tensors(model_dir, model, config)
+    text = "def is_prime(n):\n    return n > 1  # ünïcödé <|im_start|>"
+    if AutoTokenizer.from_pretrained(model_dir)(text)["input_ids"] != tokenizer(text)["input_ids"]:
+        raise ModelFileError("converted tokenizer encodes differently from the GGUF's; this is a specdraft bug")
+
+
+def _verify_tensors(model_dir: Path, model, config) -> None:
+    import torch
+
     want = _state_dict_for_saving(model)  # what the copy must hold: a tied head under the embeddings' name only
     names = set(safetensors_header(model_dir / "model.safetensors")[1]) - {"__metadata__"}
     if names != set(want):
@@ -294,9 +322,6 @@ def _verify_copy(model_dir: Path, model, tokenizer) -> None:
             raise ModelFileError(f"converted tensor {name} differs from the GGUF; this is a specdraft bug")
     if model.config.tie_word_embeddings and not (config.tie_word_embeddings and "lm_head.weight" not in names):
         raise ModelFileError("converted copy lost its tied embeddings; this is a specdraft bug")
-    text = "def is_prime(n):\n    return n > 1  # ünïcödé <|im_start|>"
-    if AutoTokenizer.from_pretrained(model_dir)(text)["input_ids"] != tokenizer(text)["input_ids"]:
-        raise ModelFileError("converted tokenizer encodes differently from the GGUF's; this is a specdraft bug")
 
 
 def move_into_place(tmp: Path, out_dir: Path) -> None:

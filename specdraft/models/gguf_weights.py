@@ -63,6 +63,26 @@ def _head_counts(reader: GGUFIndex, arch: str) -> dict[str, int]:
     return {"attn_q": heads, "attn_k": field("head_count_kv") or heads}
 
 
+# GGUF tensors the gguf weight format reads as numbers rather than records, by their Hugging Face
+# names: per block (blk.N.<gguf> -> model.layers.N.<hf>) and whole-model ones
+_DENSE_LAYER = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+                "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
+                "attn_v.bias": "self_attn.v_proj.bias", "attn_q_norm.weight": "self_attn.q_norm.weight",
+                "attn_k_norm.weight": "self_attn.k_norm.weight",
+                **{f"{g}.weight": f"{h}.weight" for h, g in _LAYER_NAMES.items()}}
+_DENSE_TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+              "output.weight": "lm_head.weight"}
+
+
+def hf_tensor_name(name: str) -> str | None:
+    """'blk.3.attn_norm.weight' -> 'model.layers.3.input_layernorm.weight' (gguf_name's inverse,
+    norms and biases too); None for a tensor the models here do not read (rope_freqs: the config)."""
+    parts = name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _DENSE_LAYER:
+        return f"model.layers.{parts[1]}.{_DENSE_LAYER[parts[2]]}"
+    return _DENSE_TOP.get(name)
+
+
 def gguf_name(hf_name: str) -> str | None:
     """'model.layers.3.mlp.up_proj.weight' -> 'blk.3.ffn_up.weight'; lm_head -> output."""
     if hf_name == "lm_head.weight":
@@ -334,12 +354,29 @@ def _pack_key(name: str) -> tuple:
     return (-1, 0, name)
 
 
-def _pack_path(path: Path) -> Path:
-    """Where the kernel records of a GGUF file are kept: keyed by its name, size and mtime, so an
-    edited file is packed again."""
+DENSE_FORMAT = 1  # bump when the dense file's contents change: every one is made again
+
+
+def _pack_path(path: Path, folder: str = "packed", fmt: int = PACK_FORMAT) -> Path:
+    """Where the kernel records of a GGUF file are kept (``folder`` "packed/dense": its dense
+    tensors): keyed by its name, size and mtime, so an edited file is packed again."""
     st = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{PACK_FORMAT}".encode()).hexdigest()[:12]
-    return cache_root() / "packed" / f"{path.stem}-{key}.safetensors"
+    key = hashlib.sha256(f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{fmt}".encode()).hexdigest()[:12]
+    return cache_root() / folder / f"{path.stem}-{key}.safetensors"
+
+
+def _has_records(t) -> bool:
+    """Whether the kernels multiply this GGUF tensor (gguf_index.IndexedTensor) from records."""
+    return t.tensor_type.name in SUPPORTED and len(t.shape) == 2 and int(t.shape[0]) % QK == 0
+
+
+def _dequantize(t) -> np.ndarray:
+    """A GGUF tensor (gguf_index.IndexedTensor) as float32 numbers in Hugging Face order [rows, inputs]."""
+    from gguf import dequantize
+
+    shape = tuple(reversed(t.shape))  # ggml order lists the inputs first
+    rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+    return dequantize(np.asarray(t.data).reshape(rows, -1), t.tensor_type).reshape(shape)
 
 
 def _remove_stale_packs(pack: Path, source: str) -> None:
@@ -371,6 +408,7 @@ class GGUFTensors:
 
     def __init__(self, path: str | Path, progress: bool = True):
         self.path = Path(path)
+        self.progress = progress
         pack = _pack_path(self.path)
         if not pack.is_file():
             self._write_pack(pack, progress)
@@ -410,7 +448,7 @@ class GGUFTensors:
             with status if progress else nullcontext():
                 for t in sorted(reader.tensors, key=lambda t: _pack_key(t.name)):
                     kind = t.tensor_type.name
-                    if kind not in SUPPORTED or int(t.shape[0]) % QK:
+                    if not _has_records(t):
                         continue
                     in_f, out_f = (int(n) for n in t.shape[:2])  # ggml order: inputs first
                     data = np.asarray(t.data).reshape(out_f, -1)  # a row's blocks: the rows are independent
@@ -432,6 +470,48 @@ class GGUFTensors:
         uncache(tmp)  # its first load reads it back in 2 MB folios where the kernel can (hugepages.mapped_huge)
         os.replace(tmp, pack)  # whole or absent: a crash mid-write leaves no half pack
         _remove_stale_packs(pack, source)
+
+    def dense_file(self) -> Path:
+        """A safetensors file of the tensors the gguf weight format reads as numbers, by Hugging
+        Face name, in bfloat16: the embedding (gathered from), norms, biases, and matrices without
+        records (a type the kernels lack), made once per GGUF file. The same numbers as
+        transformers' dequantization (gguf-py's), rounded to bfloat16 as the converted copy is;
+        read from here, a gguf model's numbers do not depend on which copy the cache holds, and
+        a first run need not write the bf16 copy of every matrix (convert.py: weights=False)."""
+        dense = _pack_path(self.path, "packed/dense", DENSE_FORMAT)
+        if not dense.is_file():
+            self._write_dense(dense, self.progress)
+        try:
+            safetensors_header(dense)
+        except (OSError, ValueError):
+            dense.unlink(missing_ok=True)
+            raise ModelFileError(f"the dense tensors of {self.path.name} in {dense.parent} were damaged and are "
+                                 "removed; run the command again to make them anew") from None
+        return dense
+
+    def _write_dense(self, dense: Path, progress: bool) -> None:
+        reader = GGUFIndex(self.path)
+        arch = str(reader.fields.get("general.architecture", "?"))
+        heads = _head_counts(reader, arch) if _ARCHS.get(arch) else {}
+        tensors: dict[str, torch.Tensor] = {}
+        status = console().status(f"reading {self.path.name}'s embedding and norms (once)...")
+        with status if progress else nullcontext():
+            for t in reader.tensors:
+                name = hf_tensor_name(t.name)
+                if name is None or (_has_records(t) and t.name != "token_embd.weight"):
+                    continue  # multiplied from the records (the embedding is gathered from: numbers)
+                x = _dequantize(t)
+                role = t.name.split(".")[-2]
+                if role in heads:  # a permuted q / k's rows (a bias, a matrix without records)
+                    x = x[_hf_row_order(x.shape[0], heads[role])]
+                x = x if x.flags.writeable else x.copy()  # a float32 tensor's numbers are a view of the map
+                tensors[name] = torch.from_numpy(x).to(torch.bfloat16)
+        dense.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dense.with_suffix(f".tmp{os.getpid()}")
+        source = str(self.path.resolve())
+        save_safetensors(tensors, tmp, {"source": source, "format": str(DENSE_FORMAT)})
+        os.replace(tmp, dense)  # whole or absent
+        _remove_stale_packs(dense, source)
 
     def _name(self, hf_name: str) -> str | None:
         """The GGUF tensor behind a HF weight name when the kernels can multiply it, else None."""

@@ -494,16 +494,19 @@ class LlamaModel:
             raise ModelFileError(f"cannot read {path}/config.json ({type(e).__name__}); is this a model directory?") from None
         if (why := not_native(config)) is not None:
             raise ModelFileError(f"{why}; use --runtime hf")
-        files = sorted(path.glob("*.safetensors"))
+        if weight_format == "gguf" and gguf is None:
+            raise ModelFileError(f"weight format gguf needs the GGUF file behind {path}: "
+                                 "give a packaged model name or a .gguf file, or use another format")
+        # gguf: the matrices are the GGUF's records, the rest its own numbers (GGUFTensors.dense_file,
+        # listed last: its names win), whatever copy ``path`` holds (perhaps a config and tokenizer
+        # alone: packaged.resolve_model_dir)
+        files = sorted(path.glob("*.safetensors")) + ([gguf.dense_file()] if weight_format == "gguf" else [])
         if not files:
             raise ModelFileError(f"no *.safetensors weights in {path}; convert or re-download the model")
         try:
             weights = LazyWeights(files)
         except Exception as e:
             raise ModelFileError(f"cannot read weights in {path} ({e}); the file is corrupt, re-create it") from None
-        if weight_format == "gguf" and gguf is None:
-            raise ModelFileError(f"weight format gguf needs the GGUF file behind {path}: "
-                                 "give a packaged model name or a .gguf file, or use another format")
         if weight_format == "q4k":
             gguf = RequantizedWeights(weights)
         return cls(read_spec(config), weights, config, dtype=dtype, max_length=max_length,

@@ -35,7 +35,7 @@ def add_index_args(p) -> None:
 def build_from_args(args) -> int:
     config = BuildConfig(tuple(args.paths), tuple(g.strip() for g in args.glob.split(",")), args.max_tokens)
     target = args.target or DEFAULT_TARGET
-    tokenizer_json = resolve_model_dir(target) / "tokenizer.json"
+    tokenizer_json = resolve_model_dir(target, weights=False) / "tokenizer.json"
     if not tokenizer_json.is_file():
         raise ModelFileError(f"target {target!r} has no tokenizer.json, which an index is tokenized with; "
                              "pass a target that has one")
