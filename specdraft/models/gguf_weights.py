@@ -661,6 +661,19 @@ def start_pack_read(spec: str) -> bool:
         return False
 
 
+def gguf_runs(spec: str, progress: bool = True) -> bool:
+    """Whether the gguf weight format takes the GGUF file behind ``spec`` by what the file holds
+    (its architecture; records for its first block's up projection, as gguf_source asks), read in
+    milliseconds (GGUFIndex); not whether the kernels build here. False where there is no GGUF
+    file or it cannot be read (the load then reports that itself)."""
+    try:
+        reader = GGUFIndex(gguf_file(spec, progress=progress))
+    except (ModelFileError, OSError, ValueError, KeyError):
+        return False
+    up = next((t for t in reader.tensors if t.name == "blk.0.ffn_up.weight"), None)
+    return reader.fields.get("general.architecture") in _ARCHS and up is not None and _has_records(up)
+
+
 def gguf_source(spec: str, *, required: bool, progress: bool = True) -> GGUFTensors | None:
     """The tensors of the GGUF file behind ``spec`` when weight format gguf can run it here, else
     None, or (when ``required``) a one-line error naming what is missing."""
