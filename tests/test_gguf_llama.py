@@ -282,13 +282,13 @@ def test_a_conversion_parses_the_gguf_once_and_writes_what_separate_parses_write
 
     path, _ = llama_gguf_file
     built = []
-    real = gguf.GGUFReader
+    real = gguf.GGUFReader.__init__
 
-    def counted(*args, **kwargs):
-        built.append(args[0])
-        return real(*args, **kwargs)
+    def counted(self, path, *args, **kwargs):
+        built.append(path)
+        return real(self, path, *args, **kwargs)
 
-    monkeypatch.setattr(gguf, "GGUFReader", counted)
+    monkeypatch.setattr(gguf.GGUFReader, "__init__", counted)
     shared = convert.convert_gguf(path, tmp_path / "shared", progress=False, sha256="x")
     assert len(built) == 1
     monkeypatch.setattr(convert, "_one_reader", nullcontext)
