@@ -33,7 +33,7 @@ import torch
 from ..cache import cache_root, console
 
 HERE = Path(__file__).parent
-# bindings.cpp first: the one file with <torch/extension.h> (~25 s to compile against ~1-6 s for
+# bindings.cpp first: the one file with pybind11 and torch's tensor casters (~13 s to compile against ~1-6 s for
 # each other file), so the build starts it first and compiles the others beside it
 SOURCES = [HERE / n for n in ("bindings.cpp", "gguf_matmul.cpp", "gguf_vnni.cpp", "gguf_avxvnni.cpp", "gguf_amx.cpp",
                               "attention.cpp", "attention_avx512.cpp", "layer_ops.cpp", "decoder.cpp", "probe.cpp")]
