@@ -441,29 +441,34 @@ class GGUFTensors:
         except Exception as e:
             raise ModelFileError(f"cannot read GGUF {self.path.name} ({type(e).__name__}: {e}); re-create the file") from None
         arch = str(reader.fields.get("general.architecture", "?"))
-        records, entries, offset = [], {}, 0
-        if arch in _ARCHS:  # others are refused on open, with the reason
-            heads = _head_counts(reader, arch) if _ARCHS[arch] else {}
-            status = console().status(f"packing {self.path.name} for the GGUF kernels (once)...")
-            with status if progress else nullcontext():
-                for t in sorted(reader.tensors, key=lambda t: _pack_key(t.name)):
-                    kind = t.tensor_type.name
-                    if not _has_records(t):
-                        continue
-                    in_f, out_f = (int(n) for n in t.shape[:2])  # ggml order: inputs first
-                    data = np.asarray(t.data).reshape(out_f, -1)  # a row's blocks: the rows are independent
-                    role = t.name.split(".")[-2]
-                    if role in heads:
-                        data = data[_hf_row_order(out_f, heads[role])]
-                    unpack = unpack_q4k if kind == "Q4_K" else unpack_q6k
-                    chunk = 8192  # rows per unpack: bounds the temporaries for the output head
-                    rec = torch.cat([unpack(data[i:i + chunk]) for i in range(0, out_f, chunk)])
-                    records.append(rec.reshape(-1))
-                    entries[t.name] = (kind, out_f, in_f, offset, rec.shape[0])
-                    offset += rec.numel()
+        # where each matrix's records go: [ceil(out / 8) groups, a record per super-block of inputs]
+        # in one buffer, filled in place (a list of them joined at the end held the pack twice: 2.2 GB)
+        tensors = [t for t in sorted(reader.tensors, key=lambda t: _pack_key(t.name)) if _has_records(t)]
+        entries, offset = {}, 0
+        for t in tensors if arch in _ARCHS else []:  # others are refused on open, with the reason
+            in_f, out_f = (int(n) for n in t.shape[:2])  # ggml order: inputs first
+            groups = -(-out_f // GROUP)
+            entries[t.name] = (t.tensor_type.name, out_f, in_f, offset, groups)
+            offset += groups * _record_bytes(t.tensor_type.name, in_f)
+        flat = torch.empty(offset, dtype=torch.uint8)
+        heads = _head_counts(reader, arch) if _ARCHS.get(arch) else {}
+        status = console().status(f"packing {self.path.name} for the GGUF kernels (once)...")
+        with status if progress else nullcontext():
+            for t in tensors:
+                if t.name not in entries:
+                    continue
+                kind, out_f, in_f, start, groups = entries[t.name]
+                data = np.asarray(t.data).reshape(out_f, -1)  # a row's blocks: the rows are independent
+                role = t.name.split(".")[-2]
+                if role in heads:
+                    data = data[_hf_row_order(out_f, heads[role])]
+                unpack = unpack_q4k if kind == "Q4_K" else unpack_q6k
+                dest = flat[start:start + groups * _record_bytes(kind, in_f)].view(groups, -1)
+                chunk = 8192  # rows per unpack (whole groups): bounds the temporaries for the output head
+                for i in range(0, out_f, chunk):
+                    dest[i // GROUP:(i + chunk) // GROUP] = unpack(data[i:i + chunk])
         pack.parent.mkdir(parents=True, exist_ok=True)
         tmp = pack.with_suffix(f".tmp{os.getpid()}")
-        flat = torch.cat(records) if records else torch.zeros(0, dtype=torch.uint8)
         source = str(self.path.resolve())
         save_safetensors({"records": flat}, tmp, {"arch": arch, "tensors": json.dumps(entries), "source": source,
                                                   "format": str(PACK_FORMAT)})
