@@ -23,7 +23,7 @@ from .errors import ParameterError, SpecdraftError
 from .heads.command import add_export_args, add_train_args, export_from_args, train_from_args
 from .heads.model import shipped_head_dir
 from .models.hugepages import one_shot_pages, pages_note, save_payback, short_run
-from .models.packaged import DEFAULT_TARGET, PACKAGED, resolve_model_dir
+from .models.packaged import DEFAULT_TARGET, PACKAGED
 from .options import (
     DTYPES,
     FORMATS,
@@ -34,7 +34,7 @@ from .options import (
     spec_from_args,
     speculator_options,
 )
-from .pipeline import Speculator, load_model
+from .pipeline import Speculator, load_model, prepare_model
 from .retrieval.command import add_index_args
 
 _DEFAULTS_SPEC = SpecConfig()
@@ -173,7 +173,8 @@ def _add_calibrate(sub) -> None:
 
 
 def _add_models(sub) -> None:
-    m = sub.add_parser("models", help="list the packaged models, or prepare (join, verify, convert) them")
+    m = sub.add_parser("models", help="list the packaged models, or prepare what their loads read (join, verify, "
+                                      "convert, pack)")
     m.set_defaults(func=_cmd_models)
     m.add_argument("action", choices=["list", "prepare"])
     m.add_argument("names", nargs="*")
@@ -458,7 +459,7 @@ def _cmd_models(args) -> int:
             print(f"{name:22s} {pm.description}")
         return 0
     for name in args.names or list(PACKAGED):
-        print(f"{name}: {resolve_model_dir(name)}")
+        print(f"{name}: {prepare_model(name)}")
     return 0
 
 

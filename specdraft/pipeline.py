@@ -22,11 +22,11 @@ from .heads.vocab import filled_ids
 from .kernels import KernelUnavailable, gguf_ops, prebuild_kernels
 from .metrics import SpecStats
 from .models.config_view import generation_eos, load_config
-from .models.gguf_weights import gguf_runs, gguf_source, start_pack_read
+from .models.gguf_weights import GGUFTensors, gguf_runs, gguf_source, start_pack_read
 from .models.hf import HFModel
 from .models.hugepages import drop_reads
 from .models.llama import LlamaModel, not_native
-from .models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET, has_weights, resolve_model_dir
+from .models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET, gguf_file, has_weights, resolve_model_dir
 from .models.quant import WEIGHT_FORMATS, resolve_format
 from .models.tokenizer import load_tokenizer
 from .prefix import DEFAULT_BUDGET, PrefixCache, reuses_exactly
@@ -75,6 +75,17 @@ def resolve_dtype(dtype: str) -> str:
     emulated (several times fp32). ``--dtype bf16`` still selects it.
     """
     return "fp32" if dtype == "auto" else dtype
+
+
+def prepare_model(spec: str, progress: bool = True) -> Path:
+    """Makes now what a default load of ``spec`` reads from the cache, and returns its model
+    directory: for a GGUF the gguf format takes, the copy without weights, the pack and the dense
+    file (GGUFTensors); for any other, the full copy (``specdraft models prepare``)."""
+    if not gguf_runs(spec, progress):
+        return resolve_model_dir(spec, progress=progress)
+    path = resolve_model_dir(spec, progress=progress, weights=False)
+    GGUFTensors(gguf_file(spec, progress=progress), progress=progress).dense_file()
+    return path
 
 
 def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", max_length: int = 4096,

@@ -7,6 +7,8 @@ Also: a Llama 3.1+ file's rope_freqs kept through conversion, converted copies o
 redone for Llama only, and a whole tiny Llama GGUF (tokenizer and all) through the CLI."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -304,3 +306,20 @@ def test_a_conversion_parses_the_gguf_once_and_writes_what_separate_parses_write
     for name in files:
         if name != convert.MARKER:
             assert (light / name).read_bytes() == (shared / name).read_bytes(), name
+
+
+def test_models_prepare_makes_what_a_load_reads(llama_gguf_file, tmp_path, monkeypatch, capsys):
+    """`specdraft models prepare FILE.gguf`: the copy without weights, the pack and the dense file,
+    so a load after it converts nothing; no bf16 copy of the weights."""
+    from specdraft.cli import main
+    from specdraft.models import packaged
+
+    path, _ = llama_gguf_file
+    for module in (gguf_weights, packaged):
+        monkeypatch.setattr(module, "cache_root", lambda: tmp_path / "cache")
+    assert main(["models", "prepare", str(path)]) == 0
+    light = Path(capsys.readouterr().out.split(": ", 1)[1].strip())
+    assert light.parent == tmp_path / "cache" / "light" and not packaged.has_weights(light)
+    assert list((tmp_path / "cache" / "packed").glob("*.safetensors"))
+    assert list((tmp_path / "cache" / "packed" / "dense").glob("*.safetensors"))
+    assert not (tmp_path / "cache" / "models").exists()
