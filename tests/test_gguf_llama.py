@@ -323,3 +323,23 @@ def test_models_prepare_makes_what_a_load_reads(llama_gguf_file, tmp_path, monke
     assert list((tmp_path / "cache" / "packed").glob("*.safetensors"))
     assert list((tmp_path / "cache" / "packed" / "dense").glob("*.safetensors"))
     assert not (tmp_path / "cache" / "models").exists()
+
+
+def test_the_transformers_peers_read_the_full_copy(ops, llama_gguf_file, tmp_path, monkeypatch):  # noqa: F811
+    """The bench's transformers peers load the target's weights: where our target runs from the
+    copy without weights, the full copy is made for them, and the peer answers from it."""
+    from types import SimpleNamespace
+
+    from specdraft.bench.runners import peer_setup
+    from specdraft.models import packaged
+    from specdraft.pipeline import Speculator
+
+    path, _ = llama_gguf_file
+    for module in (gguf_weights, packaged):
+        monkeypatch.setattr(module, "cache_root", lambda: tmp_path / "cache")
+    sd = Speculator(str(path), dtype="auto", max_length=64, load_draft=False, progress=False)
+    assert not packaged.has_weights(sd.target.path)
+    setup = peer_setup(SimpleNamespace(hf_dtype_plain="fp32", ignore_eos=True), ["hf-generate"], sd)
+    assert packaged.has_weights(setup.target_path) and setup.target_path.parent == tmp_path / "cache" / "models"
+    ids = sd.tokenizer("the tether")["input_ids"]
+    assert len(setup.runner("hf-generate")(ids, 4).token_ids) == 4
