@@ -22,7 +22,8 @@ from .heads.vocab import filled_ids
 from .kernels import KernelUnavailable, gguf_ops, prebuild_kernels
 from .metrics import SpecStats
 from .models.config_view import generation_eos, load_config
-from .models.gguf_weights import GGUFTensors, gguf_runs, gguf_source, start_pack_read
+from .models.gguf_index import kernels_take
+from .models.gguf_weights import GGUFTensors, gguf_source, start_pack_read
 from .models.hf import HFModel
 from .models.hugepages import drop_reads
 from .models.llama import LlamaModel, not_native
@@ -81,10 +82,13 @@ def prepare_model(spec: str, progress: bool = True) -> Path:
     """Makes now what a default load of ``spec`` reads from the cache, and returns its model
     directory: for a GGUF the gguf format takes, the copy without weights, the pack and the dense
     file (GGUFTensors); for any other, the full copy (``specdraft models prepare``)."""
-    if not gguf_runs(spec, progress):
-        return resolve_model_dir(spec, progress=progress)
     path = resolve_model_dir(spec, progress=progress, weights=False)
-    GGUFTensors(gguf_file(spec, progress=progress), progress=progress).dense_file()
+    try:
+        gguf = gguf_file(spec, progress=progress)
+    except ModelFileError:  # a Hugging Face directory: nothing more to make
+        return path
+    if kernels_take(gguf):
+        GGUFTensors(gguf, progress=progress).dense_file()
     return path
 
 
@@ -115,7 +119,7 @@ def load_model(spec: str, *, dtype: str = DEFAULT_DTYPE, runtime: str = "auto", 
     # copy; mostly one core) and the kernels' build (~40 s on both) side by side
     building = prebuild_kernels if kernels_wanted else lambda: None
     # the gguf format reads its numbers from the GGUF itself: a copy without weights will do
-    light = runtime != "hf" and gguf_wanted and gguf_runs(spec, progress)
+    light = runtime != "hf" and gguf_wanted
     path = resolve_model_dir(spec, progress=progress, converting=building, weights=not light)
     if runtime != "hf" and gguf_wanted:
         # the records' read into 2 MB pages, the longest wait of a start, runs beside the config's

@@ -10,6 +10,7 @@ from test_gguf_kernels import random_blocks
 
 from specdraft.errors import ModelFileError
 from specdraft.models import gguf_weights, hugepages
+from specdraft.models.gguf_index import kernels_take
 from specdraft.models.gguf_weights import GGUFLinear, GGUFTensors, unpack_q4k, unpack_q6k
 
 gguf = pytest.importorskip("gguf")
@@ -243,10 +244,10 @@ def test_the_dense_file_holds_what_has_no_records_in_bf16(tmp_path, monkeypatch)
     assert GGUFTensors(path, progress=False).dense_file() == dense  # made again
 
 
-def test_gguf_runs_says_which_files_the_format_takes(gguf_file, tmp_path):
+def test_kernels_take_says_which_files_the_format_takes(gguf_file, tmp_path):
     """By architecture and by the first block's up projection's type, read from the header alone."""
     path, _ = gguf_file
-    assert gguf_weights.gguf_runs(str(path), progress=False)
+    assert kernels_take(path)
     other = tmp_path / "other.gguf"
     w = gguf.GGUFWriter(str(other), "gemma")
     w.add_tensor("blk.0.ffn_up.weight", random_blocks("Q4_K", INNER, H, seed=1), raw_dtype=gguf.GGMLQuantizationType.Q4_K)
@@ -254,7 +255,7 @@ def test_gguf_runs_says_which_files_the_format_takes(gguf_file, tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    assert not gguf_weights.gguf_runs(str(other), progress=False)  # an architecture the kernels lack
+    assert not kernels_take(other)  # an architecture the kernels lack
     q8 = tmp_path / "q8.gguf"
     w = gguf.GGUFWriter(str(q8), "qwen2")
     w.add_tensor("blk.0.ffn_up.weight", gguf.quants.quantize(np.ones((INNER, H), np.float32), gguf.GGMLQuantizationType.Q8_0),
@@ -263,7 +264,7 @@ def test_gguf_runs_says_which_files_the_format_takes(gguf_file, tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    assert not gguf_weights.gguf_runs(str(q8), progress=False)  # a type without records
-    assert not gguf_weights.gguf_runs(str(tmp_path / "absent.gguf"), progress=False)
+    assert not kernels_take(q8)  # a type without records
+    assert not kernels_take(tmp_path / "absent.gguf")
     (tmp_path / "broken.gguf").write_bytes(b"GGUF\x03")
-    assert not gguf_weights.gguf_runs(str(tmp_path / "broken.gguf"), progress=False)
+    assert not kernels_take(tmp_path / "broken.gguf")

@@ -188,16 +188,23 @@ def test_resolve_packaged_joins_converts_then_caches(fake_package, cache):
     assert resolve_model_dir("fake", progress=False) == out and len(calls) == 1  # cached: no reconversion
 
 
-def test_a_load_without_weights_takes_the_light_copy_or_the_full_one(fake_package, cache):
+def test_a_load_without_weights_takes_the_light_copy_or_the_full_one(fake_package, cache, monkeypatch):
     """weights=False (the gguf format's loads): a copy without weights, made once in <cache>/light;
     the full copy where one is made; a load that needs the weights makes the full copy all the same."""
     _, calls = fake_package
+    monkeypatch.setattr(packaged, "kernels_take", lambda path: True)  # the fake file stands for one it takes
     light = resolve_model_dir("fake", progress=False, weights=False)
     assert light == cache / "light" / "fake" and not has_weights(light) and len(calls) == 1
     assert resolve_model_dir("fake", progress=False, weights=False) == light and len(calls) == 1  # cached
     full = resolve_model_dir("fake", progress=False)
     assert full == cache / "models" / "fake" and has_weights(full) and len(calls) == 2
     assert resolve_model_dir("fake", progress=False, weights=False) == full and len(calls) == 2
+
+
+def test_a_file_the_gguf_format_cannot_take_gets_the_full_copy_at_once(fake_package, cache):
+    _, calls = fake_package  # its bytes are no GGUF the kernels take (gguf_index.kernels_take)
+    assert resolve_model_dir("fake", progress=False, weights=False) == cache / "models" / "fake"
+    assert has_weights(cache / "models" / "fake") and not (cache / "light").exists() and len(calls) == 1
 
 
 def test_resolve_packaged_reconverts_incomplete_dir(fake_package, cache):

@@ -21,6 +21,14 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 _STRING, _ARRAY = 8, 9
 
 
+QK = 256  # inputs per super-block
+RECORD_TYPES = ("Q4_K", "Q6_K")  # the tensor types the native kernels multiply (models.gguf_weights' records)
+# Architectures the kernels run -> whether llama.cpp's converter permuted their q / k rows: for a
+# "llama" file (Llama 2 / 3, Mistral, TinyLlama, ...) it interleaves each head's two rope halves
+# (GGML's rope pairs adjacent dims); Qwen2 / Qwen3's rope is already GGML's NEOX form, rows as in HF.
+KERNEL_ARCHS = {"qwen2": False, "qwen3": False, "llama": True}
+
+
 @dataclass(frozen=True)
 class IndexedTensor:
     name: str
@@ -92,3 +100,21 @@ class GGUFIndex:
             else:
                 raise ValueError(f"metadata value type {item}")
         return pos
+
+
+def has_records(t: IndexedTensor) -> bool:
+    """Whether the kernels multiply this tensor from records (gguf_weights packs it)."""
+    return t.tensor_type.name in RECORD_TYPES and len(t.shape) == 2 and int(t.shape[0]) % QK == 0
+
+
+def kernels_take(path: str | Path) -> bool:
+    """Whether the gguf weight format takes this GGUF file by what it holds (its architecture;
+    records for its first block's up projection, as gguf_weights.gguf_source asks), read in ~40 ms
+    (default target, Zen 4 EPYC); not whether the kernels build here. False where the file cannot
+    be read (its load reports that itself)."""
+    try:
+        reader = GGUFIndex(path)
+    except (OSError, ValueError):
+        return False
+    up = next((t for t in reader.tensors if t.name == "blk.0.ffn_up.weight"), None)
+    return reader.fields.get("general.architecture") in KERNEL_ARCHS and up is not None and has_records(up)

