@@ -343,3 +343,34 @@ def test_the_transformers_peers_read_the_full_copy(ops, llama_gguf_file, tmp_pat
     assert packaged.has_weights(setup.target_path) and setup.target_path.parent == tmp_path / "cache" / "models"
     ids = sd.tokenizer("the tether")["input_ids"]
     assert len(setup.runner("hf-generate")(ids, 4).token_ids) == 4
+
+
+def test_the_dense_file_puts_a_llama_file_s_q_k_numbers_back_in_hf_order(tmp_path, monkeypatch):
+    """A "llama" GGUF's q / k biases (and q / k matrices without records) are stored permuted as
+    the converter permutes rows; the dense file has them in Hugging Face's order, v's untouched."""
+    monkeypatch.setattr(gguf_weights, "cache_root", lambda: tmp_path / "cache")
+    rng = np.random.default_rng(3)
+    q_bias, k_bias, v_bias = (rng.standard_normal(n).astype(np.float32) for n in (H, H // HEADS * KV_HEADS,
+                                                                                   H // HEADS * KV_HEADS))
+    q8 = rng.standard_normal((H, H)).astype(np.float32)
+    path = tmp_path / "tiny-llama-bias.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_tensor("blk.0.attn_q.bias", converter_permute(q_bias, HEADS))
+    w.add_tensor("blk.0.attn_k.bias", converter_permute(k_bias, KV_HEADS))
+    w.add_tensor("blk.0.attn_v.bias", v_bias)
+    w.add_tensor("blk.0.attn_q.weight", gguf.quants.quantize(converter_permute(q8, HEADS), gguf.GGMLQuantizationType.Q8_0),
+                 raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    from safetensors.torch import load_file
+
+    got = load_file(str(GGUFTensors(path, progress=False).dense_file()))
+    a = "model.layers.0.self_attn."
+    for name, want in (("q_proj.bias", q_bias), ("k_proj.bias", k_bias), ("v_proj.bias", v_bias)):
+        assert torch.equal(got[a + name], torch.from_numpy(want).to(torch.bfloat16)), name
+    want_q = gguf.quants.dequantize(gguf.quants.quantize(q8, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0)
+    assert torch.equal(got[a + "q_proj.weight"], torch.from_numpy(want_q).to(torch.bfloat16))

@@ -359,13 +359,25 @@ def _pack_path(path: Path, folder: str = "packed", fmt: int = PACK_FORMAT) -> Pa
     return cache_root() / folder / f"{path.stem}-{key}.safetensors"
 
 
-def _dequantize(t) -> np.ndarray:
-    """A GGUF tensor (gguf_index.IndexedTensor) as float32 numbers in Hugging Face order [rows, inputs]."""
+def _dequantize_bf16(t, rows_order: np.ndarray | None = None, chunk: int = 8192) -> torch.Tensor:
+    """A GGUF tensor (gguf_index.IndexedTensor) as bfloat16 numbers in Hugging Face order [rows,
+    inputs] (``rows_order``: the GGUF row of each), dequantized by gguf-py as float32 and rounded
+    ``chunk`` rows at a time (the embedding's float32 whole would be 0.93 GB for the default target)."""
     from gguf import dequantize
 
     shape = tuple(reversed(t.shape))  # ggml order lists the inputs first
-    rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
-    return dequantize(np.asarray(t.data).reshape(rows, -1), t.tensor_type).reshape(shape)
+    if len(shape) == 1:  # a norm's or a bias's numbers (a q / k bias's in ``rows_order`` too)
+        x = torch.from_numpy(dequantize(np.asarray(t.data).reshape(1, -1), t.tensor_type).reshape(-1).copy())
+        return (x if rows_order is None else x[torch.from_numpy(rows_order)]).to(torch.bfloat16)
+    rows = int(np.prod(shape[:-1]))
+    data = np.asarray(t.data).reshape(rows, -1)  # a row's bytes: rows dequantize independently
+    if rows_order is not None:
+        data = data[rows_order]
+    out = torch.empty((rows, int(shape[-1])), dtype=torch.bfloat16)
+    for i in range(0, rows, chunk):
+        x = dequantize(data[i:i + chunk], t.tensor_type)
+        out[i:i + chunk] = torch.from_numpy(x if x.flags.writeable else x.copy())  # float32: a view of the map
+    return out.reshape(shape)
 
 
 def _remove_stale_packs(pack: Path, source: str) -> None:
@@ -494,12 +506,9 @@ class GGUFTensors:
                 name = hf_tensor_name(t.name)
                 if name is None or (has_records(t) and t.name != "token_embd.weight"):
                     continue  # multiplied from the records (the embedding is gathered from: numbers)
-                x = _dequantize(t)
-                role = t.name.split(".")[-2]
-                if role in heads:  # a permuted q / k's rows (a bias, a matrix without records)
-                    x = x[_hf_row_order(x.shape[0], heads[role])]
-                x = x if x.flags.writeable else x.copy()  # a float32 tensor's numbers are a view of the map
-                tensors[name] = torch.from_numpy(x).to(torch.bfloat16)
+                role = t.name.split(".")[-2]  # a permuted q / k's rows (a bias, a matrix without records)
+                order = _hf_row_order(int(t.shape[-1]), heads[role]) if role in heads else None
+                tensors[name] = _dequantize_bf16(t, order)
         dense.parent.mkdir(parents=True, exist_ok=True)
         tmp = dense.with_suffix(f".tmp{os.getpid()}")
         source = str(self.path.resolve())
