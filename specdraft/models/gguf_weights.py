@@ -30,51 +30,9 @@ from ..kernels import KernelUnavailable, gguf_ops
 from ..kernels.plan import use_forms
 from .files import safetensors_header, save_safetensors
 from .gguf_index import KERNEL_ARCHS, QK, GGUFIndex, has_records
+from .gguf_numbers import LAYER_NAMES, head_counts, hf_row_order, hf_tensors
 from .hugepages import in_huge_pages, map_file, none_at_all, read_huge, start_read, uncache
 from .packaged import gguf_file
-
-# Hugging Face projection name -> GGUF tensor name (llama.cpp's naming for Llama-family blocks)
-_LAYER_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-                "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                "mlp.down_proj": "ffn_down"}
-
-
-def _hf_row_order(rows: int, heads: int) -> np.ndarray:
-    """GGUF row of each HF row of a permuted q / k matrix ([rows] int64). The converter wrote
-    gguf[h, i, j] = hf[h, j, i] (h a head, j a rope half, i < head_dim / 2), so hf = gguf[order]."""
-    return np.arange(rows).reshape(heads, -1, 2).swapaxes(1, 2).reshape(-1)
-
-
-def _head_counts(reader: GGUFIndex, arch: str) -> dict[str, int]:
-    """GGUF q / k tensor suffix -> the heads its rows hold, from the file's metadata."""
-    def field(key: str) -> int | None:
-        value = reader.fields.get(f"{arch}.attention.{key}")
-        return None if value is None else int(value)
-
-    heads = field("head_count")
-    if heads is None:
-        raise ModelFileError(f"{arch} GGUF without {arch}.attention.head_count; re-create the file")
-    return {"attn_q": heads, "attn_k": field("head_count_kv") or heads}
-
-
-# GGUF tensors the gguf weight format reads as numbers rather than records, by their Hugging Face
-# names: per block (blk.N.<gguf> -> model.layers.N.<hf>) and whole-model ones
-_DENSE_LAYER = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
-                "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
-                "attn_v.bias": "self_attn.v_proj.bias", "attn_q_norm.weight": "self_attn.q_norm.weight",
-                "attn_k_norm.weight": "self_attn.k_norm.weight",
-                **{f"{g}.weight": f"{h}.weight" for h, g in _LAYER_NAMES.items()}}
-_DENSE_TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-              "output.weight": "lm_head.weight"}
-
-
-def hf_tensor_name(name: str) -> str | None:
-    """'blk.3.attn_norm.weight' -> 'model.layers.3.input_layernorm.weight' (gguf_name's inverse,
-    norms and biases too); None for a tensor the models here do not read (rope_freqs: the config)."""
-    parts = name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _DENSE_LAYER:
-        return f"model.layers.{parts[1]}.{_DENSE_LAYER[parts[2]]}"
-    return _DENSE_TOP.get(name)
 
 
 def gguf_name(hf_name: str) -> str | None:
@@ -83,7 +41,7 @@ def gguf_name(hf_name: str) -> str | None:
         return "output.weight"
     parts = hf_name.split(".")
     if len(parts) == 6 and parts[:2] == ["model", "layers"] and parts[-1] == "weight":
-        mapped = _LAYER_NAMES.get(".".join(parts[3:5]))
+        mapped = LAYER_NAMES.get(".".join(parts[3:5]))
         return None if mapped is None else f"blk.{parts[2]}.{mapped}.weight"
     return None
 
@@ -359,27 +317,6 @@ def _pack_path(path: Path, folder: str = "packed", fmt: int = PACK_FORMAT) -> Pa
     return cache_root() / folder / f"{path.stem}-{key}.safetensors"
 
 
-def _dequantize_bf16(t, rows_order: np.ndarray | None = None, chunk: int = 8192) -> torch.Tensor:
-    """A GGUF tensor (gguf_index.IndexedTensor) as bfloat16 numbers in Hugging Face order [rows,
-    inputs] (``rows_order``: the GGUF row of each), dequantized by gguf-py as float32 and rounded
-    ``chunk`` rows at a time (the embedding's float32 whole would be 0.93 GB for the default target)."""
-    from gguf import dequantize
-
-    shape = tuple(reversed(t.shape))  # ggml order lists the inputs first
-    if len(shape) == 1:  # a norm's or a bias's numbers (a q / k bias's in ``rows_order`` too)
-        x = torch.from_numpy(dequantize(np.asarray(t.data).reshape(1, -1), t.tensor_type).reshape(-1).copy())
-        return (x if rows_order is None else x[torch.from_numpy(rows_order)]).to(torch.bfloat16)
-    rows = int(np.prod(shape[:-1]))
-    data = np.asarray(t.data).reshape(rows, -1)  # a row's bytes: rows dequantize independently
-    if rows_order is not None:
-        data = data[rows_order]
-    out = torch.empty((rows, int(shape[-1])), dtype=torch.bfloat16)
-    for i in range(0, rows, chunk):
-        x = dequantize(data[i:i + chunk], t.tensor_type)
-        out[i:i + chunk] = torch.from_numpy(x if x.flags.writeable else x.copy())  # float32: a view of the map
-    return out.reshape(shape)
-
-
 def _remove_stale_packs(pack: Path, source: str) -> None:
     """Removes the packs beside ``pack`` that no load can reach any more: those of the same GGUF
     file made before it was edited (their metadata names the same source), and those of the same
@@ -452,7 +389,7 @@ class GGUFTensors:
             entries[t.name] = (t.tensor_type.name, out_f, in_f, offset, groups)
             offset += groups * _record_bytes(t.tensor_type.name, in_f)
         flat = torch.empty(offset, dtype=torch.uint8)
-        heads = _head_counts(reader, arch) if KERNEL_ARCHS.get(arch) else {}
+        heads = head_counts(reader, arch) if KERNEL_ARCHS.get(arch) else {}
         status = console().status(f"packing {self.path.name} for the GGUF kernels (once)...")
         with status if progress else nullcontext():
             for t in tensors:
@@ -462,7 +399,7 @@ class GGUFTensors:
                 data = np.asarray(t.data).reshape(out_f, -1)  # a row's blocks: the rows are independent
                 role = t.name.split(".")[-2]
                 if role in heads:
-                    data = data[_hf_row_order(out_f, heads[role])]
+                    data = data[hf_row_order(out_f, heads[role])]
                 unpack = unpack_q4k if kind == "Q4_K" else unpack_q6k
                 dest = flat[start:start + groups * _record_bytes(kind, in_f)].view(groups, -1)
                 chunk = 8192  # rows per unpack (whole groups): bounds the temporaries for the output head
@@ -497,18 +434,10 @@ class GGUFTensors:
 
     def _write_dense(self, dense: Path, progress: bool) -> None:
         reader = GGUFIndex(self.path)
-        arch = str(reader.fields.get("general.architecture", "?"))
-        heads = _head_counts(reader, arch) if KERNEL_ARCHS.get(arch) else {}
-        tensors: dict[str, torch.Tensor] = {}
         status = console().status(f"reading {self.path.name}'s embedding and norms (once)...")
         with status if progress else nullcontext():
-            for t in reader.tensors:
-                name = hf_tensor_name(t.name)
-                if name is None or (has_records(t) and t.name != "token_embd.weight"):
-                    continue  # multiplied from the records (the embedding is gathered from: numbers)
-                role = t.name.split(".")[-2]  # a permuted q / k's rows (a bias, a matrix without records)
-                order = _hf_row_order(int(t.shape[-1]), heads[role]) if role in heads else None
-                tensors[name] = _dequantize_bf16(t, order)
+            # what is multiplied from the records is left out; the embedding is gathered from: numbers
+            tensors = dict(hf_tensors(reader, lambda t: not has_records(t) or t.name == "token_embd.weight"))
         dense.parent.mkdir(parents=True, exist_ok=True)
         tmp = dense.with_suffix(f".tmp{os.getpid()}")
         source = str(self.path.resolve())
