@@ -18,7 +18,6 @@ from ..models.packaged import (
     DEFAULT_DRAFT,
     DEFAULT_TARGET,
     gguf_file,
-    has_weights,
     resolve_model_dir,
 )
 from ..options import sampling_from_args, spec_from_args, speculator_options
@@ -115,10 +114,8 @@ def peer_setup(args, methods: list[str], speculator) -> PeerSetup | None:
     eos = sorted(speculator.target.eos_ids)
     if not eos:
         raise BenchError(f"target {speculator.target.name!r} declares no EOS token; the peers could not stop")
-    target_path = speculator.target.path  # the peers read the weights: the full copy, made where it is not
-    if not has_weights(target_path):
-        target_path = resolve_model_dir(speculator.target.name)
-    return PeerSetup(target_path, draft_path, eos,
+    # the peers read the weights: the full copy (made where our target runs without one)
+    return PeerSetup(resolve_model_dir(speculator.target.name), draft_path, eos,
                      {m: getattr(args, PEERS[m].dtype_option) for m in used}, PeerModels(eos), args.ignore_eos)
 
 

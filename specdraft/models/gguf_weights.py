@@ -30,7 +30,7 @@ from ..kernels import KernelUnavailable, gguf_ops
 from ..kernels.plan import use_forms
 from .files import safetensors_header, save_safetensors
 from .gguf_index import KERNEL_ARCHS, QK, GGUFIndex, has_records
-from .gguf_numbers import LAYER_NAMES, head_counts, hf_row_order, hf_tensors
+from .gguf_numbers import LAYER_NAMES, hf_row_order, hf_tensors, permuted_heads
 from .hugepages import in_huge_pages, map_file, none_at_all, read_huge, start_read, uncache
 from .packaged import gguf_file
 
@@ -381,20 +381,19 @@ class GGUFTensors:
         arch = str(reader.fields.get("general.architecture", "?"))
         # where each matrix's records go: [ceil(out / 8) groups, a record per super-block of inputs]
         # in one buffer, filled in place (a list of them joined at the end held the pack twice: 2.2 GB)
-        tensors = [t for t in sorted(reader.tensors, key=lambda t: _pack_key(t.name)) if has_records(t)]
+        tensors = [t for t in sorted(reader.tensors, key=lambda t: _pack_key(t.name)) if has_records(t)] \
+            if arch in KERNEL_ARCHS else []  # others are refused on open, with the reason
         entries, offset = {}, 0
-        for t in tensors if arch in KERNEL_ARCHS else []:  # others are refused on open, with the reason
+        for t in tensors:
             in_f, out_f = (int(n) for n in t.shape[:2])  # ggml order: inputs first
             groups = -(-out_f // GROUP)
             entries[t.name] = (t.tensor_type.name, out_f, in_f, offset, groups)
             offset += groups * _record_bytes(t.tensor_type.name, in_f)
         flat = torch.empty(offset, dtype=torch.uint8)
-        heads = head_counts(reader, arch) if KERNEL_ARCHS.get(arch) else {}
+        heads = permuted_heads(reader)
         status = console().status(f"packing {self.path.name} for the GGUF kernels (once)...")
         with status if progress else nullcontext():
             for t in tensors:
-                if t.name not in entries:
-                    continue
                 kind, out_f, in_f, start, groups = entries[t.name]
                 data = np.asarray(t.data).reshape(out_f, -1)  # a row's blocks: the rows are independent
                 role = t.name.split(".")[-2]
@@ -405,14 +404,21 @@ class GGUFTensors:
                 chunk = 8192  # rows per unpack (whole groups): bounds the temporaries for the output head
                 for i in range(0, out_f, chunk):
                     dest[i // GROUP:(i + chunk) // GROUP] = unpack(data[i:i + chunk])
-        pack.parent.mkdir(parents=True, exist_ok=True)
-        tmp = pack.with_suffix(f".tmp{os.getpid()}")
+        # uncached: its first load reads it back in 2 MB folios where the kernel can (hugepages.mapped_huge)
+        self._publish(pack, {"records": flat}, {"arch": arch, "tensors": json.dumps(entries),
+                                                "format": str(PACK_FORMAT)}, uncached=True)
+
+    def _publish(self, path: Path, tensors: dict, metadata: dict[str, str], uncached: bool = False) -> None:
+        """Writes a cache file of this GGUF's (the pack, the dense file) whole or not at all, its
+        source named in its metadata, and removes the ones of the same name no load can reach."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
         source = str(self.path.resolve())
-        save_safetensors({"records": flat}, tmp, {"arch": arch, "tensors": json.dumps(entries), "source": source,
-                                                  "format": str(PACK_FORMAT)})
-        uncache(tmp)  # its first load reads it back in 2 MB folios where the kernel can (hugepages.mapped_huge)
-        os.replace(tmp, pack)  # whole or absent: a crash mid-write leaves no half pack
-        _remove_stale_packs(pack, source)
+        save_safetensors(tensors, tmp, {**metadata, "source": source})
+        if uncached:
+            uncache(tmp)
+        os.replace(tmp, path)  # whole or absent: a crash mid-write leaves no half file
+        _remove_stale_packs(path, source)
 
     def dense_file(self) -> Path:
         """A safetensors file of the tensors the gguf weight format reads as numbers, by Hugging
@@ -438,12 +444,7 @@ class GGUFTensors:
         with status if progress else nullcontext():
             # what is multiplied from the records is left out; the embedding is gathered from: numbers
             tensors = dict(hf_tensors(reader, lambda t: not has_records(t) or t.name == "token_embd.weight"))
-        dense.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dense.with_suffix(f".tmp{os.getpid()}")
-        source = str(self.path.resolve())
-        save_safetensors(tensors, tmp, {"source": source, "format": str(DENSE_FORMAT)})
-        os.replace(tmp, dense)  # whole or absent
-        _remove_stale_packs(dense, source)
+        self._publish(dense, tensors, {"format": str(DENSE_FORMAT)})
 
     def _name(self, hf_name: str) -> str | None:
         """The GGUF tensor behind a HF weight name when the kernels can multiply it, else None."""
