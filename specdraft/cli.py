@@ -24,6 +24,7 @@ from .heads.command import add_export_args, add_train_args, export_from_args, tr
 from .heads.model import shipped_head_dir
 from .models.hugepages import one_shot_pages, pages_note, save_payback, short_run
 from .models.packaged import DEFAULT_TARGET, PACKAGED
+from .models.token_bytes import TokenBytes
 from .options import (
     DTYPES,
     FORMATS,
@@ -76,6 +77,9 @@ def _add_generate(sub) -> None:
     g.add_argument("--ignore-eos", action="store_true",
                    help="keep generating past end-of-sequence tokens, up to --max-new-tokens (timing runs)")
     g.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    g.add_argument("--logprobs", type=int, default=None, metavar="N",
+                   help="after the text, each token's log-probability under the target and its N most likely "
+                        "alternatives (0-20)")
     g.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                    help="colour tokens by origin: green = accepted draft, blue = produced by the target")
     g.add_argument("--json", action="store_true", help="print the statistics as JSON instead of one line")
@@ -201,7 +205,8 @@ def _cmd_generate(args) -> int:
     # Validate cheap things before loading any model.
     spec = spec_from_args(args.method, args)
     sampling = sampling_from_args(args)
-    gen = GenerationConfig(max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
+    gen = GenerationConfig(max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), ignore_eos=args.ignore_eos,
+                           logprobs=args.logprobs)
     with_draft = needs_draft_model(args.method)
     # a short one-shot run loads into 4 KB pages: 2 MB ones start slower than they pay (models.hugepages)
     with short_run(one_shot_pages(args.max_new_tokens)):
@@ -211,6 +216,7 @@ def _cmd_generate(args) -> int:
     engine = sd.engine(spec)
     ids = sd.encode_prompt(args.prompt, chat=not args.no_chat)
     out = sys.stdout
+    scored = []  # pieces with a log-probability (--logprobs)
     for piece in engine.stream(ids, sampling, gen):
         if color and piece.text:
             code = "32" if piece.origin == "draft" else "34"
@@ -218,11 +224,23 @@ def _cmd_generate(args) -> int:
         else:
             out.write(piece.text)
         out.flush()
+        if piece.logprob is not None:
+            scored.append(piece)
     out.write("\n")
+    spell = TokenBytes(sd.tokenizer) if gen.logprobs is not None else None
     if args.json:
-        print(json.dumps(engine.stats.to_dict()))
-    else:
-        print(engine.stats.summary())
+        record = engine.stats.to_dict()
+        if spell is not None:
+            record["logprobs"] = [{"token": spell.text(p.token_id), "logprob": p.logprob,
+                                   "top_logprobs": [[spell.text(i), lp] for i, lp in p.top_logprobs]} for p in scored]
+        print(json.dumps(record))
+        return 0
+    if spell is not None:
+        print(f"log-probabilities under the target (token, then its {gen.logprobs} most likely):")
+        for p in scored:
+            alternatives = "  ".join(f"{spell.text(i)!r} {lp:.3f}" for i, lp in p.top_logprobs)
+            print(f"  {spell.text(p.token_id)!r:>16} {p.logprob:8.3f}   {alternatives}")
+    print(engine.stats.summary())
     return 0
 
 

@@ -34,6 +34,9 @@ class SamplingConfig:
         return self.temperature == 0.0
 
 
+MAX_TOP_LOGPROBS = 20  # the most likely tokens listed beside each generated one, at most (as OpenAI's API)
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
     """What to generate and when to stop."""
@@ -41,8 +44,15 @@ class GenerationConfig:
     max_new_tokens: int = 256
     stop: tuple[str, ...] = ()  # stop strings; the text ends before the first one found
     ignore_eos: bool = False  # keep going past EOS (benchmarks of fixed length)
+    # None: no log-probabilities; n >= 0: each token's under the target (its raw softmax), and the
+    # n most likely tokens' beside it (at most MAX_TOP_LOGPROBS, as OpenAI's API)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool)
+                                          or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            raise ParameterError(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] (the most likely tokens "
+                                 f"listed beside each one), got {self.logprobs!r}")
         if isinstance(self.stop, str):  # one stop string, not its characters
             object.__setattr__(self, "stop", (self.stop,))
         elif not isinstance(self.stop, tuple):

@@ -32,7 +32,7 @@ from .errors import ContextLengthError
 from .metrics import SpecStats
 from .policy import DraftPolicy
 from .prefix import PrefixCache
-from .sampling import argmax, make_generator, next_token, topk_indices
+from .sampling import argmax, make_generator, next_token, token_logprobs, topk_indices
 from .verify import verify, verify_tree
 
 DRAFT = "draft"  # an accepted draft token
@@ -44,6 +44,10 @@ class Piece:
     token_id: int
     text: str  # the text this token adds ("" while a multi-byte character is incomplete)
     origin: str  # DRAFT or TARGET
+    # with GenerationConfig.logprobs: the token's log-probability under the target (raw softmax)
+    # and the most likely (id, log-probability) pairs of its row, most likely first
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
 
 
 class Detokenizer:
@@ -146,6 +150,7 @@ class Engine:
             out = self.target.forward(torch.tensor(prompt_ids[kept:], dtype=torch.int64), last_only=True,
                                       need_hidden=features, **taps, **last_row)
             new = [next_token(out.logits[-1], sampling, generator)]
+            scores = self._scores(out.logits[-1:], new, gen)
             verified += new
             if self.drafter.output_topk:  # the target's runners-up after the last prompt token
                 self.drafter.take_topk(prompt_ids[-1:], topk_indices(out.logits[-1:], self.drafter.output_topk))
@@ -161,7 +166,7 @@ class Engine:
             while True:
                 # Commit: stop at EOS / max tokens; stream text; look for stop strings.
                 done = False
-                for tok, origin in zip(new, origins):
+                for tok, origin, (logprob, top) in zip(new, origins, scores):
                     if tok in self.eos_ids and not gen.ignore_eos:
                         done = True
                         break
@@ -177,7 +182,7 @@ class Engine:
                     else:
                         keep = 0
                     text, pending = pending[:len(pending) - keep], pending[len(pending) - keep:]
-                    yield Piece(tok, text, origin)
+                    yield Piece(tok, text, origin, logprob, top)
                     if done or len(generated) >= gen.max_new_tokens:
                         done = True
                         break
@@ -231,6 +236,7 @@ class Engine:
                     self.target.compact(len(context), torch.tensor([len(context) - 1 + r for r in rows[1:]],
                                                                    dtype=torch.int64))
                 new = verdict.tokens(draft.tokens)
+                scores = self._scores(out.logits[rows], new, gen)  # row rows[i] chose (or passed) new[i]
                 verified += new
                 origins = [DRAFT] * n + [TARGET]
                 stats.record_step(len(draft), n, len(new))
@@ -249,6 +255,14 @@ class Engine:
                               tap_key)
         if pending:  # generation ended on a partial stop string that never completed
             yield Piece(generated[-1] if generated else -1, pending, TARGET)
+
+    @staticmethod
+    def _scores(logits: torch.Tensor, tokens: list[int], gen: GenerationConfig) -> list:
+        """Per committed token, (its log-probability, its row's most likely), or (None, ()) when
+        the generation asks for none: logits [len(tokens), V], the rows the tokens came from."""
+        if gen.logprobs is None:
+            return [(None, ())] * len(tokens)
+        return token_logprobs(logits, tokens, gen.logprobs)
 
     def generate(self, prompt_ids: list[int], sampling: SamplingConfig = SamplingConfig(),
                  gen: GenerationConfig = GenerationConfig()) -> tuple[str, list[Piece]]:

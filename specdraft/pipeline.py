@@ -203,6 +203,10 @@ class GenerationResult:
     origins: list[str]  # per token: "draft" (accepted guess) or "target"
     stats: SpecStats
     prompt_ids: list[int] = field(default_factory=list)
+    # with GenerationConfig.logprobs (else empty): per token its log-probability under the target,
+    # and its row's most likely (id, log-probability) pairs
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
 
 
 class Speculator:
@@ -306,9 +310,12 @@ class Speculator:
         ids = prompt if isinstance(prompt, list) else self.encode_prompt(prompt, chat)
         engine = self.engine(spec)
         pieces = list(engine.stream(ids, sampling, gen))
+        tokens = pieces[:len(engine.token_ids)]  # a last piece past them holds back-held text alone
+        scored = gen.logprobs is not None
         return GenerationResult(text="".join(p.text for p in pieces), token_ids=list(engine.token_ids),
-                                origins=[p.origin for p in pieces[:len(engine.token_ids)]],
-                                stats=engine.stats, prompt_ids=ids)
+                                origins=[p.origin for p in tokens], stats=engine.stats, prompt_ids=ids,
+                                logprobs=[p.logprob for p in tokens] if scored else [],
+                                top_logprobs=[p.top_logprobs for p in tokens] if scored else [])
 
 
 _CACHED: dict[tuple, Speculator] = {}
@@ -325,20 +332,21 @@ def _speculator(target, draft, method, dtype, runtime, target_format, draft_form
 
 
 def _prepare(prompt: str, target=None, draft=None, method="draft-model", k=None, temperature=0.0,
-             top_k=0, top_p=1.0, seed=None, max_new_tokens=GenerationConfig.max_new_tokens, stop=(),
+             top_k=0, top_p=1.0, seed=None, max_new_tokens=GenerationConfig.max_new_tokens, stop=(), logprobs=None,
              chat=True, dtype=DEFAULT_DTYPE, runtime="auto", target_format=DEFAULT_TARGET_FORMAT,
              draft_format=DEFAULT_DRAFT_FORMAT, **spec_options):
     sd = _speculator(target, draft, method, dtype, runtime, target_format, draft_format)
     return sd, dict(prompt=prompt, spec=SpecConfig(method=method, k=k, **spec_options), chat=chat,
                     sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
-                    gen=GenerationConfig(max_new_tokens=max_new_tokens, stop=stop))
+                    gen=GenerationConfig(max_new_tokens=max_new_tokens, stop=stop, logprobs=logprobs))
 
 
 def generate(prompt: str, **options) -> GenerationResult:
     """One call: load (and keep) the models, generate, return text and statistics.
 
     Options: target, draft, method, k, temperature, top_k, top_p, seed, max_new_tokens, stop,
-    chat, dtype, runtime, target_format, draft_format, and SpecConfig's ngram_max, ngram_min, min_confidence,
+    logprobs (n: each token's log-probability and its n most likely alternatives), chat, dtype,
+    runtime, target_format, draft_format, and SpecConfig's ngram_max, ngram_min, min_confidence,
     index (defaults as in :mod:`specdraft.config`).
     """
     sd, args = _prepare(prompt, **options)

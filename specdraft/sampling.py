@@ -133,3 +133,22 @@ def next_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Gener
     if cfg.greedy:
         return int(argmax(logits))
     return int(sample(probs_from_logits(logits[None], cfg), generator)[0])
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[tuple[float, tuple[tuple[int, float], ...]]]:
+    """Each chosen token's log-probability under its row of the target's logits [N, V] (the raw
+    softmax: temperature 1, before top-k / top-p, as vLLM reports them), and the ``top`` most
+    likely (id, log-probability) of that row, most likely first: N (logprob, top) pairs.
+
+    Row by row, so a row's numbers are the same bits whatever block it came in (a plain step's one
+    row, or a row of a speculative check): with the runtime's block-independent logits, the
+    log-probabilities of a speculative run are those of plain decoding."""
+    out = []
+    for row, tok in zip(logits.float(), tokens):
+        lp = torch.log_softmax(row, -1)  # [V]
+        best = ()
+        if top:
+            ids = topk_indices(row[None], top)[0]  # [top], most likely first
+            best = tuple(zip(ids.tolist(), lp[ids].tolist()))
+        out.append((float(lp[tok]), best))
+    return out

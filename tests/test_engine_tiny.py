@@ -12,8 +12,9 @@ from _tiny import VOCAB, ByteTokenizer, FakeTokenizer, build_hf, load_native, pe
 from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdraft.drafters import DrafterContext, build_drafter
 from specdraft.engine import DRAFT, Detokenizer, Engine, _partial_stop
-from specdraft.errors import ContextLengthError
+from specdraft.errors import ContextLengthError, ParameterError
 from specdraft.models.hf import HFModel
+from specdraft.models.llama import LlamaModel
 
 PROMPT = [5, 17, 33, 2, 5, 17, 33, 8, 41, 5, 17, 60, 3, 5, 17, 33]  # repetitive: prompt lookup finds n-grams
 GREEDY = SamplingConfig()
@@ -667,6 +668,69 @@ def test_sampling_with_transforms_and_draft_equal_to_target(target, drafts):
 
 def test_greedy_ignores_the_seed(target, plain):
     assert run(make_engine(target), sampling=SamplingConfig(temperature=0.0, seed=3))[2] == plain[1]
+
+
+# ------------------------------------------------------------------------------------ log-probabilities
+
+@pytest.fixture(scope="module")
+def w8a8(models):
+    """The target in w8a8: its rows do not depend on their block (test_batch_invariance)."""
+    return LlamaModel.from_dir(models["target"][1], dtype=torch.float32, max_length=256, weight_format="w8a8")
+
+
+@pytest.fixture(scope="module")
+def w8a8_drafts(models):
+    return {name: LlamaModel.from_dir(models[name][1], dtype=torch.float32, max_length=256, weight_format="w8a8")
+            for name in ("near", "other")}
+
+
+def scored(pieces):
+    return [(p.token_id, p.logprob, p.top_logprobs) for p in pieces]
+
+
+def test_logprobs_are_the_targets_own(w8a8):
+    """Each token's log-probability is its row's raw log-softmax (temperature, top-k and top-p
+    change which token is drawn, not what is reported), its alternatives that row's largest,
+    most likely first: checked against one forward over the whole text."""
+    for sampling in (GREEDY, SamplingConfig(temperature=0.7, top_k=5, seed=3)):
+        _, pieces, ids, _ = run(make_engine(w8a8), sampling=sampling, logprobs=4)
+        w8a8.reset()
+        rows = torch.log_softmax(w8a8.forward(torch.tensor(PROMPT + ids)).logits[len(PROMPT) - 1:-1], -1)  # [n, V]
+        assert [p.logprob for p in pieces] == rows.gather(1, torch.tensor(ids)[:, None])[:, 0].tolist()
+        for p, row in zip(pieces, rows):
+            top_ids = [i for i, _ in p.top_logprobs]
+            assert [lp for _, lp in p.top_logprobs] == row[top_ids].tolist() == sorted(row.topk(4).values.tolist(),
+                                                                                        reverse=True)
+            if sampling.greedy:
+                assert top_ids[0] == p.token_id and p.top_logprobs[0][1] == p.logprob
+
+
+@pytest.mark.parametrize("method, draft, trees", [("draft-model", "near", False), ("prompt-lookup", None, False),
+                                                  ("hybrid", "other", False), ("draft-model", "near", True)])
+def test_speculative_logprobs_are_plain_decodings(w8a8, w8a8_drafts, method, draft, trees):
+    """Checked in blocks of guesses, the committed tokens carry the numbers plain decoding gives
+    them: a chain's rows bit for bit; a tree's rows up to rounding (torch's attention over a tree
+    mask sums in another order; the native kernel's do not, see the real-model tier)."""
+    _, want, ids, _ = run(make_engine(w8a8), logprobs=3)
+    engine = make_engine(w8a8, method, w8a8_drafts[draft] if draft else None, k=4, trees=trees)
+    _, got, got_ids, stats = run(engine, logprobs=3)
+    assert got_ids == ids and stats.accepted_tokens > 0
+    if not trees:
+        assert scored(got) == scored(want)
+    else:
+        for g, w in zip(got, want, strict=True):
+            assert g.token_id == w.token_id and g.logprob == pytest.approx(w.logprob, rel=1e-5, abs=1e-6)
+            assert [i for i, _ in g.top_logprobs] == [i for i, _ in w.top_logprobs]
+
+
+def test_no_logprobs_unless_asked(target):
+    _, pieces, _, _ = run(make_engine(target), max_new_tokens=5)
+    assert all(p.logprob is None and p.top_logprobs == () for p in pieces)
+    _, pieces, _, _ = run(make_engine(target), max_new_tokens=5, logprobs=0)
+    assert all(p.logprob is not None and p.logprob <= 0 and p.top_logprobs == () for p in pieces)
+    for bad in (-1, 21, True, 2.0, "3"):
+        with pytest.raises(ParameterError, match="logprobs"):
+            GenerationConfig(logprobs=bad)
 
 
 # ------------------------------------------------------------------------------------ HF adapter

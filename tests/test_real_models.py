@@ -205,6 +205,24 @@ def test_default_pair_greedy_speculative_equals_plain(pair, pair_plain, prompt, 
         assert spec.stats.target_forwards <= plain.stats.target_forwards
 
 
+@pytest.mark.parametrize("method", ["hybrid-head", "draft-model"])
+def test_default_target_logprobs_through_trees_are_plain_decodings(pair, method):
+    """The default target in its default format: tokens checked in trees carry the very
+    log-probabilities (and top alternatives) plain decoding gives them, bit for bit (the native
+    attention kernel's rows do not depend on the tree around them), and their bytes spell the text."""
+    from specdraft.models.token_bytes import TokenBytes
+
+    ids = pair.encode_prompt(PAIR_PROMPTS[0])
+    gen = GenerationConfig(max_new_tokens=NEW_TOKENS, logprobs=5)
+    plain = pair.generate(ids, spec=SpecConfig(method="none"), gen=gen)
+    spec = pair.generate(ids, spec=SpecConfig(method=method, k=6, cost_rule=False, trees=True), gen=gen)
+    assert spec.stats.accepted_tokens > 0 and spec.token_ids == plain.token_ids
+    assert spec.logprobs == plain.logprobs and spec.top_logprobs == plain.top_logprobs
+    assert all(lp <= 0 for lp in plain.logprobs) and all(len(t) == 5 for t in plain.top_logprobs)
+    spell = TokenBytes(pair.tokenizer)
+    assert b"".join(spell(i) for i in plain.token_ids).decode() == plain.text
+
+
 def test_default_draft_guesses_among_the_shipped_heads_ids_then_the_first(pair):
     """The default draft's logits are over the shipped head's listed ids (the target's frequent
     choices) and then the lowest others, DEFAULT_DRAFT_VOCAB in all."""

@@ -114,6 +114,57 @@ def test_completions_plain_and_streaming(client, sd):
     assert streamed == want
 
 
+def _plain_logprobs(sd, top: int, chat: bool = True, n: int = 16):
+    """Plain decoding's tokens and log-probabilities (the target's own, no drafter)."""
+    ids = sd.encode_messages([{"role": "user", "content": QUESTION}]) if chat else sd.encode_prompt(QUESTION, chat=False)
+    return sd.generate(ids, spec=SpecConfig(method="none"), gen=GenerationConfig(max_new_tokens=n, logprobs=top))
+
+
+def test_chat_logprobs_are_plain_decodings(client, sd):
+    """A speculative answer's log-probabilities are the target's, as plain decoding gives them (up
+    to rounding: this server's draft-model trees are checked through torch's attention over a
+    tree mask, test_engine_tiny), each token's and its top alternatives, named by their bytes;
+    streamed chunk by chunk, the same numbers."""
+    from specdraft.models.token_bytes import TokenBytes
+
+    want = _plain_logprobs(sd, 3)
+    spell = TokenBytes(sd.tokenizer)
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=16, temperature=0,
+              logprobs=True, top_logprobs=3)
+    r = client.chat.completions.create(**kw)
+    assert r.usage.model_dump()["speculation"]["accepted_tokens"] > 0  # guesses were taken
+    content = r.choices[0].logprobs.content
+    assert [c.logprob for c in content] == pytest.approx(want.logprobs, rel=1e-5, abs=1e-6)
+    assert [[t.token for t in c.top_logprobs] for c in content] == \
+        [[spell.text(i) for i, _ in top] for top in want.top_logprobs]
+    assert [[t.logprob for t in c.top_logprobs] for c in content] == \
+        [pytest.approx([lp for _, lp in top], rel=1e-5, abs=1e-6) for top in want.top_logprobs]
+    assert [c.token for c in content] == [spell.text(i) for i in want.token_ids]
+    assert b"".join(bytes(c.bytes) for c in content).decode() == r.choices[0].message.content == want.text
+    streamed = []
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            streamed += chunk.choices[0].logprobs.content
+    assert [(c.token, c.logprob, c.top_logprobs) for c in streamed] == [(c.token, c.logprob, c.top_logprobs)
+                                                                      for c in content]
+    # none asked: none given
+    assert client.chat.completions.create(**{**kw, "logprobs": False, "top_logprobs": None}).choices[0].logprobs is None
+
+
+def test_completion_logprobs_legacy_form(client, sd):
+    want = _plain_logprobs(sd, 2, chat=False)
+    r = client.completions.create(model=MODEL, prompt=QUESTION, max_tokens=16, temperature=0, logprobs=2,
+                                  extra_body={"method": "prompt-lookup"})
+    lp = r.choices[0].logprobs
+    assert lp.token_logprobs == want.logprobs
+    assert "".join(lp.tokens) == r.choices[0].text == want.text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    assert all(len(top) == 2 and max(top.values()) >= lp.token_logprobs[i] for i, top in enumerate(lp.top_logprobs))
+    assert r.choices[0].logprobs is not None
+    plain = client.completions.create(model=MODEL, prompt=QUESTION, max_tokens=4, temperature=0)
+    assert plain.choices[0].logprobs is None
+
+
 def test_stop_string_ends_the_text(client, sd):
     full = expected(sd)
     stop = full[3:5]
@@ -184,7 +235,10 @@ GOOD = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     ({**GOOD, "n": 2}, 400, "n"),
     ({**GOOD, "seed": -1}, 400, "seed"),
     ({**GOOD, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
-    ({**GOOD, "logprobs": True}, 400, "logprobs"),
+    ({**GOOD, "logprobs": 3}, 400, "logprobs"),  # chat's is a bool; completions' an int
+    ({**GOOD, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+    ({**GOOD, "logprobs": True, "top_logprobs": -1}, 400, "top_logprobs"),
+    ({**GOOD, "top_logprobs": 2}, 400, None),  # without logprobs: true
     ({**GOOD, "method": "crystal-ball"}, 400, "method"),
     ({**GOOD, "k": 0}, 400, "k"),
     ({**GOOD, "ignore_eos": "yes"}, 400, "ignore_eos"),

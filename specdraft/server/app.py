@@ -29,12 +29,13 @@ from fastapi.responses import HTMLResponse, Response, StreamingResponse
 
 from ..drafters import drafter_names, needs_draft_model
 from ..errors import SpecdraftError
+from ..models.token_bytes import TokenBytes
 from .config import ServerConfig
 from .errors import APIError, add_error_handlers
 from .gate import Gate
 from .generation import DEFAULT_MAX_TOKENS, GenRequest, build_request, job_events, run_generation
 from .metrics import ServerMetrics
-from .responses import completion_body, event_stream
+from .responses import Logprobs, completion_body, event_stream
 from .schemas import ChatRequest, CompletionRequest
 from .worker import Job, QueueFull, Worker
 
@@ -57,6 +58,7 @@ def create_app(speculator, config: ServerConfig) -> FastAPI:
                   lifespan=lifespan)
     app.add_middleware(Gate, limit=config.max_body_bytes, metrics=metrics)
     app.state.speculator, app.state.worker, app.state.metrics, app.state.config = speculator, worker, metrics, config
+    app.state.token_bytes = TokenBytes(speculator.tokenizer)  # names the tokens of log-probabilities
     add_error_handlers(app)
     app.include_router(router)
     return app
@@ -129,21 +131,23 @@ async def _generate(request: Request, body, prompt_ids: list[int], kind: str):
     except QueueFull as e:
         raise APIError(429, f"the server is busy ({e}); retry later", "rate_limit_error", code="queue_full") from None
     rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{job.id}"
+    logprobs = Logprobs(kind, state.token_bytes) if gen_req.gen.logprobs is not None else None
     events = job_events(request, job, arrived, state.metrics)
     if body.stream:
         # the worker is freed (cancel) as soon as the stream ends or the client leaves
-        stream = event_stream(events, rid, kind, config.model_name, body.include_usage, lambda: worker.cancel(job))
+        stream = event_stream(events, rid, kind, config.model_name, body.include_usage, lambda: worker.cancel(job),
+                              logprobs)
         return StreamingResponse(stream, media_type="text/event-stream")
-    text, origins, outcome = [], [], None
+    pieces, outcome = [], None
     try:
         async for ev, value in events:
             if ev == "piece":
-                text.append(value[0].text)
-                origins.append(value[0].origin)
+                pieces.append(value[0])
             else:
                 outcome = value
     finally:
         worker.cancel(job)  # no-op when finished; frees the worker if the client left
     if outcome is None:  # the client disconnected
         return Response(status_code=499)
-    return completion_body(rid, kind, config.model_name, "".join(text), origins, outcome)
+    return completion_body(rid, kind, config.model_name, "".join(p.text for p in pieces), [p.origin for p in pieces],
+                           outcome, logprobs.of(pieces) if logprobs is not None else None)

@@ -68,7 +68,8 @@ def build_request(body, prompt_ids: list[int], config: ServerConfig, speculator)
     if room < 1 or limit > room:
         raise APIError(400, f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({limit}) exceeds the "
                             f"context of {max_len} tokens", param="max_tokens", code="context_length_exceeded")
-    gen = GenerationConfig(max_new_tokens=limit, stop=tuple(body.stop or ()), ignore_eos=body.ignore_eos)
+    gen = GenerationConfig(max_new_tokens=limit, stop=tuple(body.stop or ()), ignore_eos=body.ignore_eos,
+                           logprobs=body.logprob_count)
     return GenRequest(prompt_ids, spec, sampling, gen)
 
 

@@ -3,6 +3,8 @@
 Both carry, beside OpenAI's fields, ``origins``: per token of the text, "draft" (an accepted
 guess) or "target" (produced by the target itself); ``usage`` adds ``speculation``, the
 request's SpecStats. ``kind`` is "chat" (/v1/chat/completions) or "completion" (/v1/completions).
+Log-probabilities, where asked, are the target's (the raw softmax of its logits, as vLLM's
+default), so a speculative answer's are plain decoding's.
 """
 from __future__ import annotations
 
@@ -23,9 +25,41 @@ def usage(outcome: Outcome) -> dict:
             "speculation": s.to_dict()}
 
 
-def completion_body(rid: str, kind: str, model_name: str, text: str, origins: list[str], outcome: Outcome) -> dict:
+class Logprobs:
+    """OpenAI's ``logprobs`` object for the pieces of one completion (all at once, or a stream's
+    chunk by chunk): chat's ``{"content": [{token, logprob, bytes, top_logprobs}]}``, or the
+    legacy completions' ``{tokens, token_logprobs, top_logprobs, text_offset}``, a token named
+    by its bytes as text (models.token_bytes). Pieces without a log-probability (text held back
+    and released at the end) are left out."""
+
+    def __init__(self, kind: str, spell):
+        self.kind, self.spell = kind, spell
+        self.offset = 0  # completions: where the next token's text starts in the whole completion
+
+    def _named(self, token_id: int, logprob: float) -> dict:
+        return {"token": self.spell.text(token_id), "logprob": logprob, "bytes": list(self.spell(token_id))}
+
+    def of(self, pieces) -> dict | None:
+        scored = [p for p in pieces if p.logprob is not None]
+        if not scored:
+            return None
+        if self.kind == "chat":
+            return {"content": [{**self._named(p.token_id, p.logprob),
+                                 "top_logprobs": [self._named(i, lp) for i, lp in p.top_logprobs]} for p in scored]}
+        tokens, offsets = [], []
+        for p in scored:
+            tokens.append(self.spell.text(p.token_id))
+            offsets.append(self.offset)
+            self.offset += len(tokens[-1])
+        return {"tokens": tokens, "token_logprobs": [p.logprob for p in scored],
+                "top_logprobs": [{self.spell.text(i): lp for i, lp in p.top_logprobs} for p in scored],
+                "text_offset": offsets}
+
+
+def completion_body(rid: str, kind: str, model_name: str, text: str, origins: list[str], outcome: Outcome,
+                    logprobs: dict | None = None) -> dict:
     """The JSON of a finished, non-streamed completion."""
-    choice = {"index": 0, "finish_reason": outcome.finish_reason, "logprobs": None}
+    choice = {"index": 0, "finish_reason": outcome.finish_reason, "logprobs": logprobs}
     if kind == "chat":
         choice["message"] = {"role": "assistant", "content": text}
     else:
@@ -47,14 +81,15 @@ class _Chunks:
         self.head = {"id": rid, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
                      "created": int(time.time()), "model": model_name}
 
-    def text(self, delta_text: str | None, origins: list[str], finish=None, role=False, live=None) -> str:
+    def text(self, delta_text: str | None, origins: list[str], finish=None, role=False, live=None,
+             logprobs: dict | None = None) -> str:
         if self.kind == "chat":
             delta = {"role": "assistant"} if role else {}
             if delta_text is not None:
                 delta["content"] = delta_text
-            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
         else:
-            choice = {"index": 0, "text": delta_text or "", "finish_reason": finish, "logprobs": None}
+            choice = {"index": 0, "text": delta_text or "", "finish_reason": finish, "logprobs": logprobs}
         data = {**self.head, "choices": [choice], "origins": origins}
         if live is not None:
             data["speculation"] = live
@@ -65,10 +100,11 @@ class _Chunks:
 
 
 async def event_stream(events: AsyncIterator[tuple[str, object]], rid: str, kind: str, model_name: str,
-                       include_usage: bool, on_close) -> AsyncIterator[str]:
+                       include_usage: bool, on_close, logprobs: Logprobs | None = None) -> AsyncIterator[str]:
     """Server-sent events for a job's ``events`` (see generation.job_events): a chunk per piece
-    (with the live counters as ``speculation``), a final chunk with the finish reason, the usage
-    if asked, then ``[DONE]``. A job that never started ends the stream with an error event.
+    (with the live counters as ``speculation``, and its token's log-probabilities by ``logprobs``
+    when the request asked for them), a final chunk with the finish reason, the usage if asked,
+    then ``[DONE]``. A job that never started ends the stream with an error event.
     ``on_close()`` runs when the stream ends or the client leaves."""
     chunks = _Chunks(rid, kind, model_name)
     try:
@@ -77,7 +113,8 @@ async def event_stream(events: AsyncIterator[tuple[str, object]], rid: str, kind
         async for ev, value in events:
             if ev == "piece":
                 piece, live = value
-                yield chunks.text(piece.text, [piece.origin], live=live)
+                yield chunks.text(piece.text, [piece.origin], live=live,
+                                  logprobs=logprobs.of([piece]) if logprobs is not None else None)
             else:
                 yield chunks.text(None if kind == "chat" else "", [], finish=value.finish_reason)
                 if include_usage:

@@ -4,12 +4,15 @@ Unknown fields are ignored (OpenAI clients send many), known ones are type-check
 range-checked here, so a bad request is a 400 before it reaches the queue. Two extension
 fields pick the speculation per request: ``method`` (a drafter name or "none") and ``k``; a third,
 ``ignore_eos`` (vLLM's name), generates past end-of-sequence tokens up to the token limit.
+Log-probabilities: chat's ``logprobs`` / ``top_logprobs``, completions' ``logprobs`` (an int).
 """
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+
+from ..config import MAX_TOP_LOGPROBS
 
 MAX_STOP = 4  # as OpenAI
 
@@ -28,7 +31,6 @@ class _Common(BaseModel):
     n: StrictInt = Field(default=1, ge=1, le=1)  # one completion per request
     stream: StrictBool = False
     stream_options: dict | None = None
-    logprobs: StrictBool | StrictInt | None = None
     method: str | None = None  # extension: drafter name or "none"
     k: StrictInt | None = Field(default=None, ge=1, le=64)  # extension: draft tokens per step
     ignore_eos: StrictBool = False  # extension (as vLLM's): generate past EOS, up to max_tokens
@@ -42,13 +44,6 @@ class _Common(BaseModel):
         if any(s == "" for s in stops):
             raise ValueError("stop strings must not be empty")
         return stops
-
-    @field_validator("logprobs", "echo", check_fields=False)  # echo: completions only
-    @classmethod
-    def _unsupported(cls, v, info):
-        if v:
-            raise ValueError(f"{info.field_name} is not supported")
-        return v
 
     @property
     def include_usage(self) -> bool:
@@ -79,12 +74,38 @@ class Message(BaseModel):
 
 class ChatRequest(_Common):
     messages: list[Message] = Field(min_length=1)
+    logprobs: StrictBool | None = None  # each token's log-probability under the target
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # and its most likely, listed
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    @property
+    def logprob_count(self) -> int | None:
+        """GenerationConfig.logprobs: None for none, else the most likely tokens listed beside each."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(_Common):
     prompt: str | list[str] | list[StrictInt]
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     echo: StrictBool = False
+    # the legacy form: each token's log-probability and this many most likely beside it
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, v):
+        if v:
+            raise ValueError("echo is not supported")
+        return v
+
+    @property
+    def logprob_count(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
