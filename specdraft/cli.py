@@ -29,6 +29,7 @@ from .options import (
     DTYPES,
     FORMATS,
     add_model_args,
+    add_penalty_args,
     add_sampling_args,
     add_spec_args,
     sampling_from_args,
@@ -72,6 +73,7 @@ def _add_generate(sub) -> None:
     add_model_args(g)
     add_spec_args(g)
     add_sampling_args(g)
+    add_penalty_args(g)
     g.add_argument("--max-new-tokens", type=int, default=_DEFAULTS_GEN.max_new_tokens)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true",

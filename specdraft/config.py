@@ -9,6 +9,12 @@ from dataclasses import dataclass
 
 from .errors import ParameterError
 
+MAX_REPETITION_PENALTY = 10.0
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -18,6 +24,14 @@ class SamplingConfig:
     top_k: int = 0  # keep the k most likely tokens; 0 = off
     top_p: float = 1.0  # keep the smallest set whose mass reaches p; 1.0 = off
     seed: int | None = None  # seeds the one generator that all random draws go through
+    # Penalties on the target's logits before the transforms above (greedy too), each row by the
+    # text before it (sampling.apply_penalties): OpenAI's frequency / presence penalties over the
+    # generated tokens (logit - frequency * count - presence), and the repetition penalty of CTRL /
+    # transformers / vLLM over the prompt's and the generated tokens (a positive logit divided by
+    # it, a negative one multiplied); 0, 0 and 1 = off
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)) or self.temperature < 0:
@@ -28,6 +42,18 @@ class SamplingConfig:
             raise ParameterError(f"top-p must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0):
             raise ParameterError(f"seed must be a non-negative integer, got {self.seed!r}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not (_number(value) and -2.0 <= value <= 2.0):
+                raise ParameterError(f"{name.replace('_', '-')} must be a number in [-2, 2] (0 = off), got {value!r}")
+        if not (_number(self.repetition_penalty) and 0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY):
+            raise ParameterError(f"repetition-penalty must be a number in (0, {MAX_REPETITION_PENALTY:g}] (1 = off), "
+                                 f"got {self.repetition_penalty!r}")
+
+    @property
+    def penalized(self) -> bool:
+        """Some penalty changes the target's logits."""
+        return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
 
     @property
     def greedy(self) -> bool:

@@ -27,12 +27,12 @@ import torch
 from .config import GenerationConfig, SamplingConfig, SpecConfig
 from .costs import ForwardCosts
 from .drafters.base import Draft, Drafter
-from .drafters.trees import node_depths
+from .drafters.trees import branch_of, node_depths
 from .errors import ContextLengthError
 from .metrics import SpecStats
 from .policy import DraftPolicy
 from .prefix import PrefixCache
-from .sampling import argmax, make_generator, next_token, token_logprobs, topk_indices
+from .sampling import apply_penalties, argmax, make_generator, next_token, token_logprobs, topk_indices
 from .verify import verify, verify_tree
 
 DRAFT = "draft"  # an accepted draft token
@@ -149,7 +149,8 @@ class Engine:
             last_row = {"hidden_last_only": True} if features and not rows_kept else {}
             out = self.target.forward(torch.tensor(prompt_ids[kept:], dtype=torch.int64), last_only=True,
                                       need_hidden=features, **taps, **last_row)
-            new = [next_token(out.logits[-1], sampling, generator)]
+            prompt_set = torch.unique(torch.tensor(prompt_ids, dtype=torch.int64))  # the repetition penalty's
+            new = [next_token(apply_penalties(out.logits[-1:], [], [[]], prompt_set, sampling)[-1], sampling, generator)]
             scores = self._scores(out.logits[-1:], new, gen)
             verified += new
             if self.drafter.output_topk:  # the target's runners-up after the last prompt token
@@ -206,13 +207,15 @@ class Engine:
                 ids = torch.tensor([context[-1]] + draft.tokens, dtype=torch.int64)
                 if draft.parents is None:
                     out = self.target.forward(ids, need_hidden=features, **taps)  # logits [K+1, V]
-                    verdict = verify(out.logits, draft.tokens, draft.probs, sampling, generator)
+                    judged = self._penalized(out.logits, generated, draft, prompt_set, sampling)
+                    verdict = verify(judged, draft.tokens, draft.probs, sampling, generator)
                     path = list(range(verdict.num_accepted))
                     rows = list(range(verdict.num_accepted + 1))  # the committed tokens' rows
                 else:
                     positions, mask = tree_layout(draft.parents, len(context) - 1)
                     out = self.target.forward(ids, positions=positions, tree_mask=mask, need_hidden=features, **taps)
-                    verdict = verify_tree(out.logits, draft.tokens, draft.parents, draft.probs, sampling, generator)
+                    judged = self._penalized(out.logits, generated, draft, prompt_set, sampling)
+                    verdict = verify_tree(judged, draft.tokens, draft.parents, draft.probs, sampling, generator)
                     path = verdict.path
                     rows = [0] + [1 + j for j in path]
                 self.costs.record(len(ids), time.perf_counter() - t1)
@@ -255,6 +258,21 @@ class Engine:
                               tap_key)
         if pending:  # generation ended on a partial stop string that never completed
             yield Piece(generated[-1] if generated else -1, pending, TARGET)
+
+    @staticmethod
+    def _penalized(logits: torch.Tensor, generated: list[int], draft: Draft, prompt: torch.Tensor,
+                   sampling: SamplingConfig) -> torch.Tensor:
+        """The check's logits [K+1, V] as the verifier judges them: with the sampling's penalties,
+        row 0 by the generated tokens, a guess's row by them and its branch (chain: the guesses
+        before and including it; tree: its ancestors and itself)."""
+        if not sampling.penalized:
+            return logits
+        if draft.parents is None:
+            branches = [draft.tokens[:i] for i in range(len(draft.tokens) + 1)]
+        else:
+            branches = [[]] + [[draft.tokens[j] for j in branch_of(node, draft.parents)]
+                               for node in range(len(draft.tokens))]
+        return apply_penalties(logits, generated, branches, prompt, sampling)
 
     @staticmethod
     def _scores(logits: torch.Tensor, tokens: list[int], gen: GenerationConfig) -> list:

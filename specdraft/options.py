@@ -87,9 +87,24 @@ def add_sampling_args(p: argparse.ArgumentParser, *, seed_default: int | None = 
     p.add_argument("--seed", type=int, default=seed_default, help=seed_help)
 
 
+def add_penalty_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--frequency-penalty", type=float, default=_DEFAULTS_SAMPLING.frequency_penalty,
+                   help="subtract this times a token's count in the generated text from its logit (-2..2; 0 = off)")
+    p.add_argument("--presence-penalty", type=float, default=_DEFAULTS_SAMPLING.presence_penalty,
+                   help="subtract this from the logit of every token the generated text holds (-2..2; 0 = off)")
+    p.add_argument("--repetition-penalty", type=float, default=_DEFAULTS_SAMPLING.repetition_penalty,
+                   help="divide the positive logits of tokens in the prompt or the generated text by this, multiply "
+                        "their negative ones (transformers' / vLLM's; 1 = off)")
+
+
 def sampling_from_args(args) -> SamplingConfig:
-    """The SamplingConfig that add_sampling_args' options describe (ParameterError when one is invalid)."""
-    return SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    """The SamplingConfig that add_sampling_args' (and add_penalty_args') options describe
+    (ParameterError when one is invalid)."""
+    d = _DEFAULTS_SAMPLING
+    return SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                          frequency_penalty=getattr(args, "frequency_penalty", d.frequency_penalty),
+                          presence_penalty=getattr(args, "presence_penalty", d.presence_penalty),
+                          repetition_penalty=getattr(args, "repetition_penalty", d.repetition_penalty))
 
 
 def spec_from_args(method: str, args) -> SpecConfig:

@@ -332,19 +332,23 @@ def _speculator(target, draft, method, dtype, runtime, target_format, draft_form
 
 
 def _prepare(prompt: str, target=None, draft=None, method="draft-model", k=None, temperature=0.0,
-             top_k=0, top_p=1.0, seed=None, max_new_tokens=GenerationConfig.max_new_tokens, stop=(), logprobs=None,
+             top_k=0, top_p=1.0, seed=None, frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0,
+             max_new_tokens=GenerationConfig.max_new_tokens, stop=(), logprobs=None,
              chat=True, dtype=DEFAULT_DTYPE, runtime="auto", target_format=DEFAULT_TARGET_FORMAT,
              draft_format=DEFAULT_DRAFT_FORMAT, **spec_options):
     sd = _speculator(target, draft, method, dtype, runtime, target_format, draft_format)
-    return sd, dict(prompt=prompt, spec=SpecConfig(method=method, k=k, **spec_options), chat=chat,
-                    sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                              frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                              repetition_penalty=repetition_penalty)
+    return sd, dict(prompt=prompt, spec=SpecConfig(method=method, k=k, **spec_options), chat=chat, sampling=sampling,
                     gen=GenerationConfig(max_new_tokens=max_new_tokens, stop=stop, logprobs=logprobs))
 
 
 def generate(prompt: str, **options) -> GenerationResult:
     """One call: load (and keep) the models, generate, return text and statistics.
 
-    Options: target, draft, method, k, temperature, top_k, top_p, seed, max_new_tokens, stop,
+    Options: target, draft, method, k, temperature, top_k, top_p, seed, frequency_penalty,
+    presence_penalty, repetition_penalty, max_new_tokens, stop,
     logprobs (n: each token's log-probability and its n most likely alternatives), chat, dtype,
     runtime, target_format, draft_format, and SpecConfig's ngram_max, ngram_min, min_confidence,
     index (defaults as in :mod:`specdraft.config`).

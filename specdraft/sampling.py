@@ -152,3 +152,36 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[tu
             best = tuple(zip(ids.tolist(), lp[ids].tolist()))
         out.append((float(lp[tok]), best))
     return out
+
+
+def apply_penalties(logits: torch.Tensor, generated: list[int], branches: list[list[int]], prompt: torch.Tensor,
+                    cfg: SamplingConfig) -> torch.Tensor:
+    """The target's logits [R, V] with ``cfg``'s penalties, row r's by the tokens before it: the
+    generated tokens, then ``branches[r]`` (the guesses on the row's branch: a chain's first r, a
+    tree node's ancestors and itself); ``prompt``: the prompt's distinct ids (int64), which the
+    repetition penalty counts too. Returns ``logits`` itself when no penalty is set.
+
+    A token's penalised logit is computed from its total count in one expression, so a row gets
+    the same bits whether its tokens were committed before the forward (plain decoding) or sit
+    on its branch (a speculative check): the verifier then judges guesses against exactly what
+    plain decoding would choose from."""
+    if not cfg.penalized:
+        return logits
+    out = logits.float().clone()
+    base: dict[int, int] = {}
+    for t in generated:
+        base[t] = base.get(t, 0) + 1
+    for r, branch in enumerate(branches):
+        counts = dict(base)
+        for t in branch:
+            counts[t] = counts.get(t, 0) + 1
+        row = out[r]
+        ids = torch.tensor(list(counts), dtype=torch.int64)
+        if cfg.repetition_penalty != 1.0:
+            seen = torch.unique(torch.cat([prompt, ids]))
+            x = row[seen]
+            row[seen] = torch.where(x > 0, x / cfg.repetition_penalty, x * cfg.repetition_penalty)
+        if counts and (cfg.frequency_penalty or cfg.presence_penalty):
+            n = torch.tensor(list(counts.values()), dtype=torch.float32)
+            row[ids] -= cfg.frequency_penalty * n + cfg.presence_penalty
+    return out

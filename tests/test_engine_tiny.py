@@ -733,6 +733,69 @@ def test_no_logprobs_unless_asked(target):
             GenerationConfig(logprobs=bad)
 
 
+# ------------------------------------------------------------------------------------ penalties
+
+PENALIZED = SamplingConfig(frequency_penalty=1.5, presence_penalty=0.5, repetition_penalty=1.3)
+
+
+def naive_penalized(model, prompt, n, cfg):
+    """Greedy decoding with cfg's penalties, written out: the whole text's forward every step, then
+    each logit by the formulas (repetition over the prompt and the output, then frequency and
+    presence over the output)."""
+    out = []
+    for _ in range(n):
+        model.reset()
+        row = model.forward(torch.tensor(prompt + out)).logits[-1].clone()
+        for t in set(prompt) | set(out):
+            x = row[t]
+            row[t] = x / cfg.repetition_penalty if x > 0 else x * cfg.repetition_penalty
+        for t in set(out):
+            row[t] -= cfg.frequency_penalty * torch.tensor(float(out.count(t))) + cfg.presence_penalty
+        out.append(int(row.argmax()))
+    return out
+
+
+def test_penalties_are_what_their_formulas_say(w8a8):
+    _, _, ids, _ = run(make_engine(w8a8), sampling=PENALIZED, max_new_tokens=24)
+    assert ids == naive_penalized(w8a8, PROMPT, 24, PENALIZED)
+    _, _, unpenalized, _ = run(make_engine(w8a8), max_new_tokens=24)
+    assert ids != unpenalized  # they bite: the test could fail
+    for bad in ({"frequency_penalty": 2.5}, {"presence_penalty": -3}, {"repetition_penalty": 0},
+                {"repetition_penalty": 11}, {"frequency_penalty": float("nan")}, {"presence_penalty": True}):
+        with pytest.raises(ParameterError, match="penalty"):
+            SamplingConfig(**bad)
+
+
+@pytest.mark.parametrize("method, draft, trees", [("draft-model", "near", False), ("draft-model", "near", True),
+                                                  ("prompt-lookup", None, False), ("hybrid", "near", True)])
+def test_penalized_speculation_equals_penalized_plain(w8a8, w8a8_drafts, method, draft, trees):
+    """Each row of a check is penalised by the text before it, guesses on its branch included, so
+    the verifier judges guesses against what plain decoding would choose from."""
+    _, _, want, _ = run(make_engine(w8a8), sampling=PENALIZED)
+    engine = make_engine(w8a8, method, w8a8_drafts[draft] if draft else None, k=4, trees=trees)
+    _, _, got, stats = run(engine, sampling=PENALIZED)
+    assert got == want and stats.draft_tokens > 0
+    if draft:  # (the penalties reject what prompt lookup copies, as they are meant to)
+        assert stats.accepted_tokens > 0
+
+
+def test_a_rows_penalties_are_those_of_its_text_committed():
+    """Row r penalised by (generated, branch r) has the bits of a row penalised with the branch
+    committed already: the identity that keeps penalised speculation exact."""
+    from specdraft.sampling import apply_penalties
+
+    g = torch.Generator().manual_seed(5)
+    logits = 4 * torch.randn(6, 50, generator=g)
+    generated = torch.randint(0, 50, (30,), generator=g).tolist()
+    branches = [[], [7], [7, 7], [3], [3, 9], [generated[0], 41]]
+    prompt = torch.unique(torch.randint(0, 50, (12,), generator=g))
+    rows = apply_penalties(logits, generated, branches, prompt, PENALIZED)
+    for r, branch in enumerate(branches):
+        alone = apply_penalties(logits[r:r + 1], generated + branch, [[]], prompt, PENALIZED)
+        assert torch.equal(rows[r], alone[0])
+    assert not torch.equal(rows[1], rows[0]) and apply_penalties(logits, generated, branches, prompt, GREEDY) is logits
+
+
 # ------------------------------------------------------------------------------------ HF adapter
 
 @pytest.fixture(scope="module")

@@ -223,6 +223,17 @@ def test_default_target_logprobs_through_trees_are_plain_decodings(pair, method)
     assert b"".join(spell(i) for i in plain.token_ids).decode() == plain.text
 
 
+def test_default_target_penalised_trees_equal_penalised_plain(pair):
+    """Penalties (frequency, presence, repetition) on the default target: hybrid-head's trees give
+    plain decoding's penalised tokens, which differ from the unpenalised ones."""
+    ids = pair.encode_prompt("List ten fruits, one per line.")
+    sampling = SamplingConfig(frequency_penalty=1.0, presence_penalty=0.5, repetition_penalty=1.1)
+    plain = generate(pair, ids, "none", sampling=sampling, max_new_tokens=48)
+    spec = generate(pair, ids, "hybrid-head", sampling=sampling, max_new_tokens=48, cost_rule=False, trees=True)
+    assert spec.token_ids == plain.token_ids and spec.stats.accepted_tokens > 0
+    assert plain.token_ids != generate(pair, ids, "none", max_new_tokens=48).token_ids
+
+
 def test_default_draft_guesses_among_the_shipped_heads_ids_then_the_first(pair):
     """The default draft's logits are over the shipped head's listed ids (the target's frequent
     choices) and then the lowest others, DEFAULT_DRAFT_VOCAB in all."""

@@ -165,6 +165,17 @@ def test_completion_logprobs_legacy_form(client, sd):
     assert plain.choices[0].logprobs is None
 
 
+def test_penalties_are_applied_as_in_the_library(client, sd):
+    """OpenAI's frequency / presence penalties and vLLM's repetition penalty reach the engine: the
+    server's speculative answer is the library's plain one under the same penalties (and not
+    the unpenalised one)."""
+    penalties = {"frequency_penalty": 1.5, "presence_penalty": 0.5}
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=24, temperature=0)
+    r = client.chat.completions.create(**kw, **penalties, extra_body={"repetition_penalty": 1.2})
+    want = expected(sd, **penalties, repetition_penalty=1.2)
+    assert r.choices[0].message.content == want != expected(sd)
+
+
 def test_stop_string_ends_the_text(client, sd):
     full = expected(sd)
     stop = full[3:5]
@@ -239,6 +250,9 @@ GOOD = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     ({**GOOD, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
     ({**GOOD, "logprobs": True, "top_logprobs": -1}, 400, "top_logprobs"),
     ({**GOOD, "top_logprobs": 2}, 400, None),  # without logprobs: true
+    ({**GOOD, "frequency_penalty": 2.5}, 400, "frequency_penalty"),
+    ({**GOOD, "presence_penalty": -3}, 400, "presence_penalty"),
+    ({**GOOD, "repetition_penalty": 0}, 400, "repetition_penalty"),
     ({**GOOD, "method": "crystal-ball"}, 400, "method"),
     ({**GOOD, "k": 0}, 400, "k"),
     ({**GOOD, "ignore_eos": "yes"}, 400, "ignore_eos"),

@@ -3,8 +3,9 @@
 Unknown fields are ignored (OpenAI clients send many), known ones are type-checked and
 range-checked here, so a bad request is a 400 before it reaches the queue. Two extension
 fields pick the speculation per request: ``method`` (a drafter name or "none") and ``k``; a third,
-``ignore_eos`` (vLLM's name), generates past end-of-sequence tokens up to the token limit.
-Log-probabilities: chat's ``logprobs`` / ``top_logprobs``, completions' ``logprobs`` (an int).
+``ignore_eos`` (vLLM's name), generates past end-of-sequence tokens up to the token limit;
+``repetition_penalty`` is vLLM's too. Log-probabilities: chat's ``logprobs`` / ``top_logprobs``,
+completions' ``logprobs`` (an int).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
-from ..config import MAX_TOP_LOGPROBS
+from ..config import MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS
 
 MAX_STOP = 4  # as OpenAI
 
@@ -27,6 +28,9 @@ class _Common(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: StrictInt = Field(default=0, ge=0)
     seed: StrictInt | None = Field(default=None, ge=0, le=2**63 - 1)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=MAX_REPETITION_PENALTY)  # extension, as vLLM's
     stop: str | list[str] | None = None
     n: StrictInt = Field(default=1, ge=1, le=1)  # one completion per request
     stream: StrictBool = False
