@@ -4,6 +4,7 @@ both sides alike):
 
     python scripts/request_options_cost.py [--method hybrid-head] [--logprobs 5] [--per-category 1] [--max-new-tokens 128]
     python scripts/request_options_cost.py --logprobs -1 --penalties 1.0,0.5,1.1   # frequency, presence, repetition
+    python scripts/request_options_cost.py --logprobs -1 --prompt-logprobs 1        # the prompt scored: prefill times
 
 Prints each side's decode time (prefill excluded) and the ratio, and the time the engine spends
 on the options themselves (``Engine._scores`` for log-probabilities, ``Engine._penalized`` for
@@ -45,6 +46,7 @@ def main() -> None:
     ap.add_argument("--method", default="hybrid-head")
     ap.add_argument("--logprobs", type=int, default=5, help="most likely tokens beside each one; -1: none asked")
     ap.add_argument("--penalties", default=None, help="FREQUENCY,PRESENCE,REPETITION (default: none)")
+    ap.add_argument("--prompt-logprobs", type=int, default=None, help="score the prompt too, N most likely beside")
     ap.add_argument("--per-category", type=int, default=1)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     args = ap.parse_args()
@@ -52,7 +54,8 @@ def main() -> None:
     _timed("_penalized", lambda a: a[4].penalized)
     sd = Speculator(progress=False, load_draft=args.method in ("draft-model", "hybrid", "fusion"))
     spec = SpecConfig(method=args.method)
-    on_gen = GenerationConfig(max_new_tokens=args.max_new_tokens, logprobs=None if args.logprobs < 0 else args.logprobs)
+    on_gen = GenerationConfig(max_new_tokens=args.max_new_tokens, logprobs=None if args.logprobs < 0 else args.logprobs,
+                              prompt_logprobs=args.prompt_logprobs)
     on_sampling = SamplingConfig()
     if args.penalties:
         f, p, r = (float(x) for x in args.penalties.split(","))
@@ -60,16 +63,20 @@ def main() -> None:
     sides = {"off": (GenerationConfig(max_new_tokens=args.max_new_tokens), SamplingConfig()),
              "on": (on_gen, on_sampling)}
     decode = dict.fromkeys(sides, 0.0)
+    prefill = dict.fromkeys(sides, 0.0)
+    prompt_tokens = 0
     tokens = dict.fromkeys(sides, 0)
     forwards = dict.fromkeys(sides, 0)
     prompts = select_prompts(load_prompts(prompts_path(None)), per_category=args.per_category)
     for n, prompt in enumerate(prompts):
         ids = sd.encode_prompt(prompt.text)
+        prompt_tokens += len(ids)
         got = {}
         for name in (list(sides) if n % 2 == 0 else list(sides)[::-1]):
             gen, sampling = sides[name]
             r = sd.generate(ids, spec=spec, gen=gen, sampling=sampling)
             decode[name] += r.stats.time_total - r.stats.time_prefill
+            prefill[name] += r.stats.time_prefill
             tokens[name] += len(r.token_ids)
             forwards[name] += r.stats.target_forwards
             got[name] = r.token_ids
@@ -78,6 +85,8 @@ def main() -> None:
         print(f"{name:4s} {tokens[name]} tokens, {forwards[name]} target forwards, decode {decode[name]:.2f} s "
               f"({tokens[name] / decode[name]:.2f} tok/s)")
     print(f"on / off: {decode['on'] / decode['off']:.3f}x decode time, {len(prompts)} prompts, method {args.method}")
+    print(f"prefill: {prompt_tokens} prompt tokens, off {prefill['off']:.2f} s, on {prefill['on']:.2f} s "
+          f"({prefill['on'] / prefill['off']:.3f}x)")
     for name, (seconds, calls) in SPENT.items():
         if calls:
             print(f"Engine.{name}: {seconds:.3f} s in {calls} calls ({seconds / calls * 1e3:.3f} ms a call), "

@@ -73,18 +73,26 @@ class GenerationConfig:
     # None: no log-probabilities; n >= 0: each token's under the target (its raw softmax), and the
     # n most likely tokens' beside it (at most MAX_TOP_LOGPROBS, as OpenAI's API)
     logprobs: int | None = None
+    # None: the prompt is not scored; n >= 0: each prompt token after the first gets its
+    # log-probability under the target (and the n most likely beside it), from the prefill's rows;
+    # with it max_new_tokens may be 0 (score the prompt only)
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool)
-                                          or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
-            raise ParameterError(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] (the most likely tokens "
-                                 f"listed beside each one), got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or not 0 <= value <= MAX_TOP_LOGPROBS):
+                raise ParameterError(f"{name.replace('_', '-')} must be an integer in [0, {MAX_TOP_LOGPROBS}] (the most "
+                                     f"likely tokens listed beside each one), got {value!r}")
         if isinstance(self.stop, str):  # one stop string, not its characters
             object.__setattr__(self, "stop", (self.stop,))
         elif not isinstance(self.stop, tuple):
             object.__setattr__(self, "stop", tuple(self.stop))
-        if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 1:
-            raise ParameterError(f"max-new-tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        least = 0 if self.prompt_logprobs is not None else 1  # 0: the prompt scored, nothing generated
+        if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) \
+                or self.max_new_tokens < least:
+            raise ParameterError(f"max-new-tokens must be an integer >= {least}, got {self.max_new_tokens!r}")
         if any(not isinstance(s, str) or s == "" for s in self.stop):
             raise ParameterError("stop strings must be non-empty strings")
 

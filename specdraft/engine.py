@@ -14,7 +14,9 @@ Plain decoding (method "none") is the same loop with an empty draft, so the base
 very same runtime code. With a :class:`~specdraft.prefix.PrefixCache` the prefill runs only the part
 of the prompt the target's cache does not already hold from the previous generation.
 
-Every committed token is yielded as a :class:`Piece` that says where it came from.
+Every committed token is yielded as a :class:`Piece` that says where it came from (and, when
+asked, its log-probability under the target); the prompt's tokens can be scored too, from the
+prefill's rows (``prompt_scores``).
 """
 from __future__ import annotations
 
@@ -30,11 +32,13 @@ from .drafters.base import Draft, Drafter
 from .drafters.trees import branch_of, node_depths
 from .errors import ContextLengthError
 from .metrics import SpecStats
+from .models.base import ModelOutput
 from .policy import DraftPolicy
-from .prefix import PrefixCache
+from .prefix import PrefixCache, reuses_exactly
 from .sampling import apply_penalties, argmax, make_generator, next_token, token_logprobs, topk_indices
 from .verify import verify, verify_tree
 
+SCORED_BLOCK = 128  # prompt rows a scored prefill runs at a time (their logits: 78 MB for 151,936 ids)
 DRAFT = "draft"  # an accepted draft token
 TARGET = "target"  # a token the target produced itself (prefill, recovered, bonus, plain)
 
@@ -102,6 +106,7 @@ class Engine:
         self.eos_ids = set(eos_ids or ())
         self.stats = SpecStats(method=spec.method if drafter is not None else "none")
         self.token_ids: list[int] = []
+        self.prompt_scores = None  # the latest stream's prompt scores (GenerationConfig.prompt_logprobs)
 
     def stream(self, prompt_ids: list[int], sampling: SamplingConfig = SamplingConfig(),
                gen: GenerationConfig = GenerationConfig()) -> Iterator[Piece]:
@@ -114,6 +119,8 @@ class Engine:
                 f"prompt ({len(prompt_ids)} tokens) + max-new-tokens ({gen.max_new_tokens}) exceeds the "
                 f"context of {self.target.max_length} tokens; shorten the prompt or lower max-new-tokens")
         stats = self.stats = SpecStats(method=self.stats.method, prompt_tokens=len(prompt_ids))
+        # with GenerationConfig.prompt_logprobs: (logprob, most likely) of prompt tokens 1 .. n-1
+        self.prompt_scores = None
         generator = make_generator(sampling.seed)
         detok = Detokenizer(self.tokenizer)
         pending = ""  # text held back: it may be the start of a stop string
@@ -141,14 +148,21 @@ class Engine:
             # the held prefix that covers most of the prompt, put into the cache (until this
             # generation records what the cache then holds, nothing is live)
             kept, kept_rows = prefix.prepare(prompt_ids, rows_kept, tap_key) if prefix is not None else (0, None)
+            scoring = gen.prompt_logprobs is not None
+            if scoring:  # every prompt row's logits are wanted: the whole prompt runs
+                kept, kept_rows = 0, None
             if kept:
                 self.target.rollback(kept)
             else:
                 self.target.reset()
             stats.cached_prompt_tokens = kept
             last_row = {"hidden_last_only": True} if features and not rows_kept else {}
-            out = self.target.forward(torch.tensor(prompt_ids[kept:], dtype=torch.int64), last_only=True,
-                                      need_hidden=features, **taps, **last_row)
+            if scoring:
+                out, self.prompt_scores = self._scored_prefill(prompt_ids, gen.prompt_logprobs, features, taps,
+                                                               bool(last_row))
+            else:
+                out = self.target.forward(torch.tensor(prompt_ids[kept:], dtype=torch.int64), last_only=True,
+                                          need_hidden=features, **taps, **last_row)
             prompt_set = torch.unique(torch.tensor(prompt_ids, dtype=torch.int64))  # the repetition penalty's
             new = [next_token(apply_penalties(out.logits[-1:], [], [[]], prompt_set, sampling)[-1], sampling, generator)]
             scores = self._scores(out.logits[-1:], new, gen)
@@ -164,6 +178,8 @@ class Engine:
                     held_rows.append(prompt_rows)
             origins = [TARGET]
             stats.time_prefill = time.perf_counter() - t_start
+            if gen.max_new_tokens == 0:  # the prompt scored, nothing to generate
+                return
             while True:
                 # Commit: stop at EOS / max tokens; stream text; look for stop strings.
                 done = False
@@ -258,6 +274,31 @@ class Engine:
                               tap_key)
         if pending:  # generation ended on a partial stop string that never completed
             yield Piece(generated[-1] if generated else -1, pending, TARGET)
+
+    def _scored_prefill(self, prompt_ids: list[int], top: int, features: bool, taps: dict,
+                        last_hidden_only: bool) -> tuple[ModelOutput, list]:
+        """The prompt's prefill with every row's logits, each scoring the prompt token after it:
+        (the output a one-block prefill gives the engine, (logprob, top) of prompt tokens 1..n-1).
+        In blocks of SCORED_BLOCK rows (logits [rows, V] each, not [n, V] at once) where the
+        target's rows do not depend on their block, so the output keeps a whole prefill's bits;
+        in one block otherwise."""
+        n = len(prompt_ids)
+        block = SCORED_BLOCK if reuses_exactly(self.target) else n
+        scores, hidden, tapped = [], [], []
+        for s in range(0, n, block):
+            ids = prompt_ids[s:s + block]
+            out = self.target.forward(torch.tensor(ids, dtype=torch.int64), need_hidden=features, **taps)
+            following = prompt_ids[s + 1:s + 1 + len(ids)]  # what these rows predict (the last row: none)
+            scores += token_logprobs(out.logits[:len(following)], following, top)
+            hidden.append(out.hidden)
+            tapped.append(out.taps)
+        if not features:
+            return ModelOutput(out.logits[-1:], None), scores
+        h = torch.cat(hidden)
+        t = torch.cat(tapped) if tapped[0] is not None else None
+        if last_hidden_only:
+            h, t = h[-1:], (None if t is None else t[-1:])
+        return ModelOutput(out.logits[-1:], h, t), scores
 
     @staticmethod
     def _penalized(logits: torch.Tensor, generated: list[int], draft: Draft, prompt: torch.Tensor,

@@ -207,6 +207,9 @@ class GenerationResult:
     # and its row's most likely (id, log-probability) pairs
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
+    # with GenerationConfig.prompt_logprobs (else empty): the same for prompt tokens 1 .. n-1
+    prompt_logprobs: list[float] = field(default_factory=list)
+    prompt_top_logprobs: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
 
 
 class Speculator:
@@ -315,7 +318,9 @@ class Speculator:
         return GenerationResult(text="".join(p.text for p in pieces), token_ids=list(engine.token_ids),
                                 origins=[p.origin for p in tokens], stats=engine.stats, prompt_ids=ids,
                                 logprobs=[p.logprob for p in tokens] if scored else [],
-                                top_logprobs=[p.top_logprobs for p in tokens] if scored else [])
+                                top_logprobs=[p.top_logprobs for p in tokens] if scored else [],
+                                prompt_logprobs=[lp for lp, _ in engine.prompt_scores or ()],
+                                prompt_top_logprobs=[top for _, top in engine.prompt_scores or ()])
 
 
 _CACHED: dict[tuple, Speculator] = {}
@@ -333,7 +338,7 @@ def _speculator(target, draft, method, dtype, runtime, target_format, draft_form
 
 def _prepare(prompt: str, target=None, draft=None, method="draft-model", k=None, temperature=0.0,
              top_k=0, top_p=1.0, seed=None, frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0,
-             max_new_tokens=GenerationConfig.max_new_tokens, stop=(), logprobs=None,
+             max_new_tokens=GenerationConfig.max_new_tokens, stop=(), logprobs=None, prompt_logprobs=None,
              chat=True, dtype=DEFAULT_DTYPE, runtime="auto", target_format=DEFAULT_TARGET_FORMAT,
              draft_format=DEFAULT_DRAFT_FORMAT, **spec_options):
     sd = _speculator(target, draft, method, dtype, runtime, target_format, draft_format)
@@ -341,7 +346,8 @@ def _prepare(prompt: str, target=None, draft=None, method="draft-model", k=None,
                               frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                               repetition_penalty=repetition_penalty)
     return sd, dict(prompt=prompt, spec=SpecConfig(method=method, k=k, **spec_options), chat=chat, sampling=sampling,
-                    gen=GenerationConfig(max_new_tokens=max_new_tokens, stop=stop, logprobs=logprobs))
+                    gen=GenerationConfig(max_new_tokens=max_new_tokens, stop=stop, logprobs=logprobs,
+                                         prompt_logprobs=prompt_logprobs))
 
 
 def generate(prompt: str, **options) -> GenerationResult:
@@ -349,7 +355,8 @@ def generate(prompt: str, **options) -> GenerationResult:
 
     Options: target, draft, method, k, temperature, top_k, top_p, seed, frequency_penalty,
     presence_penalty, repetition_penalty, max_new_tokens, stop,
-    logprobs (n: each token's log-probability and its n most likely alternatives), chat, dtype,
+    logprobs (n: each token's log-probability and its n most likely alternatives), prompt_logprobs
+    (the same for the prompt's tokens; max_new_tokens may then be 0), chat, dtype,
     runtime, target_format, draft_format, and SpecConfig's ngram_max, ngram_min, min_confidence,
     index (defaults as in :mod:`specdraft.config`).
     """

@@ -733,6 +733,30 @@ def test_no_logprobs_unless_asked(target):
             GenerationConfig(logprobs=bad)
 
 
+@pytest.mark.parametrize("block", [128, 5])
+def test_prompt_scores_are_the_prompt_rows(w8a8, w8a8_drafts, block, monkeypatch):
+    """GenerationConfig.prompt_logprobs: each prompt token after the first scored by the row before
+    it, as one forward over the prompt gives it (prefilled SCORED_BLOCK rows at a time: the same
+    bits); nothing generated with max_new_tokens 0, and the generation after a scored prefill is
+    the one after a plain prefill."""
+    from specdraft import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "SCORED_BLOCK", block)
+    w8a8.reset()
+    rows = torch.log_softmax(w8a8.forward(torch.tensor(PROMPT)).logits[:-1], -1)  # [n-1, V]
+    e = make_engine(w8a8)
+    _, pieces, ids, _ = run(e, max_new_tokens=0, prompt_logprobs=2)
+    assert pieces == [] and ids == []
+    assert [lp for lp, _ in e.prompt_scores] == rows.gather(1, torch.tensor(PROMPT[1:])[:, None])[:, 0].tolist()
+    assert [[i for i, _ in top] for _, top in e.prompt_scores] == rows.topk(2).indices.tolist()
+    _, _, want, _ = run(make_engine(w8a8, "draft-model", w8a8_drafts["near"], k=4))
+    speculative = make_engine(w8a8, "draft-model", w8a8_drafts["near"], k=4)
+    _, _, got, _ = run(speculative, prompt_logprobs=0)
+    assert got == want and len(speculative.prompt_scores) == len(PROMPT) - 1
+    with pytest.raises(ParameterError, match="max-new-tokens"):
+        GenerationConfig(max_new_tokens=0)
+
+
 # ------------------------------------------------------------------------------------ penalties
 
 PENALIZED = SamplingConfig(frequency_penalty=1.5, presence_penalty=0.5, repetition_penalty=1.3)

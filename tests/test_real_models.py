@@ -223,6 +223,23 @@ def test_default_target_logprobs_through_trees_are_plain_decodings(pair, method)
     assert b"".join(spell(i) for i in plain.token_ids).decode() == plain.text
 
 
+def test_default_target_scores_its_prompt_as_one_forward_does(pair):
+    """prompt_logprobs on the default target with a feature drafter (hybrid-head reads the target's
+    features and taps): the prompt prefilled SCORED_BLOCK rows at a time scores each token as one
+    whole forward's rows do, bit for bit, and the answer after it is the answer after a plain prefill."""
+    ids = pair.encode_prompt("Summarize: " + "The cache keeps keys and values of earlier tokens. " * 25)
+    assert len(ids) > 2 * 128  # several scored blocks
+    scored = pair.generate(ids, spec=SpecConfig(method="hybrid-head"),
+                           gen=GenerationConfig(max_new_tokens=24, prompt_logprobs=3))
+    plain = pair.generate(ids, spec=SpecConfig(method="hybrid-head"), gen=GenerationConfig(max_new_tokens=24))
+    assert scored.token_ids == plain.token_ids
+    model = pair.target.model
+    model.reset()
+    rows = torch.log_softmax(model.forward(torch.tensor(ids)).logits[:-1], -1)
+    assert scored.prompt_logprobs == rows.gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
+    assert [[i for i, _ in top] for top in scored.prompt_top_logprobs] == rows.topk(3).indices.tolist()
+
+
 def test_default_target_penalised_trees_equal_penalised_plain(pair):
     """Penalties (frequency, presence, repetition) on the default target: hybrid-head's trees give
     plain decoding's penalised tokens, which differ from the unpenalised ones."""

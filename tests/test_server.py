@@ -176,6 +176,35 @@ def test_penalties_are_applied_as_in_the_library(client, sd):
     assert r.choices[0].message.content == want != expected(sd)
 
 
+def test_completion_echo_scores_the_prompt_as_lm_eval_asks(server, client, sd):
+    """lm-evaluation-harness's loglikelihood request: token ids, echo, logprobs 1, max_tokens 0 (or
+    1): the prompt's text and its tokens' log-probabilities (the first null), as the library's
+    prefill scores them; streamed, the prompt's chunk first."""
+    ids = sd.encode_prompt(QUESTION, chat=False)
+    want = sd.generate(ids, spec=SpecConfig(method="none"), gen=GenerationConfig(max_new_tokens=0, prompt_logprobs=1))
+    r = client.completions.create(model=MODEL, prompt=ids, max_tokens=0, temperature=0, logprobs=1, echo=True)
+    c = r.choices[0]
+    assert c.text == sd.tokenizer.decode(ids) and c.finish_reason == "length" and r.usage.completion_tokens == 0
+    assert c.logprobs.token_logprobs == [None, *want.prompt_logprobs] and c.logprobs.top_logprobs[0] is None
+    assert len(c.logprobs.tokens) == len(ids) and all(len(t) == 1 for t in c.logprobs.top_logprobs[1:])
+    # max_tokens 1: the prompt's entries, then the completion's one
+    r = client.completions.create(model=MODEL, prompt=QUESTION, max_tokens=3, temperature=0, logprobs=2, echo=True)
+    c, gen = r.choices[0], _plain_logprobs(sd, 2, chat=False, n=3)
+    assert c.text == QUESTION + gen.text
+    assert c.logprobs.token_logprobs == [None, *want.prompt_logprobs, *gen.logprobs]
+    assert c.logprobs.text_offset == [sum(len(t) for t in c.logprobs.tokens[:i]) for i in range(len(c.logprobs.tokens))]
+    streamed = list(client.completions.create(model=MODEL, prompt=QUESTION, max_tokens=3, temperature=0, logprobs=2,
+                                              echo=True, stream=True))
+    assert streamed[0].choices[0].text == QUESTION and "".join(x.choices[0].text for x in streamed) == c.text
+    assert [lp for x in streamed if x.choices[0].logprobs for lp in x.choices[0].logprobs.token_logprobs] == \
+        c.logprobs.token_logprobs
+    # echo alone: the text, no scores
+    r = client.completions.create(model=MODEL, prompt=QUESTION, max_tokens=3, temperature=0, echo=True)
+    assert r.choices[0].text == QUESTION + gen.text and r.choices[0].logprobs is None
+    bad = post(server, "/v1/completions", json.dumps({"prompt": QUESTION, "max_tokens": 0}))
+    assert bad.status_code == 400 and "echo" in bad.json()["error"]["message"]
+
+
 def test_stop_string_ends_the_text(client, sd):
     full = expected(sd)
     stop = full[3:5]

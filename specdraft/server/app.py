@@ -35,7 +35,7 @@ from .errors import APIError, add_error_handlers
 from .gate import Gate
 from .generation import DEFAULT_MAX_TOKENS, GenRequest, build_request, job_events, run_generation
 from .metrics import ServerMetrics
-from .responses import Logprobs, completion_body, event_stream
+from .responses import Logprobs, completion_body, event_stream, joined
 from .schemas import ChatRequest, CompletionRequest
 from .worker import Job, QueueFull, Worker
 
@@ -113,14 +113,19 @@ async def completions(request: Request, body: CompletionRequest):
         vocab = speculator.target.model.vocab_size
         if any(not 0 <= t < vocab for t in p):
             raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
-        ids = list(p)
+        ids, text = list(p), None
     else:
-        ids = speculator.encode_prompt(p[0] if isinstance(p, list) else p, chat=False)
-    return await _generate(request, body, ids, "completion")
+        text = p[0] if isinstance(p, list) else p
+        ids = speculator.encode_prompt(text, chat=False)
+    echo = None
+    if body.echo:  # the prompt as given (token ids: their text)
+        echo = text if text is not None else speculator.tokenizer.decode(ids)
+    return await _generate(request, body, ids, "completion", echo)
 
 
-async def _generate(request: Request, body, prompt_ids: list[int], kind: str):
-    """Queue the generation, then answer with its stream or, once it is done, its whole text."""
+async def _generate(request: Request, body, prompt_ids: list[int], kind: str, echo: str | None = None):
+    """Queue the generation, then answer with its stream or, once it is done, its whole text
+    (after the prompt's, ``echo``, for completions that ask for it)."""
     state = request.app.state
     config, worker = state.config, state.worker
     gen_req = build_request(body, prompt_ids, config, state.speculator)
@@ -135,19 +140,26 @@ async def _generate(request: Request, body, prompt_ids: list[int], kind: str):
     events = job_events(request, job, arrived, state.metrics)
     if body.stream:
         # the worker is freed (cancel) as soon as the stream ends or the client leaves
+        scored = gen_req.gen.prompt_logprobs is not None
         stream = event_stream(events, rid, kind, config.model_name, body.include_usage, lambda: worker.cancel(job),
-                              logprobs)
+                              logprobs, None if echo is None else (echo, prompt_ids, scored))
         return StreamingResponse(stream, media_type="text/event-stream")
-    pieces, outcome = [], None
+    pieces, outcome, prompt_scores = [], None, None
     try:
         async for ev, value in events:
             if ev == "piece":
                 pieces.append(value[0])
+            elif ev == "prompt":
+                prompt_scores = value
             else:
                 outcome = value
     finally:
         worker.cancel(job)  # no-op when finished; frees the worker if the client left
     if outcome is None:  # the client disconnected
         return Response(status_code=499)
-    return completion_body(rid, kind, config.model_name, "".join(p.text for p in pieces), [p.origin for p in pieces],
-                           outcome, logprobs.of(pieces) if logprobs is not None else None)
+    scores = None
+    if logprobs is not None:
+        echoed = logprobs.of_prompt(prompt_ids, prompt_scores) if prompt_scores is not None else None
+        scores = joined(echoed, logprobs.of(pieces))  # (the prompt's first, for its offsets)
+    return completion_body(rid, kind, config.model_name, (echo or "") + "".join(p.text for p in pieces),
+                           [p.origin for p in pieces], outcome, scores)

@@ -72,19 +72,24 @@ def build_request(body, prompt_ids: list[int], config: ServerConfig, speculator)
         raise APIError(400, f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({limit}) exceeds the "
                             f"context of {max_len} tokens", param="max_tokens", code="context_length_exceeded")
     gen = GenerationConfig(max_new_tokens=limit, stop=tuple(body.stop or ()), ignore_eos=body.ignore_eos,
-                           logprobs=body.logprob_count)
+                           logprobs=body.logprob_count, prompt_logprobs=body.prompt_logprob_count)
     return GenRequest(prompt_ids, spec, sampling, gen)
 
 
 def run_generation(speculator, job: Job) -> Outcome:
     """Run ``job`` (its request a GenRequest) to its end on the worker thread: each piece is
-    emitted with the live counters the page shows; stops early when the job is stopped."""
+    emitted with the live counters the page shows (after the prompt's scores, when they are asked
+    for); stops early when the job is stopped."""
     req: GenRequest = job.request
     engine = speculator.engine(req.spec)
     pieces = engine.stream(req.prompt_ids, req.sampling, req.gen)
     timed_out = False
+    scored = req.gen.prompt_logprobs is None  # the prompt's scores go out once, before any piece
     try:
         for piece in pieces:
+            if not scored:
+                job.emit("prompt", engine.prompt_scores)
+                scored = True
             st = engine.stats  # live counters, for the page's figures
             job.emit("piece", (piece, {"draft_tokens": st.draft_tokens, "accepted_tokens": st.accepted_tokens,
                                        "target_forwards": st.target_forwards, "step_tokens": st.step_tokens}))
@@ -93,6 +98,8 @@ def run_generation(speculator, job: Job) -> Outcome:
                 break
     finally:
         pieces.close()  # ends the engine's loop; its statistics are final
+    if not scored:  # nothing generated (max_tokens 0): the prompt scored alone
+        job.emit("prompt", engine.prompt_scores)
     n = len(engine.token_ids)
     reason = "length" if timed_out or n >= req.gen.max_new_tokens else "stop"
     return Outcome(engine.stats, reason)
@@ -100,7 +107,8 @@ def run_generation(speculator, job: Job) -> Outcome:
 
 async def job_events(request: Request, job: Job, arrived: float,
                      metrics: ServerMetrics) -> AsyncIterator[tuple[str, object]]:
-    """The job's ("piece", (Piece, live counters)) events and then ("done", Outcome); raises
+    """The job's ("prompt", its scores) event when the prompt is scored, its ("piece", (Piece,
+    live counters)) events and then ("done", Outcome); raises
     APIError for a job that failed to start; stops (without an Outcome) when the client
     disconnects. Records time to first token and the finished request in ``metrics``."""
     first = True

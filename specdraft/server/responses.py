@@ -46,14 +46,31 @@ class Logprobs:
         if self.kind == "chat":
             return {"content": [{**self._named(p.token_id, p.logprob),
                                  "top_logprobs": [self._named(i, lp) for i, lp in p.top_logprobs]} for p in scored]}
+        return self._legacy([(p.token_id, p.logprob, p.top_logprobs) for p in scored])
+
+    def of_prompt(self, ids: list[int], scores) -> dict:
+        """Completions' echo: the prompt's tokens (the first unscored: null, as OpenAI's), then
+        each with its score from the prefill (engine.prompt_scores)."""
+        return self._legacy([(ids[0], None, None)] + [(i, lp, top) for i, (lp, top) in zip(ids[1:], scores)])
+
+    def _legacy(self, entries) -> dict:
+        """(token id, logprob or None, top pairs or None) -> completions' lists, offsets running on."""
         tokens, offsets = [], []
-        for p in scored:
-            tokens.append(self.spell.text(p.token_id))
+        for token_id, _, _ in entries:
+            tokens.append(self.spell.text(token_id))
             offsets.append(self.offset)
             self.offset += len(tokens[-1])
-        return {"tokens": tokens, "token_logprobs": [p.logprob for p in scored],
-                "top_logprobs": [{self.spell.text(i): lp for i, lp in p.top_logprobs} for p in scored],
+        return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in entries],
+                "top_logprobs": [None if top is None else {self.spell.text(i): lp for i, lp in top}
+                                 for _, _, top in entries],
                 "text_offset": offsets}
+
+
+def joined(first: dict | None, then: dict | None) -> dict | None:
+    """Two pieces of completions' logprobs lists (the echoed prompt's, the completion's) as one."""
+    if first is None or then is None:
+        return first or then
+    return {key: first[key] + then[key] for key in first}
 
 
 def completion_body(rid: str, kind: str, model_name: str, text: str, origins: list[str], outcome: Outcome,
@@ -100,18 +117,26 @@ class _Chunks:
 
 
 async def event_stream(events: AsyncIterator[tuple[str, object]], rid: str, kind: str, model_name: str,
-                       include_usage: bool, on_close, logprobs: Logprobs | None = None) -> AsyncIterator[str]:
+                       include_usage: bool, on_close, logprobs: Logprobs | None = None,
+                       echo: tuple[str, list[int], bool] | None = None) -> AsyncIterator[str]:
     """Server-sent events for a job's ``events`` (see generation.job_events): a chunk per piece
     (with the live counters as ``speculation``, and its token's log-probabilities by ``logprobs``
     when the request asked for them), a final chunk with the finish reason, the usage if asked,
-    then ``[DONE]``. A job that never started ends the stream with an error event.
-    ``on_close()`` runs when the stream ends or the client leaves."""
+    then ``[DONE]``. ``echo`` (completions: the prompt's text and ids, and whether the job scores
+    them) comes first, in a chunk of its own, with the scores when the job's "prompt" event brings
+    them. A job that never started
+    ends the stream with an error event. ``on_close()`` runs when the stream ends or the client
+    leaves."""
     chunks = _Chunks(rid, kind, model_name)
     try:
         if kind == "chat":
             yield chunks.text("", [], role=True)
+        if echo is not None and not echo[2]:
+            yield chunks.text(echo[0], [])
         async for ev, value in events:
-            if ev == "piece":
+            if ev == "prompt":  # the prompt's scores: its echo with them
+                yield chunks.text(echo[0], [], logprobs=logprobs.of_prompt(echo[1], value))
+            elif ev == "piece":
                 piece, live = value
                 yield chunks.text(piece.text, [piece.origin], live=live,
                                   logprobs=logprobs.of([piece]) if logprobs is not None else None)

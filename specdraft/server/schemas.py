@@ -50,6 +50,10 @@ class _Common(BaseModel):
         return stops
 
     @property
+    def prompt_logprob_count(self) -> int | None:
+        return None  # completions' echo scores the prompt (CompletionRequest)
+
+    @property
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
 
@@ -96,20 +100,34 @@ class ChatRequest(_Common):
 class CompletionRequest(_Common):
     prompt: str | list[str] | list[StrictInt]
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    # the prompt's text before the completion's (with logprobs: its tokens scored too, the first
+    # without a score); with max_tokens 0 the prompt alone (how lm-evaluation-harness scores text)
     echo: StrictBool = False
+    max_tokens: StrictInt | None = Field(default=None, ge=0)
     # the legacy form: each token's log-probability and this many most likely beside it
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, v):
-        if v:
-            raise ValueError("echo is not supported")
-        return v
+    @model_validator(mode="after")
+    def _nothing_needs_echo(self):
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens 0 generates nothing: give echo: true to score the prompt, or max_tokens >= 1")
+        return self
 
     @property
     def logprob_count(self) -> int | None:
         return self.logprobs
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_tokens if self.max_completion_tokens is None else self.max_completion_tokens
+
+    @property
+    def prompt_logprob_count(self) -> int | None:
+        """GenerationConfig.prompt_logprobs: the prompt is scored when echoed with logprobs (or
+        echoed alone, nothing generated: the engine then only prefills)."""
+        if not self.echo:
+            return None
+        return self.logprobs if self.logprobs is not None else (0 if self.token_limit == 0 else None)
 
     @field_validator("prompt")
     @classmethod
