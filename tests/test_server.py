@@ -182,8 +182,8 @@ def test_completion_echo_scores_the_prompt_as_lm_eval_asks(server, client, sd):
     prefill scores them; streamed, the prompt's chunk first."""
     ids = sd.encode_prompt(QUESTION, chat=False)
     want = sd.generate(ids, spec=SpecConfig(method="none"), gen=GenerationConfig(max_new_tokens=0, prompt_logprobs=1))
-    r = client.completions.create(model=MODEL, prompt=ids, max_tokens=0, temperature=0, logprobs=1, echo=True)
-    c = r.choices[0]
+    r = client.completions.create(model=MODEL, prompt=[ids], max_tokens=0, temperature=0, logprobs=1, echo=True)
+    c = r.choices[0]  # ([ids]: a batch of one, as lm-evaluation-harness sends it)
     assert c.text == sd.tokenizer.decode(ids) and c.finish_reason == "length" and r.usage.completion_tokens == 0
     assert c.logprobs.token_logprobs == [None, *want.prompt_logprobs] and c.logprobs.top_logprobs[0] is None
     assert len(c.logprobs.tokens) == len(ids) and all(len(t) == 1 for t in c.logprobs.top_logprobs[1:])
@@ -297,7 +297,7 @@ def test_bad_requests_get_openai_errors(server, body, status, param):
 
 
 def test_bad_completion_prompts(server):
-    for prompt in ([], ["a", "b"], [10**9], None):
+    for prompt in ([], ["a", "b"], [10**9], None, [[1, 2], [3]], [[]], [[10**9]], [["a"]]):
         r = post(server, "/v1/completions", json.dumps({"prompt": prompt, "max_tokens": 2}))
         assert r.status_code == 400, (prompt, r.text)
 

@@ -98,7 +98,7 @@ class ChatRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str] | list[StrictInt]
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]  # a text or token ids, alone or in a list of one
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     # the prompt's text before the completion's (with logprobs: its tokens scored too, the first
     # without a score); with max_tokens 0 the prompt alone (how lm-evaluation-harness scores text)
@@ -132,8 +132,10 @@ class CompletionRequest(_Common):
     @field_validator("prompt")
     @classmethod
     def _one_prompt(cls, v):
-        if isinstance(v, list) and v and isinstance(v[0], str) and len(v) != 1:
+        if isinstance(v, list) and v and isinstance(v[0], (str, list)) and len(v) != 1:
             raise ValueError("one prompt per request (n=1)")
+        if isinstance(v, list) and v and isinstance(v[0], list):
+            v = v[0]  # [[ids]] -> [ids]
         if isinstance(v, list) and not v:
             raise ValueError("the prompt is empty")
         return v
