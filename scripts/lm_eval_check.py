@@ -5,11 +5,11 @@ lm_eval and its dependencies are best kept in a venv of their own (only its clie
 
     specdraft serve --port 8000 &
     python3 -m venv /tmp/lmeval && /tmp/lmeval/bin/pip install "lm_eval[api]" transformers
-    /tmp/lmeval/bin/python scripts/lm_eval_check.py client --tokenizer DIR --json /tmp/lm_eval.json
+    /tmp/lmeval/bin/python scripts/lm_eval_check.py client --json /tmp/lm_eval.json
     python scripts/lm_eval_check.py library --json /tmp/lm_eval.json     # in specdraft's venv
 
-DIR: the served model's tokenizer directory (`python -c "from specdraft.models.packaged import
-resolve_model_dir; print(resolve_model_dir('qwen2.5-coder-1.5b', weights=False))"`). The library
+The client tokenizes through the server (its /tokenize, /detokenize, /tokenizer_info, which lm_eval
+finds by itself), or with ``--tokenizer DIR`` from the model's tokenizer directory. The library
 step exits 1 when a loglikelihood differs from the client's.
 """
 from __future__ import annotations
@@ -26,8 +26,10 @@ def client(args) -> int:
     from lm_eval.api.instance import Instance
     from lm_eval.models.openai_completions import LocalCompletionsAPI
 
-    lm = LocalCompletionsAPI(base_url=args.url, model=args.target, tokenizer_backend="huggingface",
-                             tokenizer=args.tokenizer, tokenized_requests=True, batch_size=1, max_retries=1)
+    tokenizer = {"tokenizer_backend": "huggingface", "tokenizer": args.tokenizer} if args.tokenizer else {}
+    lm = LocalCompletionsAPI(base_url=args.url, model=args.target, tokenized_requests=True, batch_size=1,
+                             max_retries=1, **tokenizer)
+    print(f"tokenizer: {type(lm.tokenizer).__name__}")
     got = lm.loglikelihood([Instance("loglikelihood", {}, p, i) for i, p in enumerate(PAIRS)])
     rolling = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("The quick brown fox jumps.",), 0)])
     text = lm.generate_until([Instance("generate_until", {}, ("def fib(n):", {"until": ["\n\n"], "max_gen_toks": 40}), 0)])
@@ -62,7 +64,7 @@ def main() -> int:
     ap.add_argument("step", choices=("client", "library"))
     ap.add_argument("--url", default="http://127.0.0.1:8000/v1/completions")
     ap.add_argument("--target", default="qwen2.5-coder-1.5b", help="the served model's name")
-    ap.add_argument("--tokenizer", help="client: the served model's tokenizer directory")
+    ap.add_argument("--tokenizer", help="client: the served model's tokenizer directory (default: the server's)")
     ap.add_argument("--json", default="lm_eval_check.json", help="the client's loglikelihoods, for the library step")
     args = ap.parse_args()
     return client(args) if args.step == "client" else library(args)

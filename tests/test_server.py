@@ -205,6 +205,25 @@ def test_completion_echo_scores_the_prompt_as_lm_eval_asks(server, client, sd):
     assert bad.status_code == 400 and "echo" in bad.json()["error"]["message"]
 
 
+def test_tokenizer_endpoints(server, sd):
+    """vLLM's /tokenize, /detokenize and /tokenizer_info, as lm-evaluation-harness's remote tokenizer
+    calls them: the served tokenizer's ids, text and special tokens; bad bodies are 400s."""
+    r = httpx.post(server + "/tokenize", json={"prompt": QUESTION, "add_special_tokens": False}).json()
+    assert r["tokens"] == sd.tokenizer(QUESTION, add_special_tokens=False)["input_ids"] and r["count"] == len(r["tokens"])
+    assert r["max_model_len"] == sd.target.model.max_length
+    chat = httpx.post(server + "/tokenize", json={"messages": [{"role": "user", "content": QUESTION}]}).json()
+    assert chat["tokens"] == sd.encode_messages([{"role": "user", "content": QUESTION}])
+    back = httpx.post(server + "/detokenize", json={"tokens": r["tokens"]}).json()
+    assert back["prompt"] == QUESTION
+    info = httpx.get(server + "/tokenizer_info").json()
+    assert info["eos_token"] == sd.tokenizer.eos_token and info["model_max_length"] == sd.target.model.max_length
+    for path, body in [("/tokenize", {}), ("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "a"}]}),
+                       ("/tokenize", {"prompt": 5}), ("/detokenize", {"tokens": [10**9]}), ("/detokenize", {"tokens": "a"}),
+                       ("/tokenize", {"messages": [{"role": "user", "content": "a"}], "add_generation_prompt": False})]:
+        bad = httpx.post(server + path, json=body)
+        assert bad.status_code == 400 and bad.json()["error"]["message"], (path, body, bad.text)
+
+
 def test_stop_string_ends_the_text(client, sd):
     full = expected(sd)
     stop = full[3:5]

@@ -2,7 +2,8 @@
 
 Endpoints: POST /v1/chat/completions, POST /v1/completions (plain JSON, or server-sent events
 with ``stream: true``), GET /v1/models, GET /health, GET /metrics (Prometheus), GET / (a chat
-page that colours each token by its origin).
+page that colours each token by its origin), and vLLM's tokenizer endpoints POST /tokenize,
+POST /detokenize, GET /tokenizer_info (which lm-evaluation-harness's client uses).
 
 Every error a client can cause is a 4xx in OpenAI's format ``{"error": {"message", "type",
 "param", "code"}}``: invalid JSON or fields (400), an unknown model (404), a body over the size
@@ -36,7 +37,7 @@ from .gate import Gate
 from .generation import DEFAULT_MAX_TOKENS, GenRequest, build_request, job_events, run_generation
 from .metrics import ServerMetrics
 from .responses import Logprobs, completion_body, event_stream, joined
-from .schemas import ChatRequest, CompletionRequest
+from .schemas import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .worker import Job, QueueFull, Worker
 
 __all__ = ["DEFAULT_MAX_TOKENS", "APIError", "GenRequest", "ServerConfig", "create_app"]
@@ -91,6 +92,44 @@ def prometheus(request: Request):
 @router.get("/", response_class=HTMLResponse)
 def page():
     return resources.files("specdraft.server").joinpath("page.html").read_text(encoding="utf-8")
+
+
+# ------------------------------------------------------------------ the tokenizer (vLLM's endpoints)
+
+
+@router.get("/tokenizer_info")
+def tokenizer_info(request: Request):
+    speculator = request.app.state.speculator
+    tok = speculator.tokenizer
+    return {"tokenizer_class": type(tok).__name__, "eos_token": getattr(tok, "eos_token", None),
+            "bos_token": getattr(tok, "bos_token", None), "pad_token": getattr(tok, "pad_token", None),
+            "chat_template": getattr(tok, "chat_template", None),
+            "model_max_length": speculator.target.model.max_length}
+
+
+@router.post("/tokenize")
+def tokenize(request: Request, body: TokenizeRequest):
+    speculator = request.app.state.speculator
+    if body.messages is not None:
+        if not body.add_generation_prompt:
+            raise APIError(400, "messages are tokenized ready for the assistant's answer (add_generation_prompt: true)",
+                           param="add_generation_prompt")
+        try:
+            ids = speculator.encode_messages([{"role": m.role, "content": m.text} for m in body.messages])
+        except SpecdraftError as e:
+            raise APIError(400, str(e), param="messages") from None
+    else:
+        ids = speculator.tokenizer(body.prompt, add_special_tokens=body.add_special_tokens)["input_ids"]
+    return {"count": len(ids), "max_model_len": speculator.target.model.max_length, "tokens": ids}
+
+
+@router.post("/detokenize")
+def detokenize(request: Request, body: DetokenizeRequest):
+    speculator = request.app.state.speculator
+    vocab = speculator.target.model.vocab_size
+    if any(not 0 <= t < vocab for t in body.tokens):
+        raise APIError(400, f"token ids must be in [0, {vocab})", param="tokens")
+    return {"prompt": speculator.tokenizer.decode(body.tokens)}
 
 
 # ------------------------------------------------------------------ generation

@@ -139,3 +139,28 @@ class CompletionRequest(_Common):
         if isinstance(v, list) and not v:
             raise ValueError("the prompt is empty")
         return v
+
+
+class TokenizeRequest(BaseModel):
+    """POST /tokenize (vLLM's): a text, or chat messages through the template."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[Message] | None = None
+    add_special_tokens: StrictBool = True  # a text's (the template puts a chat's own)
+    add_generation_prompt: StrictBool = True  # messages: end ready for the assistant's answer
+
+    @model_validator(mode="after")
+    def _one_input(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give either prompt (a text) or messages")
+        return self
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize (vLLM's): token ids back to text."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    tokens: list[StrictInt]
