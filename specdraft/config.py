@@ -23,6 +23,7 @@ class SamplingConfig:
     temperature: float = 0.0  # 0 = greedy (argmax); > 0 = sample from softmax(logits / T)
     top_k: int = 0  # keep the k most likely tokens; 0 = off
     top_p: float = 1.0  # keep the smallest set whose mass reaches p; 1.0 = off
+    min_p: float = 0.0  # keep the tokens at least min_p times as likely as the likeliest; 0 = off
     seed: int | None = None  # seeds the one generator that all random draws go through
     # Penalties on the target's logits before the transforms above (greedy too), each row by the
     # text before it (sampling.apply_penalties): OpenAI's frequency / presence penalties over the
@@ -40,6 +41,8 @@ class SamplingConfig:
             raise ParameterError(f"top-k must be an integer >= 0 (0 = off), got {self.top_k!r}")
         if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
             raise ParameterError(f"top-p must be in (0, 1], got {self.top_p!r}")
+        if not (_number(self.min_p) and 0.0 <= self.min_p <= 1.0):
+            raise ParameterError(f"min-p must be in [0, 1] (0 = off), got {self.min_p!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0):
             raise ParameterError(f"seed must be a non-negative integer, got {self.seed!r}")
         for name in ("frequency_penalty", "presence_penalty"):

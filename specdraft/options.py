@@ -84,6 +84,8 @@ def add_sampling_args(p: argparse.ArgumentParser, *, seed_default: int | None = 
     p.add_argument("--top-k", type=int, default=_DEFAULTS_SAMPLING.top_k, help="keep the k most likely tokens; 0 = off")
     p.add_argument("--top-p", type=float, default=_DEFAULTS_SAMPLING.top_p,
                    help="keep the smallest set of tokens whose mass reaches p; 1 = off")
+    p.add_argument("--min-p", type=float, default=_DEFAULTS_SAMPLING.min_p,
+                   help="keep the tokens at least this times as likely as the likeliest; 0 = off")
     p.add_argument("--seed", type=int, default=seed_default, help=seed_help)
 
 
@@ -101,7 +103,8 @@ def sampling_from_args(args) -> SamplingConfig:
     """The SamplingConfig that add_sampling_args' (and add_penalty_args') options describe
     (ParameterError when one is invalid)."""
     d = _DEFAULTS_SAMPLING
-    return SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+    return SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                          seed=args.seed,
                           frequency_penalty=getattr(args, "frequency_penalty", d.frequency_penalty),
                           presence_penalty=getattr(args, "presence_penalty", d.presence_penalty),
                           repetition_penalty=getattr(args, "repetition_penalty", d.repetition_penalty))

@@ -1,6 +1,6 @@
 """Sampling transforms and seeded draws.
 
-The same transform (temperature, then top-k, then top-p) turns target logits into p and draft
+The same transform (temperature, then top-k, then top-p, then min-p) turns target logits into p and draft
 logits into q, so that speculative sampling compares like with like. Every random draw goes
 through one explicit ``torch.Generator``.
 """
@@ -55,7 +55,7 @@ def topk_indices(logits: torch.Tensor, k: int, chunk: int = 64) -> torch.Tensor:
 
 
 def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
-    """[N, V] logits -> [N, V] float32 probabilities after temperature, top-k and top-p.
+    """[N, V] logits -> [N, V] float32 probabilities after temperature, top-k, top-p and min-p.
 
     Greedy (temperature 0) gives a one-hot at the argmax, so the same verification rule covers
     greedy decoding too.
@@ -73,6 +73,9 @@ def probs_from_logits(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor
     probs = torch.softmax(logits, dim=-1)
     if cfg.top_p < 1.0:
         probs = _nucleus(probs, cfg.top_p)
+    if cfg.min_p > 0.0:  # (vLLM's and llama.cpp's min-p: relative to the likeliest, which always stays)
+        probs = probs.masked_fill(probs < cfg.min_p * probs.amax(-1, keepdim=True), 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
     return probs
 
 

@@ -689,7 +689,7 @@ def test_sampled_bench_runs_every_method_and_marks_exactness_not_applicable(tiny
     assert rows["draft-model"]["acceptance_rate"] == 1.0 and rows["draft-model"]["mean_accepted_tokens"] > 1.0
     assert rows["none"]["mean_accepted_tokens"] == 1.0
     lines = md.read_text().splitlines()
-    assert lines[2].startswith("Sampled at temperature 0.8, top-k off, top-p 0.9, seed 5")
+    assert lines[2].startswith("Sampled at temperature 0.8, top-k off, top-p 0.9, min-p off, seed 5")
     overall = [ln for ln in lines if ln.startswith("| ") and not ln.startswith("| method")][:len(ran)]
     assert len(overall) == len(ran) and all(ln.split(" | ")[7] == "n/a (sampled)" for ln in overall)
     assert "%" not in "".join(ln.split(" | ")[7] for ln in overall)

@@ -174,6 +174,10 @@ def test_penalties_are_applied_as_in_the_library(client, sd):
     r = client.chat.completions.create(**kw, **penalties, extra_body={"repetition_penalty": 1.2})
     want = expected(sd, **penalties, repetition_penalty=1.2)
     assert r.choices[0].message.content == want != expected(sd)
+    # min-p (vLLM's field) reaches the sampler too: a seeded plain answer is the library's
+    r = client.chat.completions.create(**{**kw, "temperature": 1.0, "seed": 3}, extra_body={"min_p": 0.3, "method": "none"})
+    assert r.choices[0].message.content == expected(sd, temperature=1.0, seed=3, min_p=0.3) != \
+        expected(sd, temperature=1.0, seed=3)
 
 
 def test_completion_echo_scores_the_prompt_as_lm_eval_asks(server, client, sd):
@@ -298,6 +302,7 @@ GOOD = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     ({**GOOD, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
     ({**GOOD, "logprobs": True, "top_logprobs": -1}, 400, "top_logprobs"),
     ({**GOOD, "top_logprobs": 2}, 400, None),  # without logprobs: true
+    ({**GOOD, "min_p": 1.5}, 400, "min_p"),
     ({**GOOD, "frequency_penalty": 2.5}, 400, "frequency_penalty"),
     ({**GOOD, "presence_penalty": -3}, 400, "presence_penalty"),
     ({**GOOD, "repetition_penalty": 0}, 400, "repetition_penalty"),

@@ -38,6 +38,7 @@ PLAIN = SamplingConfig(temperature=1.0)
 TRANSFORMS = [
     SamplingConfig(temperature=0.7, top_k=4, top_p=0.9),
     SamplingConfig(temperature=1.5, top_p=0.8),
+    SamplingConfig(temperature=1.2, min_p=0.25),
 ]
 ALPHA_PASS = 1e-3  # a correct rule fails with probability 1e-3 per check (the seeds are fixed anyway)
 ALPHA_FAIL = 1e-6  # a wrong rule must be rejected far more decisively
@@ -143,7 +144,7 @@ def test_speculative_sampling_matches_target_joint(one_hot):
     assert pvalue > ALPHA_PASS, info
 
 
-@pytest.mark.parametrize("cfg", TRANSFORMS, ids=["T0.7-k4-p0.9", "T1.5-p0.8"])
+@pytest.mark.parametrize("cfg", TRANSFORMS, ids=["T0.7-k4-p0.9", "T1.5-p0.8", "T1.2-minp0.25"])
 @pytest.mark.parametrize("one_hot", [False, True], ids=["draft-probs", "one-hot"])
 def test_speculative_sampling_matches_target_with_transforms(cfg, one_hot):
     # The transforms really cut tokens here, so "never commit a masked token" is tested too.
@@ -180,3 +181,12 @@ def test_sample_draws_each_token_with_its_probability_and_never_an_impossible_on
     assert goodness_of_fit(torch.bincount(draws[:, 0], minlength=5).double(), shifted)[0] < ALPHA_FAIL
     # a batch of rows draws as many rows alone do, each from its own row
     assert sample(p.repeat(4, 1), make_generator(1)).view(4, 3)[:, 1:].tolist() == [[3, 4]] * 4
+
+
+def test_min_p_keeps_what_is_likely_enough_beside_the_likeliest():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.12, 0.08]]))
+    p = probs_from_logits(logits, SamplingConfig(temperature=1.0, min_p=0.25))  # threshold 0.125
+    assert torch.allclose(p, torch.tensor([[0.5, 0.3, 0.0, 0.0]]) / 0.8)
+    assert torch.equal(probs_from_logits(logits, SamplingConfig(temperature=1.0, min_p=1.0)), torch.tensor([[1.0, 0, 0, 0]]))
+    with pytest.raises(Exception, match="min-p"):
+        SamplingConfig(min_p=1.5)

@@ -61,6 +61,8 @@ def request_body(model: str | None, text: str, max_tokens: int, sampling: Sampli
         body.update(top_p=sampling.top_p, seed=prompt_seed(sampling.seed, text))
         if sampling.top_k:
             body["top_k"] = sampling.top_k
+        if sampling.min_p:  # (vLLM's extension field, as ours)
+            body["min_p"] = sampling.min_p
     if model:
         body["model"] = model
     return body

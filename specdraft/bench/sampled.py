@@ -52,7 +52,8 @@ def refuse_peers(methods: list[str], sampling: SamplingConfig) -> None:
 
 def sampling_report(sampling: SamplingConfig) -> dict:
     """The report's record of how tokens were chosen."""
-    return dict(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed,
+    return dict(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p,
+                seed=sampling.seed,
                 greedy=sampling.greedy,
                 prompt_seeds=None if sampling.greedy else "sha256 of [seed, prompt token ids], first 31 bits",
                 exact_match=("against none" if sampling.greedy else
@@ -64,5 +65,6 @@ def sampling_note(sampling: SamplingConfig) -> str | None:
     if sampling.greedy:
         return None
     return (f"sampled at temperature {sampling.temperature:g}, top-k {sampling.top_k or 'off'}, "
-            f"top-p {sampling.top_p if sampling.top_p < 1 else 'off'}, seed {sampling.seed}: exact match is {NOT_APPLICABLE}, "
+            f"top-p {sampling.top_p if sampling.top_p < 1 else 'off'}, min-p {sampling.min_p or 'off'}, "
+            f"seed {sampling.seed}: exact match is {NOT_APPLICABLE}, "
             "the tokens differ from none's by the draws alone")

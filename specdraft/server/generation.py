@@ -45,7 +45,7 @@ def _speculation(body, config: ServerConfig, has_draft_model: bool) -> tuple[Spe
             raise APIError(400, f"method {method!r} needs a draft model, which this server did not load",
                            param="method")
         sampling = SamplingConfig(temperature=float(body.temperature), top_k=body.top_k,
-                                  top_p=float(body.top_p), seed=body.seed,
+                                  top_p=float(body.top_p), min_p=float(body.min_p), seed=body.seed,
                                   frequency_penalty=float(body.frequency_penalty),
                                   presence_penalty=float(body.presence_penalty),
                                   repetition_penalty=float(body.repetition_penalty))

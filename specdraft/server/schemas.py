@@ -4,7 +4,7 @@ Unknown fields are ignored (OpenAI clients send many), known ones are type-check
 range-checked here, so a bad request is a 400 before it reaches the queue. Two extension
 fields pick the speculation per request: ``method`` (a drafter name or "none") and ``k``; a third,
 ``ignore_eos`` (vLLM's name), generates past end-of-sequence tokens up to the token limit;
-``repetition_penalty`` is vLLM's too. Log-probabilities: chat's ``logprobs`` / ``top_logprobs``,
+``repetition_penalty`` and ``min_p`` are vLLM's too. Log-probabilities: chat's ``logprobs`` / ``top_logprobs``,
 completions' ``logprobs`` (an int).
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ class _Common(BaseModel):
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: StrictInt = Field(default=0, ge=0)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)  # extension, as vLLM's
     seed: StrictInt | None = Field(default=None, ge=0, le=2**63 - 1)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
