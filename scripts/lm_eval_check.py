@@ -27,8 +27,8 @@ def client(args) -> int:
     from lm_eval.models.openai_completions import LocalCompletionsAPI
 
     tokenizer = {"tokenizer_backend": "huggingface", "tokenizer": args.tokenizer} if args.tokenizer else {}
-    lm = LocalCompletionsAPI(base_url=args.url, model=args.target, tokenized_requests=True, batch_size=1,
-                             max_retries=1, **tokenizer)
+    lm = LocalCompletionsAPI(base_url=args.url, model=args.target, tokenized_requests=True,
+                             batch_size=args.batch_size, max_retries=1, **tokenizer)
     print(f"tokenizer: {type(lm.tokenizer).__name__}")
     got = lm.loglikelihood([Instance("loglikelihood", {}, p, i) for i, p in enumerate(PAIRS)])
     rolling = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("The quick brown fox jumps.",), 0)])
@@ -65,6 +65,7 @@ def main() -> int:
     ap.add_argument("--url", default="http://127.0.0.1:8000/v1/completions")
     ap.add_argument("--target", default="qwen2.5-coder-1.5b", help="the served model's name")
     ap.add_argument("--tokenizer", help="client: the served model's tokenizer directory (default: the server's)")
+    ap.add_argument("--batch-size", type=int, default=4, help="client: prompts a request (a batch: choices in order)")
     ap.add_argument("--json", default="lm_eval_check.json", help="the client's loglikelihoods, for the library step")
     args = ap.parse_args()
     return client(args) if args.step == "client" else library(args)

@@ -39,6 +39,23 @@ class SpecStats:
             for i in range(accepted):
                 self.accepted_per_position[i] += 1
 
+    @classmethod
+    def merged(cls, runs: list[SpecStats]) -> SpecStats:
+        """The statistics of several generations taken together (counts, positions and times summed;
+        the method the first one's, or "mixed")."""
+        methods = {r.method for r in runs}
+        total = cls(method=runs[0].method if len(methods) == 1 else "mixed")
+        for r in runs:
+            for name in ("prompt_tokens", "cached_prompt_tokens", "new_tokens", "target_forwards", "drafts",
+                         "draft_tokens", "accepted_tokens", "step_tokens", "time_prefill", "time_draft",
+                         "time_verify", "time_total"):
+                setattr(total, name, getattr(total, name) + getattr(r, name))
+            for name in ("proposed_per_position", "accepted_per_position"):
+                mine, theirs = getattr(total, name), getattr(r, name)
+                setattr(total, name, [a + b for a, b in zip(mine + [0] * (len(theirs) - len(mine)),
+                                                            theirs + [0] * (len(mine) - len(theirs)))])
+        return total
+
     @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.time_total if self.time_total > 0 else 0.0

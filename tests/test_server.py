@@ -228,6 +228,27 @@ def test_tokenizer_endpoints(server, sd):
         assert bad.status_code == 400 and bad.json()["error"]["message"], (path, body, bad.text)
 
 
+def test_several_prompts_and_answers_are_choices_in_order(client, sd):
+    """A list of prompts (lm-evaluation-harness batches) and n answers each: choice i is prompt
+    i // n's (i % n)-th answer, generated one after another, the j-th sampled with seed + j; usage
+    counts each prompt once."""
+    texts = [QUESTION, "cab cab ca"]
+    r = client.completions.create(model=MODEL, prompt=texts, max_tokens=8, temperature=0)
+    for choice, text in zip(r.choices, texts, strict=True):
+        ids = sd.encode_prompt(text, chat=False)
+        assert choice.text == sd.generate(ids, spec=SpecConfig(method="none"), gen=GenerationConfig(max_new_tokens=8)).text
+        assert len(choice.model_dump()["origins"]) >= 1
+    assert [c.index for c in r.choices] == [0, 1]
+    assert r.usage.prompt_tokens == sum(len(sd.encode_prompt(t, chat=False)) for t in texts)
+    kw = dict(model=MODEL, messages=[{"role": "user", "content": QUESTION}], max_tokens=12, temperature=1.0, seed=11,
+              extra_body={"method": "none"})
+    r = client.chat.completions.create(n=3, **kw)
+    assert [c.message.content for c in r.choices] == [expected(sd, max_new_tokens=12, temperature=1.0, seed=11 + j)
+                                                      for j in range(3)]
+    assert r.usage.prompt_tokens == len(sd.encode_messages([{"role": "user", "content": QUESTION}]))
+    assert r.usage.completion_tokens == sum(len(c.model_dump()["origins"]) for c in r.choices)
+
+
 def test_stop_string_ends_the_text(client, sd):
     full = expected(sd)
     stop = full[3:5]
@@ -295,7 +316,8 @@ GOOD = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     ({**GOOD, "max_tokens": 0}, 400, "max_tokens"),
     ({**GOOD, "max_tokens": "4"}, 400, "max_tokens"),
     ({**GOOD, "max_tokens": 100000}, 400, "max_tokens"),
-    ({**GOOD, "n": 2}, 400, "n"),
+    ({**GOOD, "n": 65}, 400, "n"),
+    ({**GOOD, "n": 2, "stream": True}, 400, None),  # a stream carries one choice
     ({**GOOD, "seed": -1}, 400, "seed"),
     ({**GOOD, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ({**GOOD, "logprobs": 3}, 400, "logprobs"),  # chat's is a bool; completions' an int
@@ -321,7 +343,7 @@ def test_bad_requests_get_openai_errors(server, body, status, param):
 
 
 def test_bad_completion_prompts(server):
-    for prompt in ([], ["a", "b"], [10**9], None, [[1, 2], [3]], [[]], [[10**9]], [["a"]]):
+    for prompt in ([], [10**9], None, [[1, 2], []], [[]], [[10**9]], [["a"]], ["a"] * 65):
         r = post(server, "/v1/completions", json.dumps({"prompt": prompt, "max_tokens": 2}))
         assert r.status_code == 400, (prompt, r.text)
 

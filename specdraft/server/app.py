@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib import resources
 
@@ -36,7 +37,7 @@ from .errors import APIError, add_error_handlers
 from .gate import Gate
 from .generation import DEFAULT_MAX_TOKENS, GenRequest, build_request, job_events, run_generation
 from .metrics import ServerMetrics
-from .responses import Logprobs, completion_body, event_stream, joined
+from .responses import Finished, Logprobs, completion_body, event_stream, joined
 from .schemas import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .worker import Job, QueueFull, Worker
 
@@ -141,64 +142,78 @@ async def chat_completions(request: Request, body: ChatRequest):
         ids = request.app.state.speculator.encode_messages([{"role": m.role, "content": m.text} for m in body.messages])
     except SpecdraftError as e:
         raise APIError(400, str(e), param="messages") from None
-    return await _generate(request, body, ids, "chat")
+    return await _generate(request, body, [(ids, None)], "chat")
 
 
 @router.post("/v1/completions")
 async def completions(request: Request, body: CompletionRequest):
     speculator = request.app.state.speculator
-    p = body.prompt
-    if isinstance(p, list) and p and isinstance(p[0], int):
-        vocab = speculator.target.model.vocab_size
-        if any(not 0 <= t < vocab for t in p):
-            raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
-        ids, text = list(p), None
-    else:
-        text = p[0] if isinstance(p, list) else p
-        ids = speculator.encode_prompt(text, chat=False)
-    echo = None
-    if body.echo:  # the prompt as given (token ids: their text)
-        echo = text if text is not None else speculator.tokenizer.decode(ids)
-    return await _generate(request, body, ids, "completion", echo)
+    prompts = []  # (ids, echoed text or None) per prompt
+    for i, p in enumerate(body.prompts):
+        if isinstance(p, list):
+            vocab = speculator.target.model.vocab_size
+            if any(not 0 <= t < vocab for t in p):
+                raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt" + (f".{i}" if i else ""))
+            ids, text = list(p), None
+        else:
+            ids, text = speculator.encode_prompt(p, chat=False), p
+        # echo: the prompt as given (token ids: their text)
+        prompts.append((ids, (text if text is not None else speculator.tokenizer.decode(ids)) if body.echo else None))
+    return await _generate(request, body, prompts, "completion")
 
 
-async def _generate(request: Request, body, prompt_ids: list[int], kind: str, echo: str | None = None):
-    """Queue the generation, then answer with its stream or, once it is done, its whole text
-    (after the prompt's, ``echo``, for completions that ask for it)."""
+def _queued(request: Request, gen_req: GenRequest) -> tuple[Job, AsyncIterator]:
+    """``gen_req`` as a job in the worker's queue (429 when it is full), and its events."""
     state = request.app.state
-    config, worker = state.config, state.worker
-    gen_req = build_request(body, prompt_ids, config, state.speculator)
     arrived = time.monotonic()
-    job = Job(gen_req, asyncio.get_running_loop(), deadline=arrived + config.request_timeout)
+    job = Job(gen_req, asyncio.get_running_loop(), deadline=arrived + state.config.request_timeout)
     try:
-        worker.submit(job)
+        state.worker.submit(job)
     except QueueFull as e:
         raise APIError(429, f"the server is busy ({e}); retry later", "rate_limit_error", code="queue_full") from None
-    rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{job.id}"
-    logprobs = Logprobs(kind, state.token_bytes) if gen_req.gen.logprobs is not None else None
-    events = job_events(request, job, arrived, state.metrics)
+    return job, job_events(request, job, arrived, state.metrics)
+
+
+async def _generate(request: Request, body, prompts: list[tuple[list[int], str | None]], kind: str):
+    """Queue the generations (each prompt's n answers, one after another), then answer with the
+    stream (one choice) or, once all are done, the whole texts (after their prompts', where
+    echoed)."""
+    state = request.app.state
+    config, worker = state.config, state.worker
+    gen_reqs = [build_request(body, ids, config, state.speculator, j) for ids, _ in prompts for j in range(body.n)]
+    wants = gen_reqs[0].gen  # every choice asks for the same things
     if body.stream:
+        (ids, echo), = prompts
+        job, events = _queued(request, gen_reqs[0])
+        rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{job.id}"
+        logprobs = Logprobs(kind, state.token_bytes) if wants.logprobs is not None else None
         # the worker is freed (cancel) as soon as the stream ends or the client leaves
-        scored = gen_req.gen.prompt_logprobs is not None
         stream = event_stream(events, rid, kind, config.model_name, body.include_usage, lambda: worker.cancel(job),
-                              logprobs, None if echo is None else (echo, prompt_ids, scored))
+                              logprobs, None if echo is None else (echo, ids, wants.prompt_logprobs is not None))
         return StreamingResponse(stream, media_type="text/event-stream")
-    pieces, outcome, prompt_scores = [], None, None
-    try:
-        async for ev, value in events:
-            if ev == "piece":
-                pieces.append(value[0])
-            elif ev == "prompt":
-                prompt_scores = value
-            else:
-                outcome = value
-    finally:
-        worker.cancel(job)  # no-op when finished; frees the worker if the client left
-    if outcome is None:  # the client disconnected
-        return Response(status_code=499)
-    scores = None
-    if logprobs is not None:
-        echoed = logprobs.of_prompt(prompt_ids, prompt_scores) if prompt_scores is not None else None
-        scores = joined(echoed, logprobs.of(pieces))  # (the prompt's first, for its offsets)
-    return completion_body(rid, kind, config.model_name, (echo or "") + "".join(p.text for p in pieces),
-                           [p.origin for p in pieces], outcome, scores)
+    finished, rid = [], None
+    for i, gen_req in enumerate(gen_reqs):
+        ids, echo = prompts[i // body.n]
+        job, events = _queued(request, gen_req)
+        rid = rid or f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{job.id}"
+        pieces, outcome, prompt_scores = [], None, None
+        try:
+            async for ev, value in events:
+                if ev == "piece":
+                    pieces.append(value[0])
+                elif ev == "prompt":
+                    prompt_scores = value
+                else:
+                    outcome = value
+        finally:
+            worker.cancel(job)  # no-op when finished; frees the worker if the client left
+        if outcome is None:  # the client disconnected
+            return Response(status_code=499)
+        scores = None
+        if wants.logprobs is not None:
+            logprobs = Logprobs(kind, state.token_bytes)
+            echoed = logprobs.of_prompt(ids, prompt_scores) if prompt_scores is not None else None
+            scores = joined(echoed, logprobs.of(pieces))  # (the prompt's first, for its offsets)
+        finished.append(Finished((echo or "") + "".join(p.text for p in pieces), [p.origin for p in pieces], outcome,
+                                 scores, i % body.n == 0))
+    return completion_body(rid, kind, config.model_name, finished)

@@ -36,8 +36,9 @@ class GenRequest:
     gen: GenerationConfig
 
 
-def _speculation(body, config: ServerConfig, has_draft_model: bool) -> tuple[SpecConfig, SamplingConfig]:
-    """The request's speculation (its method / k over the server's default) and sampling."""
+def _speculation(body, config: ServerConfig, has_draft_model: bool, choice: int = 0) -> tuple[SpecConfig, SamplingConfig]:
+    """The request's speculation (its method / k over the server's default) and sampling (the
+    ``choice``-th answer to a prompt: its seed, when one is given, that many past the request's)."""
     method = body.method or config.spec.method
     try:
         spec = replace(config.spec, method=method, k=body.k if body.k is not None else config.spec.k)
@@ -45,7 +46,8 @@ def _speculation(body, config: ServerConfig, has_draft_model: bool) -> tuple[Spe
             raise APIError(400, f"method {method!r} needs a draft model, which this server did not load",
                            param="method")
         sampling = SamplingConfig(temperature=float(body.temperature), top_k=body.top_k,
-                                  top_p=float(body.top_p), min_p=float(body.min_p), seed=body.seed,
+                                  top_p=float(body.top_p), min_p=float(body.min_p),
+                                  seed=None if body.seed is None else (body.seed + choice) % 2**63,
                                   frequency_penalty=float(body.frequency_penalty),
                                   presence_penalty=float(body.presence_penalty),
                                   repetition_penalty=float(body.repetition_penalty))
@@ -54,13 +56,14 @@ def _speculation(body, config: ServerConfig, has_draft_model: bool) -> tuple[Spe
     return spec, sampling
 
 
-def build_request(body, prompt_ids: list[int], config: ServerConfig, speculator) -> GenRequest:
-    """A validated body (ChatRequest / CompletionRequest) and its prompt ids -> GenRequest;
-    raises APIError (404 for another model, 400 for what this model cannot do)."""
+def build_request(body, prompt_ids: list[int], config: ServerConfig, speculator, choice: int = 0) -> GenRequest:
+    """A validated body (ChatRequest / CompletionRequest) and one of its prompts' ids -> the
+    GenRequest of its ``choice``-th answer (n > 1: a seed, when given, that many past the
+    request's); raises APIError (404 for another model, 400 for what this model cannot do)."""
     if body.model not in (None, config.model_name):
         raise APIError(404, f"model {body.model!r} is not served here; GET /v1/models lists {config.model_name!r}",
                        param="model", code="model_not_found")
-    spec, sampling = _speculation(body, config, speculator.draft is not None)
+    spec, sampling = _speculation(body, config, speculator.draft is not None, choice)
     if not prompt_ids:
         raise APIError(400, "the prompt is empty", param="prompt")
     max_len = speculator.target.model.max_length

@@ -11,18 +11,34 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
+from ..metrics import SpecStats
 from .errors import APIError
 from .worker import Outcome
 
 
-def usage(outcome: Outcome) -> dict:
+def usage(outcome: Outcome, prompts: SpecStats | None = None) -> dict:
+    """OpenAI's usage object of ``outcome`` (several choices: their merged statistics, and
+    ``prompts`` those of one choice per prompt, so that a prompt counts once whatever n)."""
     s = outcome.stats
-    return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.new_tokens,
-            "total_tokens": s.prompt_tokens + s.new_tokens,
+    p = prompts or s
+    return {"prompt_tokens": p.prompt_tokens, "completion_tokens": s.new_tokens,
+            "total_tokens": p.prompt_tokens + s.new_tokens,
             # OpenAI's field for prompt tokens served from a cache: here, the target's kept cache
-            "prompt_tokens_details": {"cached_tokens": s.cached_prompt_tokens},
+            "prompt_tokens_details": {"cached_tokens": p.cached_prompt_tokens},
             "speculation": s.to_dict()}
+
+
+@dataclass(frozen=True)
+class Finished:
+    """One choice of a non-streamed request, generated."""
+
+    text: str
+    origins: list[str]
+    outcome: Outcome
+    logprobs: dict | None = None
+    first_of_prompt: bool = True  # the first choice of its prompt (n > 1: the others repeat it)
 
 
 class Logprobs:
@@ -73,17 +89,30 @@ def joined(first: dict | None, then: dict | None) -> dict | None:
     return {key: first[key] + then[key] for key in first}
 
 
-def completion_body(rid: str, kind: str, model_name: str, text: str, origins: list[str], outcome: Outcome,
-                    logprobs: dict | None = None) -> dict:
-    """The JSON of a finished, non-streamed completion."""
-    choice = {"index": 0, "finish_reason": outcome.finish_reason, "logprobs": logprobs}
-    if kind == "chat":
-        choice["message"] = {"role": "assistant", "content": text}
+def completion_body(rid: str, kind: str, model_name: str, finished: list[Finished]) -> dict:
+    """The JSON of a finished, non-streamed completion: its choices in order (index i: prompt
+    i // n, its (i % n)-th answer), each with its ``origins`` when there are several (one choice:
+    ``origins`` beside ``usage``, as always), and one usage over them all."""
+    choices = []
+    for i, f in enumerate(finished):
+        choice = {"index": i, "finish_reason": f.outcome.finish_reason, "logprobs": f.logprobs}
+        if kind == "chat":
+            choice["message"] = {"role": "assistant", "content": f.text}
+        else:
+            choice["text"] = f.text
+        if len(finished) > 1:
+            choice["origins"] = f.origins
+        choices.append(choice)
+    if len(finished) == 1:
+        total = usage(finished[0].outcome)
     else:
-        choice["text"] = text
-    return {"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion",
-            "created": int(time.time()), "model": model_name, "choices": [choice],
-            "usage": usage(outcome), "origins": origins}
+        merged = Outcome(SpecStats.merged([f.outcome.stats for f in finished]), "")
+        total = usage(merged, SpecStats.merged([f.outcome.stats for f in finished if f.first_of_prompt]))
+    body = {"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion",
+            "created": int(time.time()), "model": model_name, "choices": choices, "usage": total}
+    if len(finished) == 1:
+        body["origins"] = finished[0].origins
+    return body
 
 
 def _sse(data: dict) -> str:

@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_
 from ..config import MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS
 
 MAX_STOP = 4  # as OpenAI
+# choices one request may ask for (prompts x n), generated one after another; a stream holds one
+MAX_CHOICES = 64
 
 
 class _Common(BaseModel):
@@ -33,7 +35,7 @@ class _Common(BaseModel):
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=MAX_REPETITION_PENALTY)  # extension, as vLLM's
     stop: str | list[str] | None = None
-    n: StrictInt = Field(default=1, ge=1, le=1)  # one completion per request
+    n: StrictInt = Field(default=1, ge=1, le=MAX_CHOICES)  # completions per prompt (run one after another)
     stream: StrictBool = False
     stream_options: dict | None = None
     method: str | None = None  # extension: drafter name or "none"
@@ -53,6 +55,19 @@ class _Common(BaseModel):
     @property
     def prompt_logprob_count(self) -> int | None:
         return None  # completions' echo scores the prompt (CompletionRequest)
+
+    @model_validator(mode="after")
+    def _choices(self):
+        count = self.n * len(self.prompts)
+        if count > MAX_CHOICES:
+            raise ValueError(f"at most {MAX_CHOICES} choices (prompts x n) a request, got {count}")
+        if self.stream and count > 1:
+            raise ValueError("a stream carries one choice: give one prompt and n 1, or stream: false")
+        return self
+
+    @property
+    def prompts(self) -> list:
+        return [None]  # chat: the messages (CompletionRequest: its prompts)
 
     @property
     def include_usage(self) -> bool:
@@ -99,7 +114,8 @@ class ChatRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]  # a text or token ids, alone or in a list of one
+    # a text or token ids, or a list of them (a batch: a choice each, one after another)
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     # the prompt's text before the completion's (with logprobs: its tokens scored too, the first
     # without a score); with max_tokens 0 the prompt alone (how lm-evaluation-harness scores text)
@@ -132,14 +148,16 @@ class CompletionRequest(_Common):
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, v):
-        if isinstance(v, list) and v and isinstance(v[0], (str, list)) and len(v) != 1:
-            raise ValueError("one prompt per request (n=1)")
-        if isinstance(v, list) and v and isinstance(v[0], list):
-            v = v[0]  # [[ids]] -> [ids]
-        if isinstance(v, list) and not v:
+    def _some_prompt(cls, v):
+        if isinstance(v, list) and (not v or any(isinstance(x, list) and not x for x in v)):
             raise ValueError("the prompt is empty")
         return v
+
+    @property
+    def prompts(self) -> list[str | list[int]]:
+        """The request's prompts, each a text or a list of token ids."""
+        p = self.prompt
+        return [p] if isinstance(p, str) or (p and isinstance(p[0], int)) else list(p)
 
 
 class TokenizeRequest(BaseModel):
