@@ -484,7 +484,8 @@ FIELDS = {
     "model": st.sampled_from([MODEL, "other", None, 3]),
     "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "bad", 1]),
                                                 "content": st.text(max_size=20) | JSONISH}), max_size=3) | JSONISH,
-    "prompt": st.text(max_size=20) | st.lists(st.integers(-5, 300), max_size=5) | JSONISH,
+    "prompt": st.text(max_size=20) | st.lists(st.integers(-5, 300), max_size=5)
+    | st.lists(st.lists(st.integers(-5, 300), max_size=4) | st.text(max_size=6), max_size=3) | JSONISH,
     "max_tokens": st.integers(-2, 6) | st.sampled_from([10**6, None, "3", 2.5]),
     "temperature": st.floats(-1, 3, allow_nan=False) | JSONISH,
     "top_p": st.floats(-0.5, 1.5, allow_nan=False) | JSONISH,
@@ -496,8 +497,15 @@ FIELDS = {
     "stream_options": JSONISH,
     "method": st.sampled_from(["none", "draft-model", "prompt-lookup", "hybrid", "x", ""]) | JSONISH,
     "k": st.integers(-1, 70) | JSONISH,
-    "logprobs": JSONISH,
-    "echo": JSONISH,
+    "logprobs": st.booleans() | st.integers(-1, 22) | JSONISH,
+    "top_logprobs": st.integers(-1, 22) | JSONISH,
+    "echo": st.booleans() | JSONISH,
+    "min_p": st.floats(-0.5, 1.5, allow_nan=False) | JSONISH,
+    "frequency_penalty": st.floats(-3, 3, allow_nan=False) | JSONISH,
+    "presence_penalty": st.floats(-3, 3, allow_nan=False) | JSONISH,
+    "repetition_penalty": st.floats(-1, 12, allow_nan=False) | JSONISH,
+    "add_special_tokens": st.booleans() | JSONISH,
+    "tokens": st.lists(st.integers(-5, 300), max_size=5) | JSONISH,
 }
 
 
@@ -511,7 +519,7 @@ def test_client(sd):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(path=st.sampled_from(["/v1/chat/completions", "/v1/completions"]),
+@given(path=st.sampled_from(["/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"]),
        body=st.fixed_dictionaries({}, optional=FIELDS) | JSONISH)
 def test_fuzzed_requests_never_get_a_5xx(test_client, path, body):
     r = test_client.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
