@@ -57,8 +57,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="specdraft", description="Lossless speculative decoding, CPU first.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for add in (_add_generate, _add_serve, _add_bench, _add_train_head, _add_export, _add_calibrate, _add_models,
-                _add_index):
+    for add in (_add_generate, _add_serve, _add_bench, _add_train_head, _add_export, _add_calibrate, _add_perplexity,
+                _add_models, _add_index):
         add(sub)  # each sets its subcommand's func, which main() calls
     return parser
 
@@ -178,6 +178,22 @@ def _add_calibrate(sub) -> None:
     c.add_argument("--json", dest="json_out", default=None, help="also write {tokens, seconds, ...} here")
 
 
+def _add_perplexity(sub) -> None:
+    x = sub.add_parser("perplexity", help="perplexity of text files under the target, per weight format (and under "
+                                          "llama.cpp on the same GGUF): what each format costs in quality")
+    x.set_defaults(func=_cmd_perplexity)
+    x.add_argument("files", nargs="+", metavar="FILE", help="text files, read in order (UTF-8)")
+    x.add_argument("--model", default=None, help="packaged name, HF model dir or .gguf (default: the default target)")
+    x.add_argument("--format", default="auto", help="weight format, or several, comma-separated, each FORMAT or "
+                   "FORMAT:DTYPE as calibrate takes them (default: auto)")
+    x.add_argument("--dtype", default="auto", choices=DTYPES, help="compute dtype of formats given without one")
+    x.add_argument("--context", type=int, default=512, help="tokens a window (each prefilled from an empty cache)")
+    x.add_argument("--max-tokens", type=int, default=4096, help="the text's first N tokens are scored (0: all)")
+    x.add_argument("--peer", choices=["llama-cpp"], default=None,
+                   help="also llama.cpp's perplexity over the same GGUF file and windows (needs llama-cpp-python)")
+    x.add_argument("--json", dest="json_out", default=None, help="also write the results here")
+
+
 def _add_models(sub) -> None:
     m = sub.add_parser("models", help="list the packaged models, or prepare what their loads read (join, verify, "
                                       "convert, pack)")
@@ -290,6 +306,54 @@ def _calibrate_candidates(spec: str, dtype: str) -> list[tuple[str, str, str]]:
     if len({label for label, _, _ in out}) < len(out):
         raise ParameterError(f"--format names a format twice: {spec!r}")
     return out
+
+
+def _cmd_perplexity(args) -> int:
+    from .bench import perplexity as pp
+
+    candidates = _calibrate_candidates(args.format, args.dtype)
+    if args.context < 2:
+        raise ParameterError(f"--context must be at least 2 tokens (one scored), got {args.context}")
+    if args.max_tokens < 0:
+        raise ParameterError(f"--max-tokens must be >= 0 (0: all), got {args.max_tokens}")
+    texts = []
+    for f in args.files:
+        try:
+            with open(f, encoding="utf-8") as fh:
+                texts.append(fh.read())
+        except (OSError, UnicodeDecodeError) as e:
+            raise ParameterError(f"cannot read {f} as UTF-8 text ({type(e).__name__}: {e})") from None
+    name = args.model or DEFAULT_TARGET
+    results = []
+    chunks = None
+    for label, fmt, dt in candidates:
+        loaded = load_model(name, dtype=dt, weight_format=fmt, max_length=args.context)
+        if chunks is None:  # the same token ids for every format
+            ids = loaded.tokenizer("\n\n".join(texts))["input_ids"]
+            chunks = pp.windows(ids[:args.max_tokens or None], args.context)
+        results.append(pp.timed(f"{label} ({loaded.model.weight_format})" if hasattr(loaded.model, "weight_format")
+                                else label, lambda c, m=loaded: pp.ours(m.model, m.tokenizer, c), chunks))
+        del loaded
+        gc.collect()
+    if args.peer:
+        from .bench.llama_cpp import NAME, LlamaCppForward
+        from .models.packaged import gguf_file
+
+        peer = LlamaCppForward(gguf_file(name), n_ctx=args.context)
+        results.append(pp.timed(NAME, lambda c: pp.llama_cpp(peer, c), chunks))
+    print(f"{name}: {sum(len(c) for c in chunks)} tokens of {len(args.files)} file(s) in {len(chunks)} window(s) of "
+          f"up to {args.context}; {results[0].tokens} scored; {torch.get_num_threads()} threads")
+    rows = []
+    for r in results:
+        diff, err = r.against(results[0])
+        rows.append({**r.to_dict(), "nll_minus_first": diff, "nll_minus_first_stderr": err})
+        versus = "" if r is results[0] else f"  {diff:+.5f} +- {err:.5f} nats against {results[0].label}"
+        print(f"{r.label:22s} perplexity {r.ppl:8.4f}  (mean NLL {r.nll:.5f} +- {r.stderr:.5f}){versus}  {r.seconds:6.1f} s")
+    if args.json_out:
+        with open(args.json_out, "w") as fh:
+            json.dump({"model": name, "context": args.context, "files": args.files, "windows": len(chunks),
+                       "results": rows}, fh, indent=1)
+    return 0
 
 
 def _cmd_calibrate(args) -> int:
