@@ -202,9 +202,14 @@ def test_completion_echo_scores_the_prompt_as_lm_eval_asks(server, client, sd):
     assert streamed[0].choices[0].text == QUESTION and "".join(x.choices[0].text for x in streamed) == c.text
     assert [lp for x in streamed if x.choices[0].logprobs for lp in x.choices[0].logprobs.token_logprobs] == \
         c.logprobs.token_logprobs
-    # echo alone: the text, no scores
+    # echo alone: the text, no scores; with max_tokens 0 the prompt alone, streamed too
     r = client.completions.create(model=MODEL, prompt=QUESTION, max_tokens=3, temperature=0, echo=True)
     assert r.choices[0].text == QUESTION + gen.text and r.choices[0].logprobs is None
+    for stream in (False, True):
+        got = client.completions.create(model=MODEL, prompt=QUESTION, max_tokens=0, echo=True, stream=stream)
+        chunks = list(got) if stream else [got]
+        assert "".join(x.choices[0].text for x in chunks) == QUESTION
+        assert all(x.choices[0].logprobs is None for x in chunks)
     bad = post(server, "/v1/completions", json.dumps({"prompt": QUESTION, "max_tokens": 0}))
     assert bad.status_code == 400 and "echo" in bad.json()["error"]["message"]
 
@@ -526,6 +531,8 @@ def test_fuzzed_requests_never_get_a_5xx(test_client, path, body):
     assert r.status_code < 500, (body, r.text)
     if r.status_code >= 400:
         assert "message" in r.json()["error"]
+    elif "text/event-stream" in r.headers.get("content-type", ""):  # a stream that ran to its end
+        assert r.text.rstrip().endswith("data: [DONE]") or '"error"' in r.text, (body, r.text)
 
 
 def test_openapi_spec_lists_the_endpoints(test_client):

@@ -163,8 +163,8 @@ async def event_stream(events: AsyncIterator[tuple[str, object]], rid: str, kind
         if echo is not None and not echo[2]:
             yield chunks.text(echo[0], [])
         async for ev, value in events:
-            if ev == "prompt":  # the prompt's scores: its echo with them
-                yield chunks.text(echo[0], [], logprobs=logprobs.of_prompt(echo[1], value))
+            if ev == "prompt":  # the prompt's scores: its echo (with them, when asked for)
+                yield chunks.text(echo[0], [], logprobs=None if logprobs is None else logprobs.of_prompt(echo[1], value))
             elif ev == "piece":
                 piece, live = value
                 yield chunks.text(piece.text, [piece.origin], live=live,
