@@ -33,8 +33,20 @@ class SamplingConfig:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    # OpenAI's logit_bias: (token id, bias in [-100, 100]) pairs added to the target's logits first
+    # (a dict is taken too, kept as pairs in id order); -100 bans a token, 100 all but forces it
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        try:
+            pairs = tuple(sorted((i, float(b)) for i, b in bias))
+        except (TypeError, ValueError):
+            raise ParameterError(f"logit bias must be (token id, bias) pairs, got {self.logit_bias!r}") from None
+        if any(not isinstance(i, int) or isinstance(i, bool) or i < 0 or not (math.isfinite(b) and -100 <= b <= 100)
+               for i, b in pairs) or len({i for i, _ in pairs}) < len(pairs):
+            raise ParameterError("logit bias: each token id once, an integer >= 0, with a bias in [-100, 100]")
+        object.__setattr__(self, "logit_bias", pairs)
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)) or self.temperature < 0:
             raise ParameterError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
@@ -55,8 +67,9 @@ class SamplingConfig:
 
     @property
     def penalized(self) -> bool:
-        """Some penalty changes the target's logits."""
-        return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
+        """Some penalty or bias changes the target's logits."""
+        return (self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
+                or bool(self.logit_bias))
 
     @property
     def greedy(self) -> bool:

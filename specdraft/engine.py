@@ -30,7 +30,7 @@ from .config import GenerationConfig, SamplingConfig, SpecConfig
 from .costs import ForwardCosts
 from .drafters.base import Draft, Drafter
 from .drafters.trees import branch_of, node_depths
-from .errors import ContextLengthError
+from .errors import ContextLengthError, ParameterError
 from .metrics import SpecStats
 from .models.base import ModelOutput
 from .policy import DraftPolicy
@@ -118,6 +118,9 @@ class Engine:
             raise ContextLengthError(
                 f"prompt ({len(prompt_ids)} tokens) + max-new-tokens ({gen.max_new_tokens}) exceeds the "
                 f"context of {self.target.max_length} tokens; shorten the prompt or lower max-new-tokens")
+        if sampling.logit_bias and sampling.logit_bias[-1][0] >= self.target.vocab_size:
+            raise ParameterError(f"logit bias names token id {sampling.logit_bias[-1][0]}, past the target's "
+                                 f"vocabulary of {self.target.vocab_size}")
         stats = self.stats = SpecStats(method=self.stats.method, prompt_tokens=len(prompt_ids))
         # with GenerationConfig.prompt_logprobs: (logprob, most likely) of prompt tokens 1 .. n-1
         self.prompt_scores = None

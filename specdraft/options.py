@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from .config import SamplingConfig, SpecConfig
+from .errors import ParameterError
 
 DTYPES = ["auto", "bf16", "fp32"]
 FORMATS = ["auto", "dense", "int8", "int4", "w8a8", "w8a8-fast", "gguf", "q4k"]  # "auto" + models.quant.WEIGHT_FORMATS
@@ -97,14 +98,23 @@ def add_penalty_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repetition-penalty", type=float, default=_DEFAULTS_SAMPLING.repetition_penalty,
                    help="divide the positive logits of tokens in the prompt or the generated text by this, multiply "
                         "their negative ones (transformers' / vLLM's; 1 = off)")
+    p.add_argument("--logit-bias", action="append", default=[], metavar="ID=BIAS",
+                   help="add BIAS (-100..100) to token ID's logit, OpenAI's logit_bias (repeatable)")
 
 
 def sampling_from_args(args) -> SamplingConfig:
     """The SamplingConfig that add_sampling_args' (and add_penalty_args') options describe
     (ParameterError when one is invalid)."""
     d = _DEFAULTS_SAMPLING
+    bias = {}
+    for item in getattr(args, "logit_bias", ()):
+        token, _, value = item.partition("=")
+        try:
+            bias[int(token)] = float(value)
+        except ValueError:
+            raise ParameterError(f"--logit-bias takes ID=BIAS (an integer token id, a number), got {item!r}") from None
     return SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                          seed=args.seed,
+                          seed=args.seed, logit_bias=bias,
                           frequency_penalty=getattr(args, "frequency_penalty", d.frequency_penalty),
                           presence_penalty=getattr(args, "presence_penalty", d.presence_penalty),
                           repetition_penalty=getattr(args, "repetition_penalty", d.repetition_penalty))

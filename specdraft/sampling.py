@@ -159,7 +159,7 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[tu
 
 def apply_penalties(logits: torch.Tensor, generated: list[int], branches: list[list[int]], prompt: torch.Tensor,
                     cfg: SamplingConfig) -> torch.Tensor:
-    """The target's logits [R, V] with ``cfg``'s penalties, row r's by the tokens before it: the
+    """The target's logits [R, V] with ``cfg``'s logit bias and penalties, row r's by the tokens before it: the
     generated tokens, then ``branches[r]`` (the guesses on the row's branch: a chain's first r, a
     tree node's ancestors and itself); ``prompt``: the prompt's distinct ids (int64), which the
     repetition penalty counts too. Returns ``logits`` itself when no penalty is set.
@@ -171,6 +171,9 @@ def apply_penalties(logits: torch.Tensor, generated: list[int], branches: list[l
     if not cfg.penalized:
         return logits
     out = logits.float().clone()
+    if cfg.logit_bias:  # every row alike, first
+        ids, bias = zip(*cfg.logit_bias)
+        out[:, list(ids)] += torch.tensor(bias, dtype=torch.float32)
     base: dict[int, int] = {}
     for t in generated:
         base[t] = base.get(t, 0) + 1

@@ -47,6 +47,12 @@ def assert_one_line_error(rc, out, err, *, contains: str = ""):
     (["--ngram-min", "0"], "n-gram"),
     (["--ngram-min", "4", "--ngram-max", "2"], "n-gram"),
     (["--stop", ""], "stop"),
+    (["--min-p", "2"], "min-p"),
+    (["--frequency-penalty", "3"], "frequency-penalty"),
+    (["--repetition-penalty", "0"], "repetition-penalty"),
+    (["--logit-bias", "x=1"], "logit-bias"),
+    (["--logit-bias", "5=300"], "logit bias"),
+    (["--logprobs", "30"], "logprobs"),
 ])
 def test_bad_parameters_give_one_line_and_status_2(capsys, args, contains):
     # --target points nowhere: the parameters must be rejected before any model is looked up.

@@ -803,6 +803,27 @@ def test_penalized_speculation_equals_penalized_plain(w8a8, w8a8_drafts, method,
         assert stats.accepted_tokens > 0
 
 
+@pytest.mark.parametrize("method, draft, trees", [("draft-model", "near", True), ("prompt-lookup", None, False)])
+def test_logit_bias_bans_and_forces_tokens_exactly(w8a8, w8a8_drafts, method, draft, trees):
+    """OpenAI's logit_bias on the target's rows: -100 bans a token plain decoding chose, +100 forces
+    one; speculation gives plain decoding's biased tokens."""
+    _, _, unbiased, _ = run(make_engine(w8a8), max_new_tokens=24)
+    banned = SamplingConfig(logit_bias={unbiased[0]: -100.0, unbiased[3]: -100.0})
+    _, _, want, _ = run(make_engine(w8a8), sampling=banned, max_new_tokens=24)
+    assert unbiased[0] not in want and unbiased[3] not in want
+    engine = make_engine(w8a8, method, w8a8_drafts[draft] if draft else None, k=4, trees=trees)
+    _, _, got, stats = run(engine, sampling=banned, max_new_tokens=24)
+    assert got == want and stats.draft_tokens > 0
+    forced = SamplingConfig(logit_bias={7: 100})
+    assert run(make_engine(w8a8), sampling=forced, max_new_tokens=5)[2] == [7] * 5
+    assert forced.logit_bias == ((7, 100.0),)
+    for bad in ({-1: 1.0}, {3: 101}, {3: float("nan")}, [(3, 1), (3, 2)], {"a": 1}):
+        with pytest.raises(ParameterError, match="logit bias"):
+            SamplingConfig(logit_bias=bad)
+    with pytest.raises(ParameterError, match="past the target's vocabulary"):
+        run(make_engine(w8a8), sampling=SamplingConfig(logit_bias={10**6: 1.0}), max_new_tokens=2)
+
+
 def test_a_rows_penalties_are_those_of_its_text_committed():
     """Row r penalised by (generated, branch r) has the bits of a row penalised with the branch
     committed already: the identity that keeps penalised speculation exact."""

@@ -174,6 +174,11 @@ def test_penalties_are_applied_as_in_the_library(client, sd):
     r = client.chat.completions.create(**kw, **penalties, extra_body={"repetition_penalty": 1.2})
     want = expected(sd, **penalties, repetition_penalty=1.2)
     assert r.choices[0].message.content == want != expected(sd)
+    # logit_bias: a token banned from the greedy answer
+    first = sd.tokenizer(want[:1], add_special_tokens=False)["input_ids"][0]
+    r = client.chat.completions.create(**kw, logit_bias={str(first): -100})
+    assert r.choices[0].message.content == expected(sd, logit_bias={first: -100.0}) and not \
+        r.choices[0].message.content.startswith(want[:1])
     # min-p (vLLM's field) reaches the sampler too: a seeded plain answer is the library's
     r = client.chat.completions.create(**{**kw, "temperature": 1.0, "seed": 3}, extra_body={"min_p": 0.3, "method": "none"})
     assert r.choices[0].message.content == expected(sd, temperature=1.0, seed=3, min_p=0.3) != \
@@ -212,6 +217,9 @@ def test_completion_echo_scores_the_prompt_as_lm_eval_asks(server, client, sd):
         assert all(x.choices[0].logprobs is None for x in chunks)
     bad = post(server, "/v1/completions", json.dumps({"prompt": QUESTION, "max_tokens": 0}))
     assert bad.status_code == 400 and "echo" in bad.json()["error"]["message"]
+    for refused in ({"suffix": "x"}, {"best_of": 2}):  # asked for, not done: refused, never ignored
+        bad = post(server, "/v1/completions", json.dumps({"prompt": QUESTION, "max_tokens": 2, **refused}))
+        assert bad.status_code == 400 and "not supported" in bad.json()["error"]["message"]
 
 
 def test_tokenizer_endpoints(server, sd):
@@ -330,6 +338,11 @@ GOOD = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     ({**GOOD, "logprobs": True, "top_logprobs": -1}, 400, "top_logprobs"),
     ({**GOOD, "top_logprobs": 2}, 400, None),  # without logprobs: true
     ({**GOOD, "min_p": 1.5}, 400, "min_p"),
+    ({**GOOD, "logit_bias": {"x": 1}}, 400, "logit_bias"),
+    ({**GOOD, "logit_bias": {"5": 150}}, 400, "logit_bias"),
+    ({**GOOD, "logit_bias": {"100000000": 5}}, 400, "logit_bias"),
+    ({**GOOD, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ({**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
     ({**GOOD, "frequency_penalty": 2.5}, 400, "frequency_penalty"),
     ({**GOOD, "presence_penalty": -3}, 400, "presence_penalty"),
     ({**GOOD, "repetition_penalty": 0}, 400, "repetition_penalty"),
@@ -511,6 +524,12 @@ FIELDS = {
     "repetition_penalty": st.floats(-1, 12, allow_nan=False) | JSONISH,
     "add_special_tokens": st.booleans() | JSONISH,
     "tokens": st.lists(st.integers(-5, 300), max_size=5) | JSONISH,
+    "logit_bias": st.dictionaries(st.sampled_from(["1", "5", "-2", "x", "999999"]), st.floats(-200, 200, allow_nan=False),
+                                  max_size=3) | JSONISH,
+    "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"}]) | JSONISH,
+    "tools": JSONISH,
+    "suffix": JSONISH,
+    "best_of": st.integers(-1, 3) | JSONISH,
 }
 
 

@@ -50,7 +50,7 @@ def _speculation(body, config: ServerConfig, has_draft_model: bool, choice: int 
                                   seed=None if body.seed is None else (body.seed + choice) % 2**63,
                                   frequency_penalty=float(body.frequency_penalty),
                                   presence_penalty=float(body.presence_penalty),
-                                  repetition_penalty=float(body.repetition_penalty))
+                                  repetition_penalty=float(body.repetition_penalty), logit_bias=body.bias)
     except SpecdraftError as e:
         raise APIError(400, str(e), param="method" if "method" in str(e) else None) from None
     return spec, sampling
@@ -66,6 +66,9 @@ def build_request(body, prompt_ids: list[int], config: ServerConfig, speculator,
     spec, sampling = _speculation(body, config, speculator.draft is not None, choice)
     if not prompt_ids:
         raise APIError(400, "the prompt is empty", param="prompt")
+    vocab = speculator.target.model.vocab_size
+    if sampling.logit_bias and sampling.logit_bias[-1][0] >= vocab:
+        raise APIError(400, f"logit_bias: token ids must be below {vocab}", param="logit_bias")
     max_len = speculator.target.model.max_length
     room = max_len - len(prompt_ids)
     limit = body.token_limit

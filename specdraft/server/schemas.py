@@ -34,6 +34,10 @@ class _Common(BaseModel):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=MAX_REPETITION_PENALTY)  # extension, as vLLM's
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
+    # OpenAI fields this server does not do: refused (400) rather than ignored, when they ask for something
+    response_format: dict | None = None
+    tools: list | None = None
     stop: str | list[str] | None = None
     n: StrictInt = Field(default=1, ge=1, le=MAX_CHOICES)  # completions per prompt (run one after another)
     stream: StrictBool = False
@@ -51,6 +55,37 @@ class _Common(BaseModel):
         if any(s == "" for s in stops):
             raise ValueError("stop strings must not be empty")
         return stops
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v):
+        if v is None:
+            return v
+        try:
+            bias = {int(k): float(b) for k, b in v.items()}
+        except ValueError:
+            raise ValueError("keys are token ids (integers, as strings)") from None
+        if any(i < 0 or not -100 <= b <= 100 for i, b in bias.items()):
+            raise ValueError("token ids >= 0, biases in [-100, 100]")
+        return {str(i): b for i, b in bias.items()}
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, v):
+        if v is not None and v.get("type", "text") != "text":
+            raise ValueError(f"response_format {v.get('type')!r} is not supported (only text)")
+        return v
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, v):
+        if v:
+            raise ValueError("tools are not supported")
+        return v
+
+    @property
+    def bias(self) -> dict[int, float]:
+        return {int(k): b for k, b in (self.logit_bias or {}).items()}
 
     @property
     def prompt_logprob_count(self) -> int | None:
@@ -123,6 +158,21 @@ class CompletionRequest(_Common):
     max_tokens: StrictInt | None = Field(default=None, ge=0)
     # the legacy form: each token's log-probability and this many most likely beside it
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    suffix: str | None = None  # refused when given (no fill-in-the-middle)
+    best_of: StrictInt | None = None  # refused past n (no choosing among answers)
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v):
+        if v:
+            raise ValueError("suffix is not supported")
+        return v
+
+    @model_validator(mode="after")
+    def _best_of_is_n(self):
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of other than n is not supported (every answer is returned)")
+        return self
 
     @model_validator(mode="after")
     def _nothing_needs_echo(self):
