@@ -76,11 +76,11 @@ class _Common(BaseModel):
             raise ValueError(f"response_format {v.get('type')!r} is not supported (only text)")
         return v
 
-    @field_validator("tools")
+    @field_validator("tools", "suffix", check_fields=False)  # suffix: completions only
     @classmethod
-    def _no_tools(cls, v):
+    def _refused(cls, v, info):
         if v:
-            raise ValueError("tools are not supported")
+            raise ValueError(f"{info.field_name} is not supported")
         return v
 
     @property
@@ -160,13 +160,6 @@ class CompletionRequest(_Common):
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     suffix: str | None = None  # refused when given (no fill-in-the-middle)
     best_of: StrictInt | None = None  # refused past n (no choosing among answers)
-
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, v):
-        if v:
-            raise ValueError("suffix is not supported")
-        return v
 
     @model_validator(mode="after")
     def _best_of_is_n(self):
