@@ -260,6 +260,25 @@ def test_several_prompts_and_answers_are_choices_in_order(client, sd):
                                                       for j in range(3)]
     assert r.usage.prompt_tokens == len(sd.encode_messages([{"role": "user", "content": QUESTION}]))
     assert r.usage.completion_tokens == sum(len(c.model_dump()["origins"]) for c in r.choices)
+    # streamed: the same choices, one after another, each chunk with its index, one usage at the end
+    texts, usage = {}, None
+    for chunk in client.chat.completions.create(n=3, stream=True, stream_options={"include_usage": True}, **kw):
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + (c.delta.content or "")
+        usage = chunk.usage or usage
+    assert [texts[j] for j in range(3)] == [c.message.content for c in r.choices]
+    assert usage.completion_tokens == r.usage.completion_tokens and usage.prompt_tokens == r.usage.prompt_tokens
+    streamed = list(client.completions.create(model=MODEL, prompt=["abc", "cab"], max_tokens=4, temperature=0, echo=True,
+                                              logprobs=1, stream=True))
+    by_index = {}
+    for chunk in streamed:
+        by_index.setdefault(chunk.choices[0].index, []).append(chunk.choices[0])
+    whole = client.completions.create(model=MODEL, prompt=["abc", "cab"], max_tokens=4, temperature=0, echo=True,
+                                      logprobs=1)
+    for c in whole.choices:
+        assert "".join(x.text for x in by_index[c.index]) == c.text
+        assert [lp for x in by_index[c.index] if x.logprobs for lp in x.logprobs.token_logprobs] == \
+            c.logprobs.token_logprobs
 
 
 def test_stop_string_ends_the_text(client, sd):
@@ -330,7 +349,6 @@ GOOD = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     ({**GOOD, "max_tokens": "4"}, 400, "max_tokens"),
     ({**GOOD, "max_tokens": 100000}, 400, "max_tokens"),
     ({**GOOD, "n": 65}, 400, "n"),
-    ({**GOOD, "n": 2, "stream": True}, 400, None),  # a stream carries one choice
     ({**GOOD, "seed": -1}, 400, "seed"),
     ({**GOOD, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     ({**GOOD, "logprobs": 3}, 400, "logprobs"),  # chat's is a bool; completions' an int

@@ -37,7 +37,7 @@ from .errors import APIError, add_error_handlers
 from .gate import Gate
 from .generation import DEFAULT_MAX_TOKENS, GenRequest, build_request, job_events, run_generation
 from .metrics import ServerMetrics
-from .responses import Finished, Logprobs, completion_body, event_stream, joined
+from .responses import Finished, Logprobs, StreamedChoice, completion_body, event_stream, joined
 from .schemas import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .worker import Job, QueueFull, Worker
 
@@ -175,21 +175,31 @@ def _queued(request: Request, gen_req: GenRequest) -> tuple[Job, AsyncIterator]:
 
 
 async def _generate(request: Request, body, prompts: list[tuple[list[int], str | None]], kind: str):
-    """Queue the generations (each prompt's n answers, one after another), then answer with the
-    stream (one choice) or, once all are done, the whole texts (after their prompts', where
-    echoed)."""
+    """Queue the generations (each prompt's n answers, one after another), then answer with their
+    stream or, once all are done, the whole texts (after their prompts', where echoed)."""
     state = request.app.state
     config, worker = state.config, state.worker
     gen_reqs = [build_request(body, ids, config, state.speculator, j) for ids, _ in prompts for j in range(body.n)]
     wants = gen_reqs[0].gen  # every choice asks for the same things
     if body.stream:
-        (ids, echo), = prompts
+        # the first choice is queued now (a full queue: a 429), the others as the stream reaches them
         job, events = _queued(request, gen_reqs[0])
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{job.id}"
-        logprobs = Logprobs(kind, state.token_bytes) if wants.logprobs is not None else None
-        # the worker is freed (cancel) as soon as the stream ends or the client leaves
-        stream = event_stream(events, rid, kind, config.model_name, body.include_usage, lambda: worker.cancel(job),
-                              logprobs, None if echo is None else (echo, ids, wants.prompt_logprobs is not None))
+        scored = wants.prompt_logprobs is not None
+
+        def starter(i: int):
+            if i == 0:
+                return lambda: (events, lambda: worker.cancel(job))
+
+            def start():
+                later, its_events = _queued(request, gen_reqs[i])
+                return its_events, lambda: worker.cancel(later)
+            return start
+
+        choices = [StreamedChoice(starter(i), None if echo is None else (echo, ids, scored), i % body.n == 0)
+                   for i, (ids, echo) in enumerate(p for p in prompts for _ in range(body.n))]
+        logprobs = (lambda: Logprobs(kind, state.token_bytes)) if wants.logprobs is not None else None
+        stream = event_stream(choices, rid, kind, config.model_name, body.include_usage, logprobs)
         return StreamingResponse(stream, media_type="text/event-stream")
     finished, rid = [], None
     for i, gen_req in enumerate(gen_reqs):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from ..metrics import SpecStats
@@ -28,6 +28,15 @@ def usage(outcome: Outcome, prompts: SpecStats | None = None) -> dict:
             # OpenAI's field for prompt tokens served from a cache: here, the target's kept cache
             "prompt_tokens_details": {"cached_tokens": p.cached_prompt_tokens},
             "speculation": s.to_dict()}
+
+
+def merged_usage(outcomes: list[Outcome], first_of_prompt: list[bool]) -> dict:
+    """The usage of a request's choices: one's own, or their statistics merged, each prompt's
+    tokens counted once (``first_of_prompt``: the choices that are their prompt's first answer)."""
+    if len(outcomes) == 1:
+        return usage(outcomes[0])
+    merged = Outcome(SpecStats.merged([o.stats for o in outcomes]), "")
+    return usage(merged, SpecStats.merged([o.stats for o, first in zip(outcomes, first_of_prompt) if first]))
 
 
 @dataclass(frozen=True)
@@ -103,11 +112,7 @@ def completion_body(rid: str, kind: str, model_name: str, finished: list[Finishe
         if len(finished) > 1:
             choice["origins"] = f.origins
         choices.append(choice)
-    if len(finished) == 1:
-        total = usage(finished[0].outcome)
-    else:
-        merged = Outcome(SpecStats.merged([f.outcome.stats for f in finished]), "")
-        total = usage(merged, SpecStats.merged([f.outcome.stats for f in finished if f.first_of_prompt]))
+    total = merged_usage([f.outcome for f in finished], [f.first_of_prompt for f in finished])
     body = {"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion",
             "created": int(time.time()), "model": model_name, "choices": choices, "usage": total}
     if len(finished) == 1:
@@ -128,53 +133,75 @@ class _Chunks:
                      "created": int(time.time()), "model": model_name}
 
     def text(self, delta_text: str | None, origins: list[str], finish=None, role=False, live=None,
-             logprobs: dict | None = None) -> str:
+             logprobs: dict | None = None, index: int = 0) -> str:
         if self.kind == "chat":
             delta = {"role": "assistant"} if role else {}
             if delta_text is not None:
                 delta["content"] = delta_text
-            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
+            choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
         else:
-            choice = {"index": 0, "text": delta_text or "", "finish_reason": finish, "logprobs": logprobs}
+            choice = {"index": index, "text": delta_text or "", "finish_reason": finish, "logprobs": logprobs}
         data = {**self.head, "choices": [choice], "origins": origins}
         if live is not None:
             data["speculation"] = live
         return _sse(data)
 
-    def usage(self, outcome: Outcome) -> str:
-        return _sse({**self.head, "choices": [], "usage": usage(outcome)})
+    def usage(self, outcomes: list[Outcome], first_of_prompt: list[bool]) -> str:
+        return _sse({**self.head, "choices": [], "usage": merged_usage(outcomes, first_of_prompt)})
 
 
-async def event_stream(events: AsyncIterator[tuple[str, object]], rid: str, kind: str, model_name: str,
-                       include_usage: bool, on_close, logprobs: Logprobs | None = None,
-                       echo: tuple[str, list[int], bool] | None = None) -> AsyncIterator[str]:
-    """Server-sent events for a job's ``events`` (see generation.job_events): a chunk per piece
-    (with the live counters as ``speculation``, and its token's log-probabilities by ``logprobs``
-    when the request asked for them), a final chunk with the finish reason, the usage if asked,
-    then ``[DONE]``. ``echo`` (completions: the prompt's text and ids, and whether the job scores
-    them) comes first, in a chunk of its own, with the scores when the job's "prompt" event brings
-    them. A job that never started
-    ends the stream with an error event. ``on_close()`` runs when the stream ends or the client
-    leaves."""
+@dataclass(frozen=True)
+class StreamedChoice:
+    """One choice of a stream: ``start()`` queues its job (APIError when it cannot) and gives its
+    events and the call that frees the worker from it; ``echo`` (completions: the prompt's text
+    and ids, and whether the job scores them) comes before its text."""
+
+    start: Callable[[], tuple[AsyncIterator, Callable[[], None]]]
+    echo: tuple[str, list[int], bool] | None = None
+    first_of_prompt: bool = True
+
+
+async def event_stream(choices: list[StreamedChoice], rid: str, kind: str, model_name: str, include_usage: bool,
+                       logprobs: Callable[[], Logprobs] | None = None) -> AsyncIterator[str]:
+    """Server-sent events for the choices' jobs (see generation.job_events), one choice after
+    another, each chunk with its choice's index: a chunk per piece (with the live counters as
+    ``speculation``, and its token's log-probabilities when ``logprobs`` makes them), a final
+    chunk with the finish reason; after the last choice the usage if asked, then ``[DONE]``. A
+    choice's echo comes first, in a chunk of its own, with the scores when its job's "prompt" event
+    brings them. A job that cannot start (a full queue, a wait past its time limit) ends the stream
+    with an error event. The worker is freed from the running job when the stream ends or the
+    client leaves."""
     chunks = _Chunks(rid, kind, model_name)
+    outcomes, cancel = [], None
     try:
-        if kind == "chat":
-            yield chunks.text("", [], role=True)
-        if echo is not None and not echo[2]:
-            yield chunks.text(echo[0], [])
-        async for ev, value in events:
-            if ev == "prompt":  # the prompt's scores: its echo (with them, when asked for)
-                yield chunks.text(echo[0], [], logprobs=None if logprobs is None else logprobs.of_prompt(echo[1], value))
-            elif ev == "piece":
-                piece, live = value
-                yield chunks.text(piece.text, [piece.origin], live=live,
-                                  logprobs=logprobs.of([piece]) if logprobs is not None else None)
-            else:
-                yield chunks.text(None if kind == "chat" else "", [], finish=value.finish_reason)
-                if include_usage:
-                    yield chunks.usage(value)
-                yield "data: [DONE]\n\n"
-    except APIError as e:  # the job never started (timed out in the queue): say so in the stream
+        for index, choice in enumerate(choices):
+            events, cancel = choice.start()
+            lp = logprobs() if logprobs is not None else None
+            echo = choice.echo
+            if kind == "chat":
+                yield chunks.text("", [], role=True, index=index)
+            if echo is not None and not echo[2]:
+                yield chunks.text(echo[0], [], index=index)
+            async for ev, value in events:
+                if ev == "prompt":  # the prompt's scores: its echo (with them, when asked for)
+                    yield chunks.text(echo[0], [], logprobs=None if lp is None else lp.of_prompt(echo[1], value),
+                                      index=index)
+                elif ev == "piece":
+                    piece, live = value
+                    yield chunks.text(piece.text, [piece.origin], live=live,
+                                      logprobs=lp.of([piece]) if lp is not None else None, index=index)
+                else:
+                    yield chunks.text(None if kind == "chat" else "", [], finish=value.finish_reason, index=index)
+                    outcomes.append(value)
+            if len(outcomes) <= index:  # the client left
+                return
+            cancel()
+            cancel = None
+        if include_usage:
+            yield chunks.usage(outcomes, [c.first_of_prompt for c in choices])
+        yield "data: [DONE]\n\n"
+    except APIError as e:  # a job never started (a full queue, timed out in it): say so in the stream
         yield _sse({"error": {"message": e.message, "type": e.type, "code": e.code}})
     finally:
-        on_close()
+        if cancel is not None:
+            cancel()

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_
 from ..config import MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS
 
 MAX_STOP = 4  # as OpenAI
-# choices one request may ask for (prompts x n), generated one after another; a stream holds one
+# choices one request may ask for (prompts x n), generated (and streamed) one after another
 MAX_CHOICES = 64
 
 
@@ -96,8 +96,6 @@ class _Common(BaseModel):
         count = self.n * len(self.prompts)
         if count > MAX_CHOICES:
             raise ValueError(f"at most {MAX_CHOICES} choices (prompts x n) a request, got {count}")
-        if self.stream and count > 1:
-            raise ValueError("a stream carries one choice: give one prompt and n 1, or stream: false")
         return self
 
     @property
