@@ -166,7 +166,8 @@ class Engine:
             else:
                 out = self.target.forward(torch.tensor(prompt_ids[kept:], dtype=torch.int64), last_only=True,
                                           need_hidden=features, **taps, **last_row)
-            prompt_set = torch.unique(torch.tensor(prompt_ids, dtype=torch.int64))  # the repetition penalty's
+            # the repetition penalty's prompt ids (made only when a penalty or bias is asked for)
+            prompt_set = torch.unique(torch.tensor(prompt_ids, dtype=torch.int64)) if sampling.penalized else None
             new = [next_token(apply_penalties(out.logits[-1:], [], [[]], prompt_set, sampling)[-1], sampling, generator)]
             scores = self._scores(out.logits[-1:], new, gen)
             verified += new
@@ -304,7 +305,7 @@ class Engine:
         return ModelOutput(out.logits[-1:], h, t), scores
 
     @staticmethod
-    def _penalized(logits: torch.Tensor, generated: list[int], draft: Draft, prompt: torch.Tensor,
+    def _penalized(logits: torch.Tensor, generated: list[int], draft: Draft, prompt: torch.Tensor | None,
                    sampling: SamplingConfig) -> torch.Tensor:
         """The check's logits [K+1, V] as the verifier judges them: with the sampling's penalties,
         row 0 by the generated tokens, a guess's row by them and its branch (chain: the guesses
