@@ -6,12 +6,13 @@
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from .batch import MAX_BATCH, STEP_ROOM, Batch
 from .config import GenerationConfig, SamplingConfig, SpecConfig
 from .costs import ForwardCosts
 from .drafters import DrafterContext, build_drafter, head_kind, needs_draft_model
@@ -237,6 +238,8 @@ class Speculator:
         # over, where a fresh drafter starts every request from its priors; the KEPT_DRAFTERS
         # configs used last (a server's clients may vary k, say, from request to request)
         self._drafters: dict[SpecConfig, object] = {}
+        # the same for answers decoded together (generate_batch): a drafter for each place in a batch
+        self._batch_drafters: dict[SpecConfig, list] = {}
         # reuse_prefix: a prompt that starts with what the target's cache holds from the previous
         # generation (a chat's earlier turns), or with a prefix saved from before (another
         # conversation's, up to prefix_budget_mb of copies), prefills only its new tail (see
@@ -282,17 +285,22 @@ class Speculator:
             heads[path] = head
         return heads[path]
 
-    def engine(self, spec: SpecConfig) -> Engine:
+    def _new_drafter(self, spec: SpecConfig):
+        ctx = DrafterContext(spec=spec, target=self.target.model, draft_model=self.draft.model if self.draft else None,
+                             head=self.head(spec.head if kind == "mlp" else getattr(spec, kind), kind)
+                             if (kind := head_kind(spec.method)) else None,
+                             target_dir=self.target.path)
+        return build_drafter(spec.method, ctx)  # "none": the empty drafter
+
+    def _check_method(self, spec: SpecConfig) -> None:
         if needs_draft_model(spec.method) and self.draft is None:
             raise ParameterError(f"method {spec.method!r} needs a draft model; pass --draft")
+
+    def engine(self, spec: SpecConfig) -> Engine:
+        self._check_method(spec)
         drafter = self._drafters.pop(spec, None)
         if drafter is None:
-            ctx = DrafterContext(spec=spec, target=self.target.model,
-                                 draft_model=self.draft.model if self.draft else None,
-                                 head=self.head(spec.head if kind == "mlp" else getattr(spec, kind), kind)
-                                 if (kind := head_kind(spec.method)) else None,
-                                 target_dir=self.target.path)
-            drafter = build_drafter(spec.method, ctx)  # "none": the empty drafter
+            drafter = self._new_drafter(spec)
         self._drafters[spec] = drafter  # the newest last
         while len(self._drafters) > KEPT_DRAFTERS:
             del self._drafters[next(iter(self._drafters))]
@@ -312,15 +320,92 @@ class Speculator:
                  chat: bool = True) -> GenerationResult:
         ids = prompt if isinstance(prompt, list) else self.encode_prompt(prompt, chat)
         engine = self.engine(spec)
-        pieces = list(engine.stream(ids, sampling, gen))
-        tokens = pieces[:len(engine.token_ids)]  # a last piece past them holds back-held text alone
-        scored = gen.logprobs is not None
-        return GenerationResult(text="".join(p.text for p in pieces), token_ids=list(engine.token_ids),
-                                origins=[p.origin for p in tokens], stats=engine.stats, prompt_ids=ids,
-                                logprobs=[p.logprob for p in tokens] if scored else [],
-                                top_logprobs=[p.top_logprobs for p in tokens] if scored else [],
-                                prompt_logprobs=[lp for lp, _ in engine.prompt_scores or ()],
-                                prompt_top_logprobs=[top for _, top in engine.prompt_scores or ()])
+        return _result(engine, ids, list(engine.stream(ids, sampling, gen)), gen)
+
+    def _batch_drafter_list(self, spec: SpecConfig, n: int) -> list:
+        """n drafters for ``spec``'s answers decoded together, kept for the next batch as
+        engine() keeps its drafter (what each learnt of this target carries over)."""
+        kept = self._batch_drafters.pop(spec, [])
+        kept += [self._new_drafter(spec) for _ in range(n - len(kept))]
+        self._batch_drafters[spec] = kept  # the newest last
+        while len(self._batch_drafters) > KEPT_DRAFTERS:
+            del self._batch_drafters[next(iter(self._batch_drafters))]
+        return kept[:n]
+
+    def why_not_batched(self, spec: SpecConfig) -> str | None:
+        """Why generations with ``spec`` cannot be decoded together (generate_batch then runs them
+        one after another), or None when they can."""
+        if not getattr(self.target.model, "packs_exactly", False):
+            return "packed rows would differ from each answer's own by rounding in this weight format or runtime"
+        if needs_draft_model(spec.method) or spec.method == "self-draft":
+            return f"method {spec.method!r} drafts with a model cache of its own"
+        return None
+
+    def generate_batch(self, prompts: list[list[int]], *, spec: SpecConfig = SpecConfig(),
+                       samplings: list[SamplingConfig], gen: GenerationConfig = GenerationConfig(),
+                       on_piece: Callable[[int, Piece, Engine], None] | None = None,
+                       on_done: Callable[[int, GenerationResult], None] | None = None,
+                       stop: Callable[[], bool] | None = None, batched: bool = True) -> list[GenerationResult]:
+        """One answer to each of ``prompts`` (token ids), the i-th sampled by ``samplings[i]``, all
+        with ``spec`` and ``gen``: decoded together, one target forward a step for all of them
+        (specdraft.batch), up to MAX_BATCH at a time, where the target and method allow it
+        (why_not_batched) and ``batched``, else one after another. Each answer is the one its prompt
+        gets alone: the same tokens greedy, the same as with its seed alone when sampled (the
+        target's rows do not depend on their block). ``on_piece(i, piece, engine)``: each committed
+        piece of answer i as it comes (from a thread of the batch's); ``on_done(i, result)``: answer
+        i has ended; ``stop()``: asked after each piece, True ends every answer where it is (an
+        answer not begun by then is None)."""
+        if len(samplings) != len(prompts):
+            raise ParameterError(f"{len(prompts)} prompts but {len(samplings)} sampling configs")
+        self._check_method(spec)
+        results: list[GenerationResult | None] = [None] * len(prompts)
+
+        def answer(i: int, engine: Engine) -> None:  # answer i, to its end or the stop
+            pieces = []
+            stream = engine.stream(prompts[i], samplings[i], gen)
+            try:
+                for piece in stream:
+                    pieces.append(piece)
+                    if on_piece is not None:
+                        on_piece(i, piece, engine)
+                    if stop is not None and stop():
+                        break
+            finally:
+                stream.close()  # its statistics are final
+            results[i] = _result(engine, prompts[i], pieces, gen)
+            if on_done is not None:
+                on_done(i, results[i])
+
+        if not batched or self.why_not_batched(spec) is not None or len(prompts) < 2:
+            for i in range(len(prompts)):
+                if stop is None or not stop():
+                    answer(i, self.engine(spec))
+            return results
+        for s in range(0, len(prompts), MAX_BATCH):
+            if stop is not None and stop():
+                break
+            group = list(range(s, min(s + MAX_BATCH, len(prompts))))
+            capacity = sum(len(prompts[i]) + gen.max_new_tokens + STEP_ROOM for i in group)
+            batch = Batch(self.target.model, capacity, self._costs)
+            views = [batch.view() for _ in group]
+            engines = [Engine(v, self.tokenizer, d, spec, self.target.eos_ids, costs=v.costs)
+                       for v, d in zip(views, self._batch_drafter_list(spec, len(group)))]
+
+            batch.run([lambda i=i, e=e: answer(i, e) for i, e in zip(group, engines)], views)
+        return results
+
+
+
+def _result(engine: Engine, ids: list[int], pieces: list[Piece], gen: GenerationConfig) -> GenerationResult:
+    """The GenerationResult of ``engine``'s stream over ``ids`` that gave ``pieces``."""
+    tokens = pieces[:len(engine.token_ids)]  # a last piece past them holds back-held text alone
+    scored = gen.logprobs is not None
+    return GenerationResult(text="".join(p.text for p in pieces), token_ids=list(engine.token_ids),
+                            origins=[p.origin for p in tokens], stats=engine.stats, prompt_ids=ids,
+                            logprobs=[p.logprob for p in tokens] if scored else [],
+                            top_logprobs=[p.top_logprobs for p in tokens] if scored else [],
+                            prompt_logprobs=[lp for lp, _ in engine.prompt_scores or ()],
+                            prompt_top_logprobs=[top for _, top in engine.prompt_scores or ()])
 
 
 _CACHED: dict[tuple, Speculator] = {}

@@ -223,6 +223,31 @@ def test_default_target_logprobs_through_trees_are_plain_decodings(pair, method)
     assert b"".join(spell(i) for i in plain.token_ids).decode() == plain.text
 
 
+@pytest.fixture(scope="module")
+def pair_plain_scored(pair):
+    """Plain greedy answers with their log-probabilities: the two prompts, and the second
+    prompt again (three answers, two of one prompt, which share its prefill when decoded together)."""
+    gen = GenerationConfig(max_new_tokens=NEW_TOKENS, logprobs=2)
+    prompts = [pair.encode_prompt(p) for p in (*PAIR_PROMPTS, PAIR_PROMPTS[1])]
+    return prompts, gen, [pair.generate(ids, spec=SpecConfig(method="none"), gen=gen) for ids in prompts]
+
+
+@pytest.mark.parametrize("method", ["none", "hybrid-head", "eagle", "suffix"])
+def test_default_target_answers_decoded_together_are_each_prompts_own(pair, pair_plain_scored, method):
+    """Answers decoded together (one target forward a step for all, each row seeing only its
+    own sequence's cache slots) are each prompt's plain greedy answer, with plain decoding's
+    log-probabilities bit for bit, for chains and the trees the drafters send."""
+    prompts, gen, plain = pair_plain_scored
+    spec = SpecConfig(method=method, k=6, cost_rule=False)
+    assert pair.why_not_batched(spec) is None
+    got = pair.generate_batch(prompts, spec=spec, samplings=[SamplingConfig()] * len(prompts), gen=gen)
+    for res, want in zip(got, plain, strict=True):
+        assert res.token_ids == want.token_ids and res.text == want.text
+        assert res.logprobs == want.logprobs and res.top_logprobs == want.top_logprobs
+    if method != "none":
+        assert sum(r.stats.accepted_tokens for r in got) > 0
+
+
 def test_default_target_scores_its_prompt_as_one_forward_does(pair):
     """prompt_logprobs on the default target with a feature drafter (hybrid-head reads the target's
     features and taps): the prompt prefilled SCORED_BLOCK rows at a time scores each token as one

@@ -13,6 +13,7 @@ Example, k = 3: context ``a b x a b y a b`` -> suffix ``a b`` was followed by ``
 from __future__ import annotations
 
 import itertools
+import threading
 
 import torch
 
@@ -33,19 +34,24 @@ class History:
     def __init__(self, max_sequences: int = 64):
         self.max_sequences = max_sequences
         self._seqs: dict[int, torch.Tensor] = {}  # key -> [n] int64, in insertion order
+        self._lock = threading.Lock()  # generations decoded together (specdraft.batch) draft on threads of their own
 
     def update(self, key: int, context: list[int]) -> None:
-        self._seqs.pop(key, None)
-        self._seqs[key] = torch.tensor(context, dtype=torch.int64)
-        while len(self._seqs) > self.max_sequences:
-            del self._seqs[next(iter(self._seqs))]
+        seq = torch.tensor(context, dtype=torch.int64)
+        with self._lock:
+            self._seqs.pop(key, None)
+            self._seqs[key] = seq
+            while len(self._seqs) > self.max_sequences:
+                del self._seqs[next(iter(self._seqs))]
 
     def others(self, key: int) -> list[torch.Tensor]:
         """The other sequences, newest first."""
-        return [seq for k, seq in reversed(self._seqs.items()) if k != key]
+        with self._lock:
+            return [seq for k, seq in reversed(self._seqs.items()) if k != key]
 
     def clear(self) -> None:
-        self._seqs.clear()
+        with self._lock:
+            self._seqs.clear()
 
 
 HISTORY = History()  # shared by the suffix drafters of one process

@@ -529,6 +529,14 @@ class LlamaModel:
             self._decoder.clear_step_seconds()
         self._loop_steps.clear()
 
+    @property
+    def packs_exactly(self) -> bool:
+        """Whether the rows of sequences packed in one cache (a mask over the whole cache:
+        models.packed, specdraft.batch) get bit for bit what each sequence alone computes: the
+        native layers, whose rows do not depend on their block and whose attention reduces over a
+        row's visible keys in slot order (torch's attention over a masked cache differs by rounding)."""
+        return self._ops is not None
+
     # ----------------------------------------------------------------------------- cache
     def rollback(self, length: int) -> None:
         """Forget cache positions >= length. O(1): later writes overwrite the stale entries."""

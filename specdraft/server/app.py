@@ -35,7 +35,7 @@ from ..models.token_bytes import TokenBytes
 from .config import ServerConfig
 from .errors import APIError, add_error_handlers
 from .gate import Gate
-from .generation import DEFAULT_MAX_TOKENS, GenRequest, build_request, job_events, run_generation
+from .generation import DEFAULT_MAX_TOKENS, BatchJob, GenRequest, build_request, job_events, run_generation
 from .metrics import ServerMetrics
 from .responses import Finished, Logprobs, StreamedChoice, completion_body, event_stream, joined
 from .schemas import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -167,11 +167,28 @@ def _queued(request: Request, gen_req: GenRequest) -> tuple[Job, AsyncIterator]:
     state = request.app.state
     arrived = time.monotonic()
     job = Job(gen_req, asyncio.get_running_loop(), deadline=arrived + state.config.request_timeout)
+    _submit(state.worker, job)
+    return job, job_events(request, job, arrived, state.metrics)
+
+
+def _submit(worker, job: Job) -> None:
     try:
-        state.worker.submit(job)
+        worker.submit(job)
     except QueueFull as e:
         raise APIError(429, f"the server is busy ({e}); retry later", "rate_limit_error", code="queue_full") from None
-    return job, job_events(request, job, arrived, state.metrics)
+
+
+def _queued_together(request: Request, gen_reqs: list[GenRequest]) -> tuple[BatchJob, list[AsyncIterator]]:
+    """Several choices as one job in the worker's queue, decoded together (429 when the queue
+    is full), and each choice's events."""
+    state = request.app.state
+    arrived = time.monotonic()
+    loop = asyncio.get_running_loop()
+    deadline = arrived + state.config.request_timeout
+    choices = [Job(r, loop, deadline=deadline) for r in gen_reqs]
+    job = BatchJob(gen_reqs, loop, deadline=deadline, choices=choices)
+    _submit(state.worker, job)
+    return job, [job_events(request, c, arrived, state.metrics) for c in choices]
 
 
 async def _generate(request: Request, body, prompts: list[tuple[list[int], str | None]], kind: str):
@@ -181,13 +198,20 @@ async def _generate(request: Request, body, prompts: list[tuple[list[int], str |
     config, worker = state.config, state.worker
     gen_reqs = [build_request(body, ids, config, state.speculator, j) for ids, _ in prompts for j in range(body.n)]
     wants = gen_reqs[0].gen  # every choice asks for the same things
+    # several choices: decoded together where the method and target allow it (each answer the
+    # same as alone), else one after another
+    together = len(gen_reqs) > 1 and state.speculator.why_not_batched(gen_reqs[0].spec) is None
+    if together:
+        batch_job, batch_events = _queued_together(request, gen_reqs)
     if body.stream:
         # the first choice is queued now (a full queue: a 429), the others as the stream reaches them
-        job, events = _queued(request, gen_reqs[0])
+        job, events = (batch_job, batch_events[0]) if together else _queued(request, gen_reqs[0])
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{job.id}"
         scored = wants.prompt_logprobs is not None
 
         def starter(i: int):
+            if together:  # every choice is running already
+                return lambda: (batch_events[i], lambda: batch_job.cancel_choice(worker, i))
             if i == 0:
                 return lambda: (events, lambda: worker.cancel(job))
 
@@ -204,7 +228,7 @@ async def _generate(request: Request, body, prompts: list[tuple[list[int], str |
     finished, rid = [], None
     for i, gen_req in enumerate(gen_reqs):
         ids, echo = prompts[i // body.n]
-        job, events = _queued(request, gen_req)
+        job, events = (batch_job, batch_events[i]) if together else _queued(request, gen_req)
         rid = rid or f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{job.id}"
         pieces, outcome, prompt_scores = [], None, None
         try:
@@ -215,8 +239,11 @@ async def _generate(request: Request, body, prompts: list[tuple[list[int], str |
                     prompt_scores = value
                 else:
                     outcome = value
-        finally:
-            worker.cancel(job)  # no-op when finished; frees the worker if the client left
+        finally:  # no-op when finished; frees the worker if the client left
+            if together:
+                batch_job.cancel_choice(worker, i) if outcome is not None else worker.cancel(job)
+            else:
+                worker.cancel(job)
         if outcome is None:  # the client disconnected
             return Response(status_code=499)
         scores = None

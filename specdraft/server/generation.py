@@ -3,7 +3,8 @@
 - :func:`build_request` checks what only the served model can check (its name, the method's
   needs, the context length) and fixes the configs of the generation;
 - :func:`run_generation` is the worker's run function: it drives the engine on the worker
-  thread and emits each committed piece into the job;
+  thread and emits each committed piece into the job (a :class:`BatchJob`: several choices
+  decoded together, each piece into its choice's job);
 - :func:`job_events` is the event-loop side: the job's pieces, then its Outcome.
 """
 from __future__ import annotations
@@ -11,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from fastapi import Request
 
 from ..config import GenerationConfig, SamplingConfig, SpecConfig
 from ..drafters import needs_draft_model
 from ..errors import SpecdraftError
+from ..metrics import SpecStats
 from .config import ServerConfig
 from .errors import APIError
 from .metrics import ServerMetrics
@@ -82,10 +84,43 @@ def build_request(body, prompt_ids: list[int], config: ServerConfig, speculator,
     return GenRequest(prompt_ids, spec, sampling, gen)
 
 
+@dataclass(eq=False)
+class BatchJob(Job):
+    """A request's several choices (its GenRequests in ``request``, one speculation and one
+    GenerationConfig) decoded together (Speculator.generate_batch): the worker runs this job;
+    each choice's events go to its own job in ``choices`` (never queued), an error to all of them."""
+
+    choices: list[Job] = field(default_factory=list)
+    ended: set[int] = field(default_factory=set)  # the choices whose Outcome has gone out
+
+    def cancel_choice(self, worker, i: int) -> None:
+        """Choice i's listener is done with it: the job stops if that choice had not ended (the
+        client left) or it was the last one."""
+        if i not in self.ended or i == len(self.choices) - 1:
+            worker.cancel(self)
+
+    def emit(self, kind: str, value) -> None:
+        if kind == "error":  # "done": each choice has had its own
+            for choice in self.choices:
+                choice.emit(kind, value)
+
+
+def _counters(st) -> dict:
+    """The live counters a piece goes out with (the page's figures)."""
+    return {"draft_tokens": st.draft_tokens, "accepted_tokens": st.accepted_tokens,
+            "target_forwards": st.target_forwards, "step_tokens": st.step_tokens}
+
+
+def _reason(stopped: bool, n: int, gen: GenerationConfig) -> str:
+    return "length" if stopped or n >= gen.max_new_tokens else "stop"
+
+
 def run_generation(speculator, job: Job) -> Outcome:
     """Run ``job`` (its request a GenRequest) to its end on the worker thread: each piece is
     emitted with the live counters the page shows (after the prompt's scores, when they are asked
-    for); stops early when the job is stopped."""
+    for); stops early when the job is stopped. A BatchJob: see run_batch."""
+    if isinstance(job, BatchJob):
+        return run_batch(speculator, job)
     req: GenRequest = job.request
     engine = speculator.engine(req.spec)
     pieces = engine.stream(req.prompt_ids, req.sampling, req.gen)
@@ -96,9 +131,7 @@ def run_generation(speculator, job: Job) -> Outcome:
             if not scored:
                 job.emit("prompt", engine.prompt_scores)
                 scored = True
-            st = engine.stats  # live counters, for the page's figures
-            job.emit("piece", (piece, {"draft_tokens": st.draft_tokens, "accepted_tokens": st.accepted_tokens,
-                                       "target_forwards": st.target_forwards, "step_tokens": st.step_tokens}))
+            job.emit("piece", (piece, _counters(engine.stats)))
             if job.stopped:
                 timed_out = not job.cancelled.is_set()
                 break
@@ -106,9 +139,43 @@ def run_generation(speculator, job: Job) -> Outcome:
         pieces.close()  # ends the engine's loop; its statistics are final
     if not scored:  # nothing generated (max_tokens 0): the prompt scored alone
         job.emit("prompt", engine.prompt_scores)
-    n = len(engine.token_ids)
-    reason = "length" if timed_out or n >= req.gen.max_new_tokens else "stop"
-    return Outcome(engine.stats, reason)
+    return Outcome(engine.stats, _reason(timed_out, len(engine.token_ids), req.gen))
+
+
+def run_batch(speculator, job: BatchJob) -> Outcome:
+    """Run a BatchJob's choices together to their ends: choice i's pieces (after its prompt's
+    scores, when asked for) and then its Outcome go to ``job.choices[i]``; all stop when the job
+    is stopped. Returns the choices' merged statistics (nobody reads them: each choice had its own)."""
+    reqs: list[GenRequest] = job.request
+    gen = reqs[0].gen
+    scored = [gen.prompt_logprobs is None] * len(reqs)  # each choice's prompt scores go out once, first
+
+    def scores(i: int, engine) -> None:
+        if not scored[i]:
+            job.choices[i].emit("prompt", engine.prompt_scores)
+            scored[i] = True
+
+    def on_piece(i, piece, engine):
+        scores(i, engine)
+        job.choices[i].emit("piece", (piece, _counters(engine.stats)))
+
+    def on_done(i, result):
+        if not scored[i]:  # nothing generated (max_tokens 0): the prompt scored alone
+            job.choices[i].emit("prompt", [(lp, top) for lp, top in zip(result.prompt_logprobs,
+                                                                         result.prompt_top_logprobs)])
+            scored[i] = True
+        stopped = job.stopped and not job.cancelled.is_set()
+        job.ended.add(i)
+        job.choices[i].emit("done", Outcome(result.stats, _reason(stopped, len(result.token_ids), gen)))
+
+    results = speculator.generate_batch([r.prompt_ids for r in reqs], spec=reqs[0].spec,
+                                        samplings=[r.sampling for r in reqs], gen=gen, on_piece=on_piece,
+                                        on_done=on_done, stop=lambda: job.stopped)
+    for i, r in enumerate(results):  # not begun before a stop (a group after the first): ended empty
+        if r is None:
+            job.ended.add(i)
+            job.choices[i].emit("done", Outcome(SpecStats(method=reqs[i].spec.method), "length"))
+    return Outcome(SpecStats.merged([r.stats for r in results if r is not None]), "stop")
 
 
 async def job_events(request: Request, job: Job, arrived: float,

@@ -1,0 +1,222 @@
+"""Several generations decoded together (specdraft.batch): each answer is the one its prompt gets
+alone, greedy and sampled, chains and trees; the pipeline's generate_batch; the batch's costs."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from _tiny import VOCAB, FakeTokenizer, make_cli_model, tree_target
+from specdraft.batch import Batch, BatchCosts
+from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdraft.costs import ForwardCosts
+from specdraft.drafters import DrafterContext, build_drafter
+from specdraft.engine import Engine
+from specdraft.errors import ContextLengthError
+from specdraft.pipeline import Speculator
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return tree_target("q4k", tmp_path_factory.mktemp("batch") / "target")
+
+
+def _prompts(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for n in lengths:  # repeated stretches, so the copying prophets find something to copy
+        head = torch.randint(0, VOCAB - 1, (max(2, n // 3),), generator=g).tolist()
+        out.append((head * 4)[:n])
+    return out
+
+
+def _spec(method):
+    return SpecConfig(method=method, k=4, ngram_min=1, min_confidence=0.0, cost_rule=False)
+
+
+def _engine(model, method, costs=None):
+    spec = _spec(method)
+    drafter = None if method == "none" else build_drafter(method, DrafterContext(spec, model, None, None))
+    return Engine(model, FakeTokenizer(), drafter, spec, eos_ids={VOCAB - 1}, costs=costs)
+
+
+def _alone(target, method, prompt, sampling, gen):
+    e = _engine(target, method)
+    e.generate(prompt, sampling, gen)
+    return list(e.token_ids), e.stats
+
+
+def _together(target, method, prompts, samplings, gen):
+    batch = Batch(target, sum(len(p) + gen.max_new_tokens + 128 for p in prompts), ForwardCosts())
+    views = [batch.view() for _ in prompts]
+    engines = [_engine(v, method, v.costs) for v in views]
+    batch.run([lambda e=e, p=p, s=s: e.generate(p, s, gen) for e, p, s in zip(engines, prompts, samplings)], views)
+    return [list(e.token_ids) for e in engines], [e.stats for e in engines], batch
+
+
+# (suffix sampled is left out: it drafts from the process's other sequences too, the batch's here,
+# and a seeded sampled answer follows the drafts' random draws; its greedy answers are exact)
+@pytest.mark.parametrize("method, temperature", [(m, t) for m in ("none", "prompt-lookup", "suffix", "lookahead")
+                                                 for t in (0.0, 0.8) if (m, t) != ("suffix", 0.8)])
+def test_answers_decoded_together_are_each_prompts_own(target, method, temperature):
+    prompts = _prompts((5, 17, 9, 40))
+    samplings = [SamplingConfig(temperature=temperature, seed=i) for i in range(len(prompts))]
+    gen = GenerationConfig(max_new_tokens=24)
+    got, stats, batch = _together(target, method, prompts, samplings, gen)
+    alone = [_alone(target, method, p, s, gen) for p, s in zip(prompts, samplings)]
+    assert got == [ids for ids, _ in alone]
+    if method != "suffix":  # (suffix drafts from the process's other sequences too: the batch's, here)
+        assert [st.target_forwards for st in stats] == [st.target_forwards for _, st in alone]
+    # one joint forward a step: fewer than the generations' checks one after another
+    assert batch.forwards < sum(st.target_forwards for st in stats)
+    assert batch.forwards >= max(st.target_forwards for st in stats)
+    if method != "none" and temperature == 0.0:
+        assert sum(st.accepted_tokens for st in stats) > 0
+    assert batch.model.length == 0 and (batch.owner == 0).all()  # every slot freed at the end
+
+
+@pytest.mark.parametrize("method", ["none", "prompt-lookup"])
+def test_answers_to_one_prompt_share_its_prefill(target, method):
+    """n sampled answers to one prompt: one prefill for all, each answer its seed's own."""
+    prompt = _prompts((23,), seed=4)[0]
+    samplings = [SamplingConfig(temperature=0.9, seed=10 + i) for i in range(4)]
+    gen = GenerationConfig(max_new_tokens=20)
+    got, _, batch = _together(target, method, [prompt] * 4, samplings, gen)
+    assert batch.prefills == 1
+    assert got == [_alone(target, method, prompt, s, gen)[0] for s in samplings]
+    assert len({tuple(ids) for ids in got}) > 1  # the seeds drew different answers
+
+
+def test_generations_of_different_lengths_and_an_early_end(target):
+    """One answer ends at its first token (an end-of-sequence id), one at a stop of max tokens,
+    the others go on; the batch keeps running those left."""
+    prompts = _prompts((6, 11, 30), seed=2)
+    gen = GenerationConfig(max_new_tokens=30)
+    first = _alone(target, "none", prompts[1], SamplingConfig(), GenerationConfig(max_new_tokens=1))[0][0]
+    engines_eos = {first}
+    batch = Batch(target, 400, ForwardCosts())
+    views = [batch.view() for _ in prompts]
+    engines = [_engine(v, "prompt-lookup", v.costs) for v in views]
+    engines[1].eos_ids = engines_eos
+    gens = [gen, gen, GenerationConfig(max_new_tokens=5)]
+    batch.run([lambda e=e, p=p, g=g: e.generate(p, SamplingConfig(), g) for e, p, g in zip(engines, prompts, gens)],
+              views)
+    assert engines[1].token_ids == []
+    assert len(engines[2].token_ids) == 5
+    assert engines[0].token_ids == _alone(target, "prompt-lookup", prompts[0], SamplingConfig(), gen)[0]
+
+
+def test_an_error_in_one_generation_reaches_the_caller(target):
+    batch = Batch(target, 400, ForwardCosts())
+    views = [batch.view() for _ in range(2)]
+    engines = [_engine(v, "none", v.costs) for v in views]
+    gen = GenerationConfig(max_new_tokens=8)
+    with pytest.raises(ContextLengthError):
+        batch.run([lambda: engines[0].generate([1, 2, 3], SamplingConfig(), gen),
+                   lambda: engines[1].generate([], SamplingConfig(), gen)], views)
+    assert len(engines[0].token_ids) == 8  # the other one ran to its end
+
+
+def test_batch_costs_price_a_check_against_the_whole_step():
+    shared = ForwardCosts.fixed({2: 1.1, 3: 1.2, 4: 1.3, 5: 1.45, 6: 1.6, 8: 2.0, 9: 2.2}, 0.02)
+    costs = BatchCosts(shared)
+    for t in (1, 2, 4, 6):  # alone: the target's own ratios
+        assert costs.ratio(t) == pytest.approx(shared.ratio(t))
+    costs.set_others(rows=3.0, tokens=3.0)  # three others, one row and one token a step each
+    # a check of 2 rows: the step goes from 4 rows to 5 (1.3 -> 1.45), for the 4 tokens the step commits
+    assert costs.ratio(2) == pytest.approx(1.0 + 4.0 * (1.45 / 1.3 - 1.0))
+    # so a guess that passes 40% of the time pays alone (1.4 tokens for 1.1) and not in this batch
+    # (its 0.4 tokens against 4 x 0.115)
+    assert shared.best_length([0.4]) == 1 and costs.best_length([0.4]) == 0
+    assert costs.best_length([0.95]) == 1  # a sure one still does
+    assert costs.measured and costs.one_now == 0.02
+    costs.record(3, 1.0)  # the batch times its joint forwards into the shared table, not the views
+    assert shared.seconds[3] == pytest.approx(1.2 * 0.02)
+
+
+@pytest.fixture(scope="module")
+def sd(tmp_path_factory, target):  # (target: skips where the native kernels do not build)
+    d = str(make_cli_model(tmp_path_factory.mktemp("batchpipe") / "tiny"))
+    return Speculator(d, d, dtype="fp32", draft_format="w8a8", target_format="q4k", max_length=256, progress=False)
+
+
+@pytest.mark.parametrize("method", ["prompt-lookup", "draft-model"])
+def test_generate_batch_gives_each_prompts_own_answer(sd, method):
+    prompts = [sd.encode_prompt(p, chat=False) for p in ("abcabcabd abcab", "hello hello hel", "xyz")]
+    samplings = [SamplingConfig(temperature=0.7, seed=5 + i) for i in range(3)]
+    gen = GenerationConfig(max_new_tokens=20, logprobs=2)
+    spec = _spec(method)
+    seen = []
+    got = sd.generate_batch(prompts, spec=spec, samplings=samplings, gen=gen,
+                            on_piece=lambda i, piece, engine: seen.append((i, piece.token_id)))
+    assert (sd.why_not_batched(spec) is None) == (method == "prompt-lookup")  # draft-model: one after another
+    for p, s, res in zip(prompts, samplings, got):
+        alone = sd.generate(p, spec=spec, sampling=s, gen=gen)
+        assert res.token_ids == alone.token_ids and res.text == alone.text
+        assert res.logprobs == alone.logprobs and res.top_logprobs == alone.top_logprobs
+        assert res.prompt_ids == p
+    for i, res in enumerate(got):
+        assert [t for j, t in seen if j == i] == res.token_ids
+
+
+def _server(sd, **config):
+    from fastapi.testclient import TestClient
+
+    from specdraft.server.app import ServerConfig, create_app
+
+    spec = SpecConfig(method="prompt-lookup", k=4, ngram_min=1, min_confidence=0.0, cost_rule=False)
+    return TestClient(create_app(sd, ServerConfig(model_name="tiny", spec=spec, **config)),
+                      raise_server_exceptions=False)
+
+
+def _streamed(response) -> dict[int, dict]:
+    """Each choice's text, finish reason and log-probabilities out of a completions stream."""
+    out: dict[int, dict] = {}
+    for line in response.iter_lines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        c = json.loads(line[6:])["choices"][0]
+        got = out.setdefault(c["index"], {"text": "", "finish": None, "logprobs": []})
+        got["text"] += c["text"]
+        got["finish"] = c["finish_reason"] or got["finish"]
+        got["logprobs"] += (c.get("logprobs") or {}).get("token_logprobs") or []
+    return out
+
+
+def test_server_decodes_several_choices_together(sd):
+    """A list of prompts with n answers each, decoded together: choice i is prompt i // n's
+    (i % n)-th answer (seed + j), as generated alone; streamed the same, chunk by chunk."""
+    texts = ["abcabcabd abcab", "cab cab ca"]
+    body = {"model": "tiny", "prompt": texts, "n": 2, "max_tokens": 10, "temperature": 0.9, "seed": 3, "logprobs": 1}
+    spec = SpecConfig(method="prompt-lookup", k=4, ngram_min=1, min_confidence=0.0, cost_rule=False)
+    want = []
+    for t in texts:
+        for j in range(2):
+            want.append(sd.generate(sd.encode_prompt(t, chat=False), spec=spec, sampling=SamplingConfig(
+                temperature=0.9, seed=3 + j), gen=GenerationConfig(max_new_tokens=10, logprobs=1)))
+    assert sd.why_not_batched(spec) is None
+    with _server(sd, max_waiting=8, request_timeout=60) as c:
+        r = c.post("/v1/completions", json=body).json()
+        assert [ch["index"] for ch in r["choices"]] == [0, 1, 2, 3]
+        assert [ch["text"] for ch in r["choices"]] == [w.text for w in want]
+        assert [ch["logprobs"]["token_logprobs"] for ch in r["choices"]] == [w.logprobs for w in want]
+        assert r["usage"]["completion_tokens"] == sum(len(w.token_ids) for w in want)
+        assert r["usage"]["prompt_tokens"] == sum(len(sd.encode_prompt(t, chat=False)) for t in texts)
+        with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as s:
+            streamed = _streamed(s)
+        assert [streamed[i]["text"] for i in range(4)] == [w.text for w in want]
+        assert [streamed[i]["logprobs"] for i in range(4)] == [w.logprobs for w in want]
+        assert all(streamed[i]["finish"] in ("stop", "length") for i in range(4))
+        # the prompts scored alone (max_tokens 0, echo): each choice its prompt's scores
+        r = c.post("/v1/completions", json={**body, "max_tokens": 0, "echo": True, "n": 1}).json()
+        for ch, t in zip(r["choices"], texts):
+            scored = sd.generate(sd.encode_prompt(t, chat=False), spec=spec, gen=GenerationConfig(
+                max_new_tokens=0, prompt_logprobs=1))
+            assert ch["text"] == t and ch["logprobs"]["token_logprobs"] == [None, *scored.prompt_logprobs]
+
+
+def test_server_choices_together_that_wait_too_long_fail_together(sd):
+    with _server(sd, max_waiting=8, request_timeout=0.0) as c:
+        r = c.post("/v1/completions", json={"model": "tiny", "prompt": "abc", "n": 3, "max_tokens": 5})
+        assert r.status_code == 429 and "time limit" in r.json()["error"]["message"]
