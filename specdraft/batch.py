@@ -3,14 +3,15 @@
 A check of a few rows costs little more than one row on these CPUs (2-core Zen 4 EPYC, VNNI
 kernels: 4 rows ~1.2x one), so n answers decoded side by side come several times faster than one
 after another. Each generation keeps everything of its own: an Engine with its drafter, policy,
-sampler (its own generator) and statistics, run on a thread of its own over a :class:`SeqTarget`,
-a view of one cache shared by all of them. The threads meet at every forward: once every live
-generation has asked for its forward, the caller's thread runs them as one forward over all their
-rows, each row seeing only its own sequence's cache slots (a mask over the whole cache) at its own
-positions, and hands each generation its rows. So on a target whose rows do not depend on their
-block (prefix.reuses_exactly: the native kernels list a row's visible keys in ascending slot
-order, as decoding it alone does) every row gets bit for bit what its generation alone computes:
-greedy answers are each prompt's own, sampled ones those of the same seed alone.
+sampler (its own generator) and statistics, run as a greenlet of its own (on the caller's thread)
+over a :class:`SeqTarget`, a view of one cache shared by all of them. They meet at every forward:
+once every live generation has asked for its forward, the caller runs them as one forward over
+all their rows, each row seeing only its own sequence's cache slots (a mask over the whole cache)
+at its own positions, and hands each generation its rows. So on a target whose layers run natively
+(models.llama.packs_exactly: rows that do not depend on their block, a row's visible keys reduced
+in ascending slot order, as decoding it alone does) every row gets bit for bit what its
+generation alone computes: greedy answers are each prompt's own, sampled ones those of the same
+seed alone, log-probabilities included.
 
 The shared cache: a slot belongs to some of the sequences (``owner``, a bit each) or to none.
 Generations that prefill the same prompt together (n answers to one prompt) share its slots: one
@@ -25,11 +26,11 @@ A prefill (``last_only``) runs alone, as it does undecoded (a shared one once fo
 """
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import greenlet
 import torch
 
 from .costs import ForwardCosts, running_mean
@@ -42,6 +43,9 @@ STEP_ROOM = 128
 # the cost curve is flat and the cache small (fp32 K and V of the default 1.5B target: ~57 kB a
 # slot, ~250 MB for 8 answers of 256 tokens to 300-token prompts)
 MAX_BATCH = 8  # (and at most 63: a slot's owners are the bits of an int64)
+
+
+_START = object()  # Batch.run: a generation not yet started
 
 
 @dataclass
@@ -186,10 +190,7 @@ class Batch:
         self.costs = costs
         self.owner = torch.zeros(self.model.max_length, dtype=torch.int64)  # slot -> its sequences' bits (0: free)
         self.views: list[SeqTarget] = []
-        self._cond = threading.Condition()
-        self._asked: dict[int, _Request] = {}  # sequence -> its forward, waiting
-        self._live: set[int] = set()
-        self._failed: BaseException | None = None  # what stopped the joint forwards
+        self._hub = None  # the greenlet that runs the joint forwards (run's caller)
         self.forwards = 0  # joint forwards run, and their rows
         self.rows = 0
         self.prefills = 0  # prefill forwards run (one for the generations that share it)
@@ -203,62 +204,60 @@ class Batch:
 
     # ------------------------------------------------------------------ the generations' side
     def ask(self, view: SeqTarget, req: _Request) -> ModelOutput:
-        with self._cond:
-            self._asked[view.seq] = req
-            self._cond.notify_all()
-            self._cond.wait_for(lambda: req.result is not None or self._failed is not None)
-        if req.result is None:
-            raise RuntimeError("the batch's forward failed") from self._failed
-        return req.result
+        """Wait (on the caller's greenlet) for the joint forward that answers ``req``."""
+        result = self._hub.switch(req)
+        if isinstance(result, BaseException):  # the joint forward failed: this generation ends with it
+            raise RuntimeError("the batch's forward failed") from result
+        return result
 
     def free(self, seq: int, slots: list[int]) -> None:
         """Sequence ``seq`` no longer holds ``slots``."""
         if slots:
-            with self._cond:
-                index = torch.tensor(slots, dtype=torch.int64)
-                self.owner[index] &= ~(1 << seq)
+            self.owner[torch.tensor(slots, dtype=torch.int64)] &= ~(1 << seq)
 
     # ------------------------------------------------------------------ the caller's side
     def run(self, jobs: list[Callable[[], None]], views: list[SeqTarget]) -> None:
-        """Run every ``jobs[i]`` (a generation over ``views[i]``) on a thread of its own until all
-        end, running their forwards together; re-raises the first error a job raised."""
+        """Run every ``jobs[i]`` (a generation over ``views[i]``) until all end, running their
+        forwards together; re-raises the first error a job raised. The jobs run as greenlets on
+        the caller's thread, switching back here at each forward: one thread runs everything, as
+        decoding alone does (generations on threads of their own each woke a team of OpenMP
+        workers of their own, whose spinning took the cores from the joint forward: 2-core Zen 4,
+        one sequence left in a batch, 70 ms a forward against 34 alone)."""
+        self._hub = greenlet.getcurrent()
         errors: list[BaseException] = []
 
-        def runner(job, seq):
+        def runner(job):
             try:
                 job()
             except BaseException as e:  # handed to the caller
                 errors.append(e)
-            finally:
-                with self._cond:  # an ended generation's slots are free (its record is in its engine)
-                    self._live.discard(seq)
-                    self.free(seq, by_seq[seq].slots)
-                    by_seq[seq].slots = []
-                    self._cond.notify_all()
 
         by_seq = {v.seq: v for v in views}
-        self._live = set(by_seq)
-        threads = [threading.Thread(target=runner, args=(job, v.seq), daemon=True) for job, v in zip(jobs, views)]
-        for t in threads:
-            t.start()
+        lets = {v.seq: greenlet.greenlet(lambda job=job: runner(job)) for job, v in zip(jobs, views)}
+        replies: dict[int, object] = dict.fromkeys(lets, _START)  # what each resumes with
         try:
-            while True:
-                with self._cond:
-                    self._cond.wait_for(lambda: self._live <= set(self._asked))
-                    if not self._live:
-                        break
-                    asked, self._asked = self._asked, {}
-                self._run_forwards(asked, by_seq)
-                with self._cond:
-                    self._cond.notify_all()
-        except BaseException as e:
-            with self._cond:  # the waiting generations end with an error of their own
-                self._failed = e
-                self._cond.notify_all()
-            raise
+            while replies:
+                asked: dict[int, _Request] = {}
+                for seq, reply in replies.items():  # each runs to its next forward, or to its end
+                    req = lets[seq].switch() if reply is _START else lets[seq].switch(reply)
+                    if lets[seq].dead:  # an ended generation's slots are free (its record is in its engine)
+                        self.free(seq, by_seq[seq].slots)
+                        by_seq[seq].slots = []
+                    else:
+                        asked[seq] = req
+                if not asked:
+                    break
+                try:
+                    self._run_forwards(asked, by_seq)
+                except BaseException as e:  # the waiting generations end with an error of their own
+                    replies = dict.fromkeys(asked, e)
+                    errors.append(e)
+                    continue
+                replies = {seq: req.result for seq, req in asked.items()}
         finally:
-            for t in threads:
-                t.join()
+            for g in lets.values():  # (only where the caller itself is interrupted)
+                if not g.dead:
+                    g.throw(greenlet.GreenletExit)
         self._squeeze()  # every slot is free now
         if errors:
             raise errors[0]
