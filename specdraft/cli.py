@@ -10,6 +10,8 @@ import gc
 import json
 import os
 import sys
+import time
+from dataclasses import replace
 
 import torch
 
@@ -17,8 +19,9 @@ from .bench.arguments import add_bench_args
 from .bench.forward_cost import OnKernelPath, forward_costs, forward_steps, same_logits
 from .bench.kernel_cost import kernel_costs, kernel_paths
 from .bench.machine import gguf_kernel_forms, gguf_kernel_path
-from .config import GenerationConfig, SpecConfig
+from .config import MAX_CHOICES, GenerationConfig, SpecConfig
 from .drafters import drafter_names, needs_draft_model
+from .engine import Piece
 from .errors import ParameterError, SpecdraftError
 from .heads.command import add_export_args, add_train_args, export_from_args, train_from_args
 from .heads.model import shipped_head_dir
@@ -85,6 +88,9 @@ def _add_generate(sub) -> None:
     g.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                    help="colour tokens by origin: green = accepted draft, blue = produced by the target")
     g.add_argument("--json", action="store_true", help="print the statistics as JSON instead of one line")
+    g.add_argument("--n", type=int, default=1, metavar="N",
+                   help="N answers, decoded together (one target forward a step for all; the j-th sampled with "
+                        "--seed + j), each printed with its statistics when all are done")
 
 
 def _add_serve(sub) -> None:
@@ -225,14 +231,18 @@ def _cmd_generate(args) -> int:
     sampling = sampling_from_args(args)
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), ignore_eos=args.ignore_eos,
                            logprobs=args.logprobs)
+    if not 1 <= args.n <= MAX_CHOICES:
+        raise ParameterError(f"--n must be in 1..{MAX_CHOICES}, got {args.n}")
     with_draft = needs_draft_model(args.method)
     # a short one-shot run loads into 4 KB pages: 2 MB ones start slower than they pay (models.hugepages)
     with short_run(one_shot_pages(args.max_new_tokens)):
         sd = Speculator(args.target, args.draft, dtype=args.dtype, runtime=args.runtime, max_length=args.max_context,
                         load_draft=with_draft, **speculator_options(args))
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
-    engine = sd.engine(spec)
     ids = sd.encode_prompt(args.prompt, chat=not args.no_chat)
+    if args.n > 1:
+        return _several_answers(sd, ids, spec, sampling, gen, args)
+    engine = sd.engine(spec)
     out = sys.stdout
     scored = []  # pieces with a log-probability (--logprobs)
     for piece in engine.stream(ids, sampling, gen):
@@ -247,19 +257,59 @@ def _cmd_generate(args) -> int:
     out.write("\n")
     spell = TokenBytes(sd.tokenizer) if gen.logprobs is not None else None
     if args.json:
-        record = engine.stats.to_dict()
-        if spell is not None:
-            record["logprobs"] = [{"token": spell.text(p.token_id), "logprob": p.logprob,
-                                   "top_logprobs": [[spell.text(i), lp] for i, lp in p.top_logprobs]} for p in scored]
-        print(json.dumps(record))
+        print(json.dumps(_record(engine.stats, scored, spell)))
         return 0
+    _print_logprobs(scored, spell, gen)
+    print(engine.stats.summary())
+    return 0
+
+
+def _record(stats, scored: list, spell) -> dict:
+    """--json: the statistics, and each scored piece's log-probabilities (with --logprobs)."""
+    record = stats.to_dict()
+    if spell is not None:
+        record["logprobs"] = [{"token": spell.text(p.token_id), "logprob": p.logprob,
+                               "top_logprobs": [[spell.text(i), lp] for i, lp in p.top_logprobs]} for p in scored]
+    return record
+
+
+def _print_logprobs(scored: list, spell, gen: GenerationConfig) -> None:
     if spell is not None:
         print(f"log-probabilities under the target (token, then its {gen.logprobs} most likely):")
         for p in scored:
             alternatives = "  ".join(f"{spell.text(i)!r} {lp:.3f}" for i, lp in p.top_logprobs)
             print(f"  {spell.text(p.token_id)!r:>16} {p.logprob:8.3f}   {alternatives}")
-    print(engine.stats.summary())
+
+
+def _several_answers(sd, ids: list[int], spec, sampling, gen: GenerationConfig, args) -> int:
+    """generate --n N: N answers to the prompt decoded together (Speculator.generate_batch), the
+    j-th sampled with seed + j; each printed in turn with its statistics, then the whole run's."""
+    samplings = [replace(sampling, seed=None if sampling.seed is None else sampling.seed + j) for j in range(args.n)]
+    t0 = time.perf_counter()
+    answers = sd.generate_batch([ids] * args.n, spec=spec, samplings=samplings, gen=gen)
+    seconds = time.perf_counter() - t0
+    why = sd.why_not_batched(spec)
+    spell = TokenBytes(sd.tokenizer) if gen.logprobs is not None else None
+    tokens = sum(len(a.token_ids) for a in answers)
+    how = "decoded together" if why is None else f"one after another ({why})"
+    if args.json:
+        print(json.dumps({"answers": [{"text": a.text, **_record(a.stats, _scored_pieces(a), spell)} for a in answers],
+                          "seconds": round(seconds, 3), "tokens": tokens, "together": why is None}))
+        return 0
+    for j, a in enumerate(answers):
+        seed = "" if samplings[j].seed is None else f", seed {samplings[j].seed}"
+        print(f"--- answer {j + 1} of {args.n}{seed} ---")
+        print(a.text)
+        _print_logprobs(_scored_pieces(a), spell, gen)
+        print(a.stats.summary())
+    print(f"{args.n} answers, {tokens} tokens in {seconds:.2f} s ({tokens / seconds:.1f} tokens/s), {how}")
     return 0
+
+
+def _scored_pieces(result) -> list:
+    """A GenerationResult's tokens as the pieces _record and _print_logprobs read."""
+    return [Piece(t, "", o, lp, top) for t, o, lp, top in zip(result.token_ids, result.origins, result.logprobs,
+                                                              result.top_logprobs)]
 
 
 def _cmd_serve(args) -> int:

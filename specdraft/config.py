@@ -77,6 +77,7 @@ class SamplingConfig:
 
 
 MAX_TOP_LOGPROBS = 20  # the most likely tokens listed beside each generated one, at most (as OpenAI's API)
+MAX_CHOICES = 64  # answers a request asks for at most (a server request's prompts x n; generate --n)
 
 
 @dataclass(frozen=True)

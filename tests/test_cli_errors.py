@@ -460,3 +460,30 @@ def test_train_drafter_freeze_step_without_init_gives_one_line(capsys, tmp_path)
 def test_serve_refuses_a_negative_prefix_cache(capsys):
     rc, out, err = call(["serve", "--target", "/nonexistent/model", "--prefix-cache-mb", "-1"], capsys)
     assert_one_line_error(rc, out, err, contains="prefix-cache-mb")
+
+
+def test_generate_several_answers_decoded_together(capsys, tiny_dir):
+    """generate --n 3: three answers decoded together, the j-th sampled with seed + j, each the
+    answer its seed gives alone."""
+    from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
+    from specdraft.kernels import KernelUnavailable, gguf_ops
+    from specdraft.pipeline import Speculator
+
+    try:
+        gguf_ops()  # q4k: the native runtime
+    except KernelUnavailable as e:
+        pytest.skip(str(e))
+    rc, out, err = call(["generate", "hello", "--target", str(tiny_dir), "--dtype", "fp32", "--target-format", "q4k",
+                         "--method", "none", "--n", "3", "--temperature", "0.8", "--seed", "7",
+                         "--max-new-tokens", "10", "--no-chat", "--json"], capsys)
+    assert rc == 0, err
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got["together"] and len(got["answers"]) == 3
+    sd = Speculator(str(tiny_dir), dtype="fp32", target_format="q4k", load_draft=False, progress=False)
+    for j, answer in enumerate(got["answers"]):
+        alone = sd.generate("hello", spec=SpecConfig(method="none"), chat=False,
+                            sampling=SamplingConfig(temperature=0.8, seed=7 + j), gen=GenerationConfig(max_new_tokens=10))
+        assert answer["text"] == alone.text and answer["new_tokens"] == len(alone.token_ids)
+    assert len({a["text"] for a in got["answers"]}) > 1
+    rc, out, err = call(["generate", "hello", "--target", str(tiny_dir), "--method", "none", "--n", "0"], capsys)
+    assert_one_line_error(rc, out, err, contains="--n")

@@ -13,11 +13,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
-from ..config import MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS
+from ..config import MAX_CHOICES, MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS
 
 MAX_STOP = 4  # as OpenAI
-# choices one request may ask for (prompts x n), generated (and streamed) one after another
-MAX_CHOICES = 64
 
 
 class _Common(BaseModel):
@@ -39,7 +37,7 @@ class _Common(BaseModel):
     response_format: dict | None = None
     tools: list | None = None
     stop: str | list[str] | None = None
-    n: StrictInt = Field(default=1, ge=1, le=MAX_CHOICES)  # completions per prompt (run one after another)
+    n: StrictInt = Field(default=1, ge=1, le=MAX_CHOICES)  # completions per prompt (decoded together: specdraft.batch)
     stream: StrictBool = False
     stream_options: dict | None = None
     method: str | None = None  # extension: drafter name or "none"
