@@ -42,7 +42,8 @@ STEP_ROOM = 128
 # generations decoded together at most (more wait for a later group): the step's rows stay where
 # the cost curve is flat and the cache small (fp32 K and V of the default 1.5B target: ~57 kB a
 # slot, ~250 MB for 8 answers of 256 tokens to 300-token prompts)
-MAX_BATCH = 8  # (and at most 63: a slot's owners are the bits of an int64)
+MAX_BATCH = 8
+MAX_SEQUENCES = 63  # generations a batch holds at once at most: a slot's owners are the bits of an int64
 
 
 _START = object()  # Batch.run: a generation not yet started
@@ -135,6 +136,7 @@ class SeqTarget:
         self.rows_mean = 0.0  # rows a step and tokens committed a step, running means
         self.tokens_mean = 0.0
         self._asked_at: int | None = None  # its length at its previous check's forward
+        self.reserved = 0  # cache slots set aside for it (Batch.room)
 
     @property
     def length(self) -> int:
@@ -189,18 +191,26 @@ class Batch:
         self.max_length = model.max_length  # a sequence's positions: the model's RoPE tables
         self.costs = costs
         self.owner = torch.zeros(self.model.max_length, dtype=torch.int64)  # slot -> its sequences' bits (0: free)
-        self.views: list[SeqTarget] = []
+        self.live: dict[int, SeqTarget] = {}  # sequence number -> its generation's target, while it runs
         self._hub = None  # the greenlet that runs the joint forwards (run's caller)
         self.forwards = 0  # joint forwards run, and their rows
         self.rows = 0
         self.prefills = 0  # prefill forwards run (one for the generations that share it)
 
-    def view(self) -> SeqTarget:
-        if len(self.views) >= 63:
-            raise ValueError("a batch holds at most 63 generations")
-        v = SeqTarget(self, len(self.views))
-        self.views.append(v)
+    def view(self, reserve: int = 0) -> SeqTarget:
+        """A new generation's target: the lowest sequence number no live generation holds, and
+        ``reserve`` cache slots set aside for it (``room``) while it lives."""
+        seq = next((i for i in range(MAX_SEQUENCES) if i not in self.live), None)
+        if seq is None:
+            raise ValueError(f"a batch holds at most {MAX_SEQUENCES} generations at once")
+        v = self.live[seq] = SeqTarget(self, seq)
+        v.reserved = reserve
         return v
+
+    @property
+    def room(self) -> int:
+        """Cache slots no live generation has reserved."""
+        return self.model.max_length - sum(v.reserved for v in self.live.values())
 
     # ------------------------------------------------------------------ the generations' side
     def ask(self, view: SeqTarget, req: _Request) -> ModelOutput:
@@ -216,13 +226,16 @@ class Batch:
             self.owner[torch.tensor(slots, dtype=torch.int64)] &= ~(1 << seq)
 
     # ------------------------------------------------------------------ the caller's side
-    def run(self, jobs: list[Callable[[], None]], views: list[SeqTarget]) -> None:
+    def run(self, jobs: list[Callable[[], None]], views: list[SeqTarget],
+            admit: Callable[[], list[tuple[Callable[[], None], SeqTarget]]] | None = None) -> None:
         """Run every ``jobs[i]`` (a generation over ``views[i]``) until all end, running their
-        forwards together; re-raises the first error a job raised. The jobs run as greenlets on
-        the caller's thread, switching back here at each forward: one thread runs everything, as
-        decoding alone does (generations on threads of their own each woke a team of OpenMP
-        workers of their own, whose spinning took the cores from the joint forward: 2-core Zen 4,
-        one sequence left in a batch, 70 ms a forward against 34 alone)."""
+        forwards together; ``admit()``, asked before each step, gives more (job, view) pairs to
+        start (their prefills run in that step). Re-raises the first error a job raised, once
+        all have ended. The jobs run as greenlets on the caller's thread, switching back here at
+        each forward: one thread runs everything, as decoding alone does (generations on threads
+        of their own each woke a team of OpenMP workers of their own, whose spinning took the
+        cores from the joint forward: 2-core Zen 4, one sequence left in a batch, 70 ms a
+        forward against 34 alone)."""
         self._hub = greenlet.getcurrent()
         errors: list[BaseException] = []
 
@@ -232,23 +245,35 @@ class Batch:
             except BaseException as e:  # handed to the caller
                 errors.append(e)
 
-        by_seq = {v.seq: v for v in views}
-        lets = {v.seq: greenlet.greenlet(lambda job=job: runner(job)) for job, v in zip(jobs, views)}
-        replies: dict[int, object] = dict.fromkeys(lets, _START)  # what each resumes with
+        lets: dict[int, greenlet.greenlet] = {}
+        replies: dict[int, object] = {}  # what each resumes with (_START: not yet started)
+
+        def start(pairs):
+            for job, v in pairs:
+                lets[v.seq] = greenlet.greenlet(lambda job=job: runner(job))
+                replies[v.seq] = _START
+
+        start(zip(jobs, views))
         try:
-            while replies:
+            while replies or admit is not None:
+                if admit is not None:
+                    start(admit())
+                    if not replies:
+                        break
                 asked: dict[int, _Request] = {}
                 for seq, reply in replies.items():  # each runs to its next forward, or to its end
-                    req = lets[seq].switch() if reply is _START else lets[seq].switch(reply)
-                    if lets[seq].dead:  # an ended generation's slots are free (its record is in its engine)
-                        self.free(seq, by_seq[seq].slots)
-                        by_seq[seq].slots = []
+                    g = lets[seq]
+                    req = g.switch() if reply is _START else g.switch(reply)
+                    if g.dead:  # an ended generation's slots are free (its record is in its engine)
+                        self.free(seq, self.live[seq].slots)
+                        del self.live[seq], lets[seq]
                     else:
                         asked[seq] = req
+                replies = {}
                 if not asked:
-                    break
+                    continue
                 try:
-                    self._run_forwards(asked, by_seq)
+                    self._run_forwards(asked, self.live)
                 except BaseException as e:  # the waiting generations end with an error of their own
                     replies = dict.fromkeys(asked, e)
                     errors.append(e)
@@ -309,7 +334,7 @@ class Batch:
         new[keep] = torch.arange(first, first + len(keep))
         self.owner[first:first + len(keep)] = self.owner[keep].clone()
         self.owner[first + len(keep):L] = 0
-        for v in self.views:
+        for v in self.live.values():
             if v.slots and v.slots[-1] >= first:
                 v.slots = new[torch.tensor(v.slots, dtype=torch.int64)].tolist()
 

@@ -322,15 +322,16 @@ class Speculator:
         engine = self.engine(spec)
         return _result(engine, ids, list(engine.stream(ids, sampling, gen)), gen)
 
-    def _batch_drafter_list(self, spec: SpecConfig, n: int) -> list:
-        """n drafters for ``spec``'s answers decoded together, kept for the next batch as
-        engine() keeps its drafter (what each learnt of this target carries over)."""
+    def _batch_drafter(self, spec: SpecConfig, seq: int):
+        """The drafter of the generation numbered ``seq`` in a batch (specdraft.batch) with
+        ``spec``: one a number, kept for later batches as engine() keeps its drafter (what each
+        learnt of this target carries over)."""
         kept = self._batch_drafters.pop(spec, [])
-        kept += [self._new_drafter(spec) for _ in range(n - len(kept))]
+        kept += [self._new_drafter(spec) for _ in range(seq + 1 - len(kept))]
         self._batch_drafters[spec] = kept  # the newest last
         while len(self._batch_drafters) > KEPT_DRAFTERS:
             del self._batch_drafters[next(iter(self._batch_drafters))]
-        return kept[:n]
+        return kept[seq]
 
     def why_not_batched(self, spec: SpecConfig) -> str | None:
         """Why generations with ``spec`` cannot be decoded together (generate_batch then runs them
@@ -347,53 +348,112 @@ class Speculator:
                        on_done: Callable[[int, GenerationResult], None] | None = None,
                        stop: Callable[[], bool] | None = None, batched: bool = True) -> list[GenerationResult]:
         """One answer to each of ``prompts`` (token ids), the i-th sampled by ``samplings[i]``, all
-        with ``spec`` and ``gen``: decoded together, one target forward a step for all of them
-        (specdraft.batch), up to MAX_BATCH at a time, where the target and method allow it
-        (why_not_batched) and ``batched``, else one after another. Each answer is the one its prompt
-        gets alone: the same tokens greedy, the same as with its seed alone when sampled (the
-        target's rows do not depend on their block). ``on_piece(i, piece, engine)``: each committed
-        piece of answer i as it comes (from a thread of the batch's); ``on_done(i, result)``: answer
-        i has ended; ``stop()``: asked after each piece, True ends every answer where it is (an
-        answer not begun by then is None)."""
+        with ``spec`` and ``gen``: decoded together (decode_together: up to MAX_BATCH at a time,
+        the next joining as one ends) where the target and method allow it (why_not_batched) and
+        ``batched``, else one after another. Each answer is the one its prompt gets alone: the
+        same tokens greedy, the same as with its seed alone when sampled (the target's rows do not
+        depend on their block). ``on_piece(i, piece, engine)``: each committed piece of answer i
+        as it comes; ``on_done(i, result)``: answer i has ended; ``stop()``: asked after each
+        piece, True ends every answer where it is (an answer not begun by then is None)."""
         if len(samplings) != len(prompts):
             raise ParameterError(f"{len(prompts)} prompts but {len(samplings)} sampling configs")
         self._check_method(spec)
         results: list[GenerationResult | None] = [None] * len(prompts)
 
-        def answer(i: int, engine: Engine) -> None:  # answer i, to its end or the stop
-            pieces = []
-            stream = engine.stream(prompts[i], samplings[i], gen)
-            try:
-                for piece in stream:
-                    pieces.append(piece)
-                    if on_piece is not None:
-                        on_piece(i, piece, engine)
-                    if stop is not None and stop():
-                        break
-            finally:
-                stream.close()  # its statistics are final
-            results[i] = _result(engine, prompts[i], pieces, gen)
-            if on_done is not None:
-                on_done(i, results[i])
+        def answer(i: int) -> Answer:
+            def done(result):
+                results[i] = result
+                if on_done is not None:
+                    on_done(i, result)
+            return Answer(prompts[i], spec, samplings[i], gen, stop=stop, on_done=done,
+                          on_piece=None if on_piece is None else lambda piece, engine: on_piece(i, piece, engine))
 
+        answers = [answer(i) for i in range(len(prompts))]
         if not batched or self.why_not_batched(spec) is not None or len(prompts) < 2:
-            for i in range(len(prompts)):
+            for a in answers:
                 if stop is None or not stop():
-                    answer(i, self.engine(spec))
+                    run_answer(self.engine(spec), a)
             return results
-        for s in range(0, len(prompts), MAX_BATCH):
-            if stop is not None and stop():
-                break
-            group = list(range(s, min(s + MAX_BATCH, len(prompts))))
-            capacity = sum(len(prompts[i]) + gen.max_new_tokens + STEP_ROOM for i in group)
-            batch = Batch(self.target.model, capacity, self._costs)
-            views = [batch.view() for _ in group]
-            engines = [Engine(v, self.tokenizer, d, spec, self.target.eos_ids, costs=v.costs)
-                       for v, d in zip(views, self._batch_drafter_list(spec, len(group)))]
-
-            batch.run([lambda i=i, e=e: answer(i, e) for i, e in zip(group, engines)], views)
+        self.decode_together(answers[:MAX_BATCH], more=_feeder(answers[MAX_BATCH:], stop),
+                             capacity=sum(sorted((a.need for a in answers), reverse=True)[:MAX_BATCH]))
         return results
 
+    def decode_together(self, answers: list[Answer], *,
+                        more: Callable[[int, int], list[Answer]] | None = None, capacity: int | None = None) -> None:
+        """Decode ``answers`` together (specdraft.batch: one target forward a step for all of
+        them), each to its end or its stop, its pieces and result handed to its callbacks;
+        ``more(room, places)``, asked before each step, gives answers to join them, at most
+        ``places`` of them whose needs (Answer.need) fit ``room`` cache slots. Every answer's
+        spec must be one why_not_batched allows. The batch's cache holds ``capacity`` slots
+        (default: the first answers' needs). An error of an answer is raised once all have ended."""
+        for a in answers:
+            self._check_method(a.spec)
+        batch = Batch(self.target.model, capacity or sum(a.need for a in answers), self._costs)
+
+        def started(group: list[Answer]) -> list:
+            pairs = []
+            for a in group:
+                v = batch.view(a.need)
+                engine = Engine(v, self.tokenizer, self._batch_drafter(a.spec, v.seq), a.spec, self.target.eos_ids,
+                                costs=v.costs)
+                pairs.append((lambda engine=engine, a=a: run_answer(engine, a), v))
+            return pairs
+
+        first = started(answers)
+        admit = None if more is None else \
+            (lambda: started(more(batch.room, MAX_BATCH - len(batch.live))))
+        batch.run([job for job, _ in first], [v for _, v in first], admit)
+
+
+@dataclass
+class Answer:
+    """One answer to decode (Speculator.decode_together): its prompt's ids, its configs, and
+    where it goes: ``on_piece(piece, engine)`` each committed piece, ``on_done(result)`` at its
+    end; ``stop()``, asked after each piece, ends it early when True."""
+
+    prompt_ids: list[int]
+    spec: SpecConfig
+    sampling: SamplingConfig
+    gen: GenerationConfig
+    on_piece: Callable[[Piece, Engine], None] | None = None
+    on_done: Callable[[GenerationResult], None] | None = None
+    stop: Callable[[], bool] | None = None
+
+    @property
+    def need(self) -> int:
+        """Cache slots it may hold at once: its prompt, its new tokens and its widest check."""
+        return len(self.prompt_ids) + self.gen.max_new_tokens + STEP_ROOM
+
+
+def run_answer(engine: Engine, a: Answer) -> GenerationResult:
+    """``a`` generated by ``engine`` to its end (or its stop), its callbacks called."""
+    pieces = []
+    stream = engine.stream(a.prompt_ids, a.sampling, a.gen)
+    try:
+        for piece in stream:
+            pieces.append(piece)
+            if a.on_piece is not None:
+                a.on_piece(piece, engine)
+            if a.stop is not None and a.stop():
+                break
+    finally:
+        stream.close()  # its statistics are final
+    result = _result(engine, a.prompt_ids, pieces, a.gen)
+    if a.on_done is not None:
+        a.on_done(result)
+    return result
+
+
+def _feeder(waiting: list[Answer], stop: Callable[[], bool] | None) -> Callable[[int, int], list[Answer]]:
+    """decode_together's ``more`` over a list: its next answers, in order, while they fit (none
+    once ``stop()`` says so)."""
+    def more(room: int, places: int) -> list[Answer]:
+        out = []
+        while waiting and len(out) < places and waiting[0].need <= room and (stop is None or not stop()):
+            room -= waiting[0].need
+            out.append(waiting.pop(0))
+        return out
+    return more
 
 
 def _result(engine: Engine, ids: list[int], pieces: list[Piece], gen: GenerationConfig) -> GenerationResult:

@@ -220,3 +220,75 @@ def test_server_choices_together_that_wait_too_long_fail_together(sd):
     with _server(sd, max_waiting=8, request_timeout=0.0) as c:
         r = c.post("/v1/completions", json={"model": "tiny", "prompt": "abc", "n": 3, "max_tokens": 5})
         assert r.status_code == 429 and "time limit" in r.json()["error"]["message"]
+
+
+def test_more_answers_than_a_batch_join_as_others_end(sd, monkeypatch):
+    """Past MAX_BATCH answers at once, the next joins the batch as soon as one ends (and fits)."""
+    from specdraft import pipeline
+
+    monkeypatch.setattr(pipeline, "MAX_BATCH", 2)
+    texts = ["abcabcabd abcab", "xyz", "hello hello hel", "ab", "cab cab cab ca"]
+    prompts = [sd.encode_prompt(t, chat=False) for t in texts]
+    gens = []
+    spec = _spec("prompt-lookup")
+    got = sd.generate_batch(prompts, spec=spec, samplings=[SamplingConfig()] * 5, gen=GenerationConfig(max_new_tokens=12),
+                            on_done=lambda i, r: gens.append(i))
+    for p, res in zip(prompts, got):
+        assert res.token_ids == sd.generate(p, spec=spec, gen=GenerationConfig(max_new_tokens=12)).token_ids
+    assert sorted(gens) == list(range(5))
+
+
+def test_requests_waiting_together_are_decoded_together(sd):
+    """Requests that wait while one runs alone are decoded together once it ends (a session),
+    a non-batchable one at the front of the queue waits for the session to drain, and every
+    answer is the one its request gets alone."""
+    import asyncio
+    import functools
+    import threading
+    import time
+
+    from specdraft.server.generation import GenRequest, decodes_together, run_generation, run_together
+    from specdraft.server.worker import Job, Worker
+
+    gate, sessions = threading.Event(), []
+    prompts = [sd.encode_prompt(t, chat=False) for t in ("abcabcabd abcab", "xyz xyz", "hello hello hel", "cab ca")]
+    gen = GenerationConfig(max_new_tokens=10)
+    specs = [_spec("prompt-lookup"), _spec("none"), _spec("prompt-lookup"), _spec("draft-model")]
+    samplings = [SamplingConfig(temperature=0.8, seed=i) for i in range(4)]
+
+    def alone(job):
+        gate.wait(10)  # the first request holds the worker until the others wait
+        return run_generation(sd, job)
+
+    def together(job, take):
+        taken = [job]
+        sessions.append(taken)
+        run_together(sd, job, lambda fits: taken.append(take(fits)) or taken[-1], 4096)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        w = Worker(alone, together=functools.partial(decodes_together, sd), run_together=together)
+        jobs = [Job(GenRequest(p, s, x, gen), loop, deadline=time.monotonic() + 60) for p, s, x in
+                zip([prompts[0], *prompts], [specs[0], *specs], [samplings[0], *samplings])]
+        try:
+            for j in jobs:
+                w.submit(j)
+                await asyncio.sleep(0.05)
+            gate.set()
+            out = []
+            for j in jobs:
+                pieces = []
+                while (ev := await asyncio.wait_for(j.events.get(), 30))[0] != "done":
+                    assert ev[0] == "piece", ev
+                    pieces.append(ev[1][0].token_id)
+                out.append(pieces)
+            return out
+        finally:
+            w.close()
+
+    got = asyncio.run(main())
+    # the first ran alone; the next three (the queue's front, batchable) together; draft-model alone after
+    assert [[j.request.spec.method for j in s if j is not None] for s in sessions] == \
+        [["prompt-lookup", "none", "prompt-lookup"]]
+    for ids, p, s, x in zip(got, [prompts[0], *prompts], [specs[0], *specs], [samplings[0], *samplings]):
+        assert ids == sd.generate(p, spec=s, sampling=x, gen=gen).token_ids

@@ -35,7 +35,16 @@ from ..models.token_bytes import TokenBytes
 from .config import ServerConfig
 from .errors import APIError, add_error_handlers
 from .gate import Gate
-from .generation import DEFAULT_MAX_TOKENS, BatchJob, GenRequest, build_request, job_events, run_generation
+from .generation import (
+    DEFAULT_MAX_TOKENS,
+    BatchJob,
+    GenRequest,
+    build_request,
+    decodes_together,
+    job_events,
+    run_generation,
+    run_together,
+)
 from .metrics import ServerMetrics
 from .responses import Finished, Logprobs, StreamedChoice, completion_body, event_stream, joined
 from .schemas import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -49,7 +58,14 @@ router = APIRouter()
 def create_app(speculator, config: ServerConfig) -> FastAPI:
     """The app serving ``speculator`` as ``config.model_name``; its worker stops with the app."""
     metrics = ServerMetrics()
-    worker = Worker(functools.partial(run_generation, speculator), max_waiting=config.max_waiting)
+    # a request runs alone, on the target's own cache (a chat's next turn finds it there), unless
+    # others wait beside it that can be decoded with it: then they run together, and requests
+    # arriving meanwhile join them (server.worker)
+    together = config.batch_slots > 0
+    worker = Worker(functools.partial(run_generation, speculator), max_waiting=config.max_waiting,
+                    together=functools.partial(decodes_together, speculator) if together else None,
+                    run_together=(lambda job, take: run_together(speculator, job, take, config.batch_slots))
+                    if together else None)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -74,7 +90,7 @@ def health(request: Request):
     speculator, config, worker = request.app.state.speculator, request.app.state.config, request.app.state.worker
     methods = [m for m in drafter_names() if speculator.draft is not None or not needs_draft_model(m)]
     return {"status": "ok", "model": config.model_name, "waiting": worker.waiting,
-            "running": worker.running is not None, "methods": methods, "default_method": config.spec.method}
+            "running": len(worker.running), "methods": methods, "default_method": config.spec.method}
 
 
 @router.get("/v1/models")
@@ -86,7 +102,7 @@ def models(request: Request):
 @router.get("/metrics")
 def prometheus(request: Request):
     worker = request.app.state.worker
-    return Response(request.app.state.metrics.render(worker.waiting, worker.running is not None),
+    return Response(request.app.state.metrics.render(worker.waiting, len(worker.running)),
                     media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
@@ -200,7 +216,7 @@ async def _generate(request: Request, body, prompts: list[tuple[list[int], str |
     wants = gen_reqs[0].gen  # every choice asks for the same things
     # several choices: decoded together where the method and target allow it (each answer the
     # same as alone), else one after another
-    together = len(gen_reqs) > 1 and state.speculator.why_not_batched(gen_reqs[0].spec) is None
+    together = len(gen_reqs) > 1 and config.batch_slots > 0 and state.speculator.why_not_batched(gen_reqs[0].spec) is None
     if together:
         batch_job, batch_events = _queued_together(request, gen_reqs)
     if body.stream:

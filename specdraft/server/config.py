@@ -13,3 +13,7 @@ class ServerConfig:
     max_waiting: int = 16  # queue bound: the next request gets 429
     request_timeout: float = 300.0  # seconds from arrival; a running generation stops there
     max_body_bytes: int = 1 << 20
+    # cache slots of the requests decoded together (fp32 K and V: ~57 kB a slot for the default
+    # 1.5B target, so ~470 MB); a request joins them while its prompt, max_tokens and widest
+    # check fit in what the others leave. 0: every request and choice runs alone, in turn
+    batch_slots: int = 8192

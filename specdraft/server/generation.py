@@ -3,23 +3,26 @@
 - :func:`build_request` checks what only the served model can check (its name, the method's
   needs, the context length) and fixes the configs of the generation;
 - :func:`run_generation` is the worker's run function: it drives the engine on the worker
-  thread and emits each committed piece into the job (a :class:`BatchJob`: several choices
-  decoded together, each piece into its choice's job);
+  thread and emits each committed piece into the job; :func:`run_together` runs a session of
+  jobs decoded together (a :class:`BatchJob`, several choices of one request, among them), each
+  piece into its answer's job;
 - :func:`job_events` is the event-loop side: the job's pieces, then its Outcome.
 """
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 
 from fastapi import Request
 
+from ..batch import MAX_BATCH
 from ..config import GenerationConfig, SamplingConfig, SpecConfig
 from ..drafters import needs_draft_model
 from ..errors import SpecdraftError
 from ..metrics import SpecStats
+from ..pipeline import Answer, GenerationResult
 from .config import ServerConfig
 from .errors import APIError
 from .metrics import ServerMetrics
@@ -86,9 +89,9 @@ def build_request(body, prompt_ids: list[int], config: ServerConfig, speculator,
 
 @dataclass(eq=False)
 class BatchJob(Job):
-    """A request's several choices (its GenRequests in ``request``, one speculation and one
-    GenerationConfig) decoded together (Speculator.generate_batch): the worker runs this job;
-    each choice's events go to its own job in ``choices`` (never queued), an error to all of them."""
+    """A request's several choices (its GenRequests in ``request``) decoded together: the worker
+    runs this job in a session (run_together); each choice's events go to its own job in
+    ``choices`` (never queued), an error to all of them."""
 
     choices: list[Job] = field(default_factory=list)
     ended: set[int] = field(default_factory=set)  # the choices whose Outcome has gone out
@@ -118,9 +121,7 @@ def _reason(stopped: bool, n: int, gen: GenerationConfig) -> str:
 def run_generation(speculator, job: Job) -> Outcome:
     """Run ``job`` (its request a GenRequest) to its end on the worker thread: each piece is
     emitted with the live counters the page shows (after the prompt's scores, when they are asked
-    for); stops early when the job is stopped. A BatchJob: see run_batch."""
-    if isinstance(job, BatchJob):
-        return run_batch(speculator, job)
+    for); stops early when the job is stopped."""
     req: GenRequest = job.request
     engine = speculator.engine(req.spec)
     pieces = engine.stream(req.prompt_ids, req.sampling, req.gen)
@@ -142,40 +143,69 @@ def run_generation(speculator, job: Job) -> Outcome:
     return Outcome(engine.stats, _reason(timed_out, len(engine.token_ids), req.gen))
 
 
-def run_batch(speculator, job: BatchJob) -> Outcome:
-    """Run a BatchJob's choices together to their ends: choice i's pieces (after its prompt's
-    scores, when asked for) and then its Outcome go to ``job.choices[i]``; all stop when the job
-    is stopped. Returns the choices' merged statistics (nobody reads them: each choice had its own)."""
-    reqs: list[GenRequest] = job.request
-    gen = reqs[0].gen
-    scored = [gen.prompt_logprobs is None] * len(reqs)  # each choice's prompt scores go out once, first
+def decodes_together(speculator, job: Job) -> bool:
+    """Whether ``job`` can be decoded with others (a BatchJob always is)."""
+    return isinstance(job, BatchJob) or speculator.why_not_batched(job.request.spec) is None
 
-    def scores(i: int, engine) -> None:
-        if not scored[i]:
-            job.choices[i].emit("prompt", engine.prompt_scores)
-            scored[i] = True
 
-    def on_piece(i, piece, engine):
-        scores(i, engine)
-        job.choices[i].emit("piece", (piece, _counters(engine.stats)))
+def run_together(speculator, first: Job, take: Callable[[Callable[[Job], bool]], Job | None], slots: int) -> None:
+    """A session of jobs decoded together (Speculator.decode_together), ``first`` and the jobs
+    ``take(fits)`` hands over while it runs (a job whose answers each fit the batch's cache):
+    each answer joins as soon as the batch has a place and room for it, in order, its events
+    going to its job as run_generation's do (a BatchJob's choices: to each choice's job).
+    ``slots``: the batch's cache (larger where the first job's answers need it)."""
+    pending = _answers(first)
+    capacity = max(slots, *(a.need for a in pending))
 
-    def on_done(i, result):
-        if not scored[i]:  # nothing generated (max_tokens 0): the prompt scored alone
-            job.choices[i].emit("prompt", [(lp, top) for lp, top in zip(result.prompt_logprobs,
-                                                                         result.prompt_top_logprobs)])
-            scored[i] = True
-        stopped = job.stopped and not job.cancelled.is_set()
-        job.ended.add(i)
-        job.choices[i].emit("done", Outcome(result.stats, _reason(stopped, len(result.token_ids), gen)))
+    def more(room: int, places: int) -> list[Answer]:
+        out = []
+        while len(out) < places:
+            while pending and pending[0].stop():  # stopped before it began: it ends empty
+                a = pending.pop(0)
+                a.on_done(GenerationResult("", [], [], SpecStats(method=a.spec.method), a.prompt_ids))
+            if not pending:
+                job = take(lambda j: all(a.need <= capacity for a in _answers(j)))
+                if job is None:
+                    break
+                pending.extend(_answers(job))
+                continue
+            if pending[0].need > room:
+                break
+            room -= pending[0].need
+            out.append(pending.pop(0))
+        return out
 
-    results = speculator.generate_batch([r.prompt_ids for r in reqs], spec=reqs[0].spec,
-                                        samplings=[r.sampling for r in reqs], gen=gen, on_piece=on_piece,
-                                        on_done=on_done, stop=lambda: job.stopped)
-    for i, r in enumerate(results):  # not begun before a stop (a group after the first): ended empty
-        if r is None:
-            job.ended.add(i)
-            job.choices[i].emit("done", Outcome(SpecStats(method=reqs[i].spec.method), "length"))
-    return Outcome(SpecStats.merged([r.stats for r in results if r is not None]), "stop")
+    speculator.decode_together(more(capacity, MAX_BATCH), more=more, capacity=capacity)
+
+
+def _answers(job: Job) -> list[Answer]:
+    """The answers a job asks for, each emitting into its own job (a BatchJob: its choices')."""
+    if isinstance(job, BatchJob):
+        return [_answer(c.request, c, job, lambda i=i: job.ended.add(i)) for i, c in enumerate(job.choices)]
+    return [_answer(job.request, job, job, lambda: None)]
+
+
+def _answer(req: GenRequest, out: Job, ctl: Job, ended: Callable[[], None]) -> Answer:
+    """An Answer for ``req`` whose events go to ``out`` as run_generation emits them, stopped by
+    ``ctl`` (its client gone or its time up); ``ended()`` when its Outcome has gone out."""
+    scored = [req.gen.prompt_logprobs is None]  # the prompt's scores go out once, before any piece
+
+    def scores(values) -> None:
+        if not scored[0]:
+            out.emit("prompt", values)
+            scored[0] = True
+
+    def on_piece(piece, engine) -> None:
+        scores(engine.prompt_scores)
+        out.emit("piece", (piece, _counters(engine.stats)))
+
+    def on_done(result: GenerationResult) -> None:
+        scores(list(zip(result.prompt_logprobs, result.prompt_top_logprobs)))  # max_tokens 0: scored alone
+        stopped = ctl.stopped and not ctl.cancelled.is_set()
+        ended()
+        out.emit("done", Outcome(result.stats, _reason(stopped, len(result.token_ids), req.gen)))
+
+    return Answer(req.prompt_ids, req.spec, req.sampling, req.gen, on_piece, on_done, stop=lambda: ctl.stopped)
 
 
 async def job_events(request: Request, job: Job, arrived: float,

@@ -30,7 +30,8 @@ class ServerMetrics:
         self.ttft = Histogram("specdraft_time_to_first_token_seconds", "arrival to first token",
                               buckets=TTFT_BUCKETS, registry=r)
         self.waiting = Gauge("specdraft_queue_waiting", "requests waiting for the worker", registry=r)
-        self.running = Gauge("specdraft_queue_running", "requests generating now (0 or 1)", registry=r)
+        self.running = Gauge("specdraft_queue_running", "requests generating now (several when decoded together)",
+                             registry=r)
         self._totals = [0, 0, 0, 0]  # forwards, step tokens, drafted, accepted
 
     def record(self, stats: SpecStats, latency: float) -> None:
@@ -52,7 +53,7 @@ class ServerMetrics:
             self.acceptance.set(t[3] / t[2])
         self.latency.observe(latency)
 
-    def render(self, waiting: int, running: bool) -> bytes:
+    def render(self, waiting: int, running: int) -> bytes:
         self.waiting.set(waiting)
-        self.running.set(1 if running else 0)
+        self.running.set(running)
         return generate_latest(self.registry)

@@ -1,8 +1,11 @@
-"""One generation at a time, in request order: the scheduler behind the HTTP server.
+"""The scheduler behind the HTTP server: requests in arrival order, on one worker thread.
 
-The models hold one KV cache each, so requests run one after another on a single worker thread
-(first come, first served: fair, and a long prompt cannot starve others of their turn for longer
-than one request). The event loop never runs model code; it talks to the worker through
+A request runs alone (its generation on the target's own cache, which a chat's next turn finds
+again) unless others wait beside it that can be decoded with it: then the worker runs a session
+of them together (``run_together``: one target forward a step for all, specdraft.batch), and
+requests arriving while it runs join it at a step's end, as long as the waiting list's first is
+one that can (first come, first served: one that cannot waits for the session to drain, and
+nothing overtakes it). The event loop never runs model code; it talks to the worker through
 :class:`Job` objects:
 
 - ``submit`` places a job in a bounded waiting list (``QueueFull`` when it is full: HTTP 429);
@@ -66,13 +69,19 @@ class Job:
 class Worker:
     """The worker thread and its bounded waiting list."""
 
-    def __init__(self, run: Callable[[Job], Outcome], max_waiting: int = 16):
+    def __init__(self, run: Callable[[Job], Outcome], max_waiting: int = 16,
+                 together: Callable[[Job], bool] | None = None,
+                 run_together: Callable[[Job, Callable[[Callable[[Job], bool]], Job | None]], None] | None = None):
         self._run = run  # runs a job to its end, emitting pieces; returns its Outcome
+        # whether a job can be decoded with others, and the run function of a session: it runs its
+        # first job and those ``take(fits)`` hands it (each the waiting list's first, when
+        # together() and fits() say so) to their ends, emitting every event of theirs, "done" too
+        self._together, self._run_together = together, run_together
         self.max_waiting = max_waiting
         self._waiting: deque[Job] = deque()
         self._cond = threading.Condition()
         self._closed = False
-        self.running: Job | None = None
+        self.running: list[Job] = []  # the jobs generating now
         self._thread = threading.Thread(target=self._loop, name="specdraft-worker", daemon=True)
         self._thread.start()
 
@@ -113,17 +122,49 @@ class Worker:
                 if self._closed:
                     return
                 job = self._waiting.popleft()
-                self.running = job
+                self.running = [job]
+                session = self._run_together is not None and self._together(job) and (
+                    getattr(job, "choices", None) or (self._waiting and self._together(self._waiting[0])))
             try:
-                if job.cancelled.is_set():
+                if not _ready(job):
                     continue
-                if time.monotonic() > job.deadline:
-                    job.emit("error", TimedOut("the request waited past its time limit; retry later"))
-                    continue
-                job.started = time.monotonic()
-                job.emit("done", self._run(job))
-            except Exception as e:  # reported to the request, the worker lives on
-                job.emit("error", e)
+                if session:
+                    self._run_together(job, self._take)
+                else:
+                    job.emit("done", self._run(job))
+            except Exception as e:  # reported to the request(s), the worker lives on
+                for j in self.running:
+                    j.emit("error", e)
             finally:
                 with self._cond:
-                    self.running = None
+                    self.running = []
+
+    def _take(self, fits: Callable[[Job], bool]) -> Job | None:
+        """For a session: the waiting list's first job, started, when it can be decoded with
+        the others and ``fits`` (jobs cancelled or past their time limit are dropped first)."""
+        with self._cond:
+            while self._waiting:
+                job = self._waiting[0]
+                if job.cancelled.is_set() or time.monotonic() > job.deadline:
+                    self._waiting.popleft()
+                    _ready(job)
+                    continue
+                if not self._together(job) or not fits(job):
+                    return None
+                self._waiting.popleft()
+                self.running.append(job)
+                job.started = time.monotonic()
+                return job
+            return None
+
+
+def _ready(job: Job) -> bool:
+    """Whether a job taken from the waiting list runs: not when cancelled, nor past its time
+    limit (it is told so); a job that runs is marked started."""
+    if job.cancelled.is_set():
+        return False
+    if time.monotonic() > job.deadline:
+        job.emit("error", TimedOut("the request waited past its time limit; retry later"))
+        return False
+    job.started = time.monotonic()
+    return True
