@@ -27,18 +27,19 @@ from specdraft.pipeline import Speculator
 from specdraft.server.app import ServerConfig, create_app
 
 
-def _serve(sd, spec: SpecConfig, batch_slots: int) -> str:
-    """A live server over ``sd`` on a free port; its base URL."""
+def _serve(sd, spec: SpecConfig, batch_slots: int) -> tuple[str, uvicorn.Server, threading.Thread]:
+    """A live server over ``sd`` on a free port: its base URL, the server and its thread."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     app = create_app(sd, ServerConfig(model_name="m", spec=spec, max_waiting=64, request_timeout=3600,
                                       batch_slots=batch_slots))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    threading.Thread(target=server.run, daemon=True).start()
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
     while not server.started:
         time.sleep(0.05)
-    return f"http://127.0.0.1:{port}"
+    return f"http://127.0.0.1:{port}", server, thread
 
 
 def _round(url: str, work: list[list[str]], max_tokens: int) -> tuple[float, list[list[tuple[str, int, float]]]]:
@@ -76,7 +77,8 @@ def main() -> None:
     args = ap.parse_args()
     sd = Speculator(progress=False, load_draft=False)
     spec = SpecConfig(method=args.method)
-    urls = {True: _serve(sd, spec, ServerConfig("m").batch_slots), False: _serve(sd, spec, 0)}
+    servers = {True: _serve(sd, spec, ServerConfig("m").batch_slots), False: _serve(sd, spec, 0)}
+    urls = {k: v[0] for k, v in servers.items()}
     pool = [p.text for p in select_prompts(load_prompts(prompts_path(None)), per_category=2)]
     sides = {True: {"seconds": 0.0, "tokens": 0, "latency": []}, False: {"seconds": 0.0, "tokens": 0, "latency": []}}
     n = args.clients * args.requests
@@ -94,6 +96,9 @@ def main() -> None:
             print(f"round {r}: {'together' if together else 'alone, in turn'} {seconds:.2f} s", flush=True)
         if texts[True] != texts[False]:
             raise SystemExit(f"round {r}: the answers differ between the two servers")
+    for _, server, thread in servers.values():
+        server.should_exit = True
+        thread.join(timeout=30)
     rows = {("together" if k else "alone"): {"seconds": round(v["seconds"], 2), "tokens": v["tokens"],
                                              "tokens_per_s": round(v["tokens"] / v["seconds"], 2),
                                              "mean_latency_s": round(statistics.mean(v["latency"]), 2)}

@@ -70,8 +70,9 @@ class BatchCosts(ForwardCosts):
     The policy (policy.DraftPolicy) sends n guesses where (1 + E(n)) / ratio(n + 1) is highest;
     a guess pays in the batch where the tokens it adds, E(n), beat the whole step's tokens K =
     1 + E_others times its extra cost, cost(R + 1 + n) / cost(R + 1) - 1. So this ratio is
-    1 + K (cost(R + t) / cost(R + 1) - 1): alone (R = 0, K = 1) it is the target's ratio. It
-    learns nothing itself (the batch times its joint forwards into the shared table)."""
+    1 + K (cost(R + t) / cost(R + 1) - 1), and drafting time weighs K / cost(R + 1) times what
+    it weighs alone (``one_now``): alone (R = 0, K = 1) both are the target's own. It learns
+    nothing itself (the batch times its joint forwards into the shared table)."""
 
     def __init__(self, shared: ForwardCosts):
         super().__init__()
@@ -89,7 +90,10 @@ class BatchCosts(ForwardCosts):
 
     @property
     def one_now(self) -> float:
-        return self.shared.one_now
+        """What the policy divides drafting seconds by (policy.DraftPolicy.in_forwards): a
+        second of this generation's drafting holds up the whole step, so it weighs as the step's
+        K tokens over its cost(R + 1): alone, a one-token forward's seconds."""
+        return self.shared.one_now * _ratio(self.shared, self.others_rows + 1) / (1.0 + self.others_tokens)
 
     @one_now.setter
     def one_now(self, value: float) -> None:  # ForwardCosts.__init__ sets it; the shared table holds it
