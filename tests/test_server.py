@@ -594,6 +594,15 @@ def test_bench_times_an_openai_endpoint(server, tmp_path, capsys):
     assert o["prompts"] == 3 and 3 <= o["new_tokens"] <= 18 and o["tokens_per_s"] > 0 and o["ttft_s"] > 0
     assert o["mean_accepted_tokens"] >= 1.0  # our server reports its speculation
     assert o["new_tokens"] == sum(p["new_tokens"] for p in report["prompts"])
+    # three requests in flight at once: every prompt timed, in order, and the run's throughput
+    assert main(["bench", "--endpoint", server + "/v1", "--prompts", str(prompts), "--max-new-tokens", "6",
+                 "--json", str(out), "--endpoint-name", "ours", "--concurrency", "3"]) == 0
+    report = json.loads(out.read_text())
+    o = report["results"][-1]
+    assert report["config"]["concurrency"] == 3 and [p["question_id"] for p in report["prompts"]] == [0, 1, 2]
+    assert o["throughput_tokens_per_s"] == pytest.approx(o["new_tokens"] / o["wall_s"])
+    assert 0 < o["latency_p50_s"] <= o["latency_p90_s"] and o["wall_s"] <= o["seconds"] + 1.0
+    assert main(["bench", "--endpoint", server + "/v1", "--prompts", str(prompts), "--concurrency", "0"]) == 2
 
 
 def test_bench_samples_at_an_endpoint_with_the_settings_in_the_report(server, tmp_path, capsys):

@@ -66,5 +66,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoint-model", default=None, help="the model field sent to --endpoint")
     p.add_argument("--endpoint-name", default=None, help="the method name of --endpoint in the report")
     p.add_argument("--endpoint-timeout", type=float, default=600.0, help="seconds per request to --endpoint")
+    p.add_argument("--concurrency", type=int, default=1,
+                   help="requests in flight at once to --endpoint (each client sends the next prompt as its previous "
+                        "one ends); the report adds the run's throughput and latency percentiles")
     p.add_argument("--tie-gap", type=float, default=DEFAULT_TIE_GAP,
                    help="a mismatch whose top-2 logit gap is below this counts as a rounding tie")

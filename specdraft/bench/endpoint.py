@@ -12,12 +12,17 @@ which is one token per chunk on llama.cpp and on our server).
 A specdraft server's ``usage.speculation`` also gives tokens per target forward and acceptance.
 
 The report has the same flat rows as the local benchmark (speedup and exactness are null: there
-is no baseline in the same run), plus ``ttft_s`` (mean time to first token).
+is no baseline in the same run), plus ``ttft_s`` (mean time to first token), ``latency_p50_s``
+and ``latency_p90_s`` (a request's seconds); with --concurrency N, N requests are in flight at
+once (N clients, each sending the next prompt as its previous one ends: a serving load) and the
+overall row adds ``wall_s`` and ``throughput_tokens_per_s``, all tokens over the run's wall time
+(``tokens_per_s`` stays each request's own rate).
 """
 from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +31,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from ..config import SamplingConfig
-from ..errors import SpecdraftError
+from ..errors import ParameterError, SpecdraftError
 from ..options import sampling_from_args
 from .prompts import categories_in_order, prompts_from_args
 from .records import ratio, sum_known
@@ -104,44 +109,69 @@ def summarise(method: str, category: str, timings: list[Timing]) -> dict:
     ttfts = [t.ttft for t in timings if t.ttft is not None]
     decode = sum(t.seconds - t.ttft for t in timings if t.ttft is not None)
     forwards = sum_known(timings, "target_forwards")
+    latency = sorted(t.seconds for t in timings)
     return dict(method=method, category=category, tokens_per_s=ratio(n, secs), speedup=None,
                 decode_tokens_per_s=ratio(n - len(ttfts), decode), decode_speedup=None,
                 ttft_s=ratio(sum(ttfts), len(ttfts)),
+                latency_p50_s=_quantile(latency, 0.5), latency_p90_s=_quantile(latency, 0.9),
                 mean_accepted_tokens=ratio(sum_known(timings, "step_tokens"), forwards),
                 acceptance_rate=ratio(sum_known(timings, "accepted"), sum_known(timings, "drafted")),
                 exact_match_rate=None, prompts=len(timings), new_tokens=n, seconds=secs, target_forwards=forwards)
+
+
+def _quantile(ordered: list[float], q: float) -> float | None:
+    """The q-quantile of ascending values (the nearest rank), None for none."""
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None
 
 
 def run_endpoint(args) -> int:
     sampling = sampling_from_args(args)
     prompts = prompts_from_args(args)
     check_output_path(args.json_out, "--json")
+    if args.concurrency < 1:
+        raise ParameterError(f"--concurrency must be >= 1, got {args.concurrency}")
     base = args.endpoint.rstrip("/")
     url = base + "/chat/completions"
     method = args.endpoint_name or f"endpoint {base}"
     console = Console(stderr=True)
-    timings: list[Timing] = []
     try:
-        with httpx.Client(timeout=args.endpoint_timeout) as client, Progress(console=console) as progress:
+        with httpx.Client(timeout=args.endpoint_timeout, limits=httpx.Limits(max_connections=args.concurrency + 4)) \
+                as client, Progress(console=console) as progress:
             task = progress.add_task(method, total=len(prompts))
-            for p in prompts:
+
+            def timed(p) -> Timing:
                 body = request_body(args.endpoint_model, p.text, args.max_new_tokens, sampling, args.ignore_eos)
                 tokens, secs, ttft, usage = stream_one(client, url, body)
                 spec = (usage or {}).get("speculation") or {}
-                timings.append(Timing(p.question_id, p.category, tokens, secs, ttft, spec.get("step_tokens"),
-                                      spec.get("target_forwards"), spec.get("draft_tokens"), spec.get("accepted_tokens")))
                 progress.advance(task)
+                return Timing(p.question_id, p.category, tokens, secs, ttft, spec.get("step_tokens"),
+                              spec.get("target_forwards"), spec.get("draft_tokens"), spec.get("accepted_tokens"))
+
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(max_workers=args.concurrency) as pool:
+                timings: list[Timing] = list(pool.map(timed, prompts))  # in prompt order
+            wall = time.perf_counter() - t0
     except httpx.HTTPError as e:
         raise EndpointError(f"cannot talk to {url} ({type(e).__name__}: {e}); is the server running?") from None
     rows = [summarise(method, c, [t for t in timings if t.category == c]) for c in categories_in_order(prompts)]
-    rows.append(summarise(method, "overall", timings))
+    overall = summarise(method, "overall", timings)
+    overall.update(wall_s=wall, throughput_tokens_per_s=ratio(overall["new_tokens"], wall))
+    rows.append(overall)
     report = dict(config=dict(endpoint=base, model=args.endpoint_model, max_new_tokens=args.max_new_tokens,
-                              ignore_eos=args.ignore_eos, sampling=sampling_report(sampling)),
+                              ignore_eos=args.ignore_eos, concurrency=args.concurrency,
+                              sampling=sampling_report(sampling)),
                   results=rows, prompts=[t.__dict__ for t in timings])
     if args.json_out is not None:
         write_text(Path(args.json_out), json.dumps(report, indent=1) + "\n")
     o = rows[-1]
     where = report_location(args.json_out)
-    console.print(f"{method}: {o['new_tokens']} tokens in {o['seconds']:.1f} s, {o['tokens_per_s']:.2f} tok/s, "
-                  f"time to first token {o['ttft_s'] if o['ttft_s'] is None else round(o['ttft_s'], 2)} s; {where}")
+    ttft = o["ttft_s"] if o["ttft_s"] is None else round(o["ttft_s"], 2)
+    if args.concurrency > 1:
+        console.print(f"{method}: {o['new_tokens']} tokens in {wall:.1f} s with {args.concurrency} requests in "
+                      f"flight, {o['throughput_tokens_per_s']:.2f} tok/s; a request {o['tokens_per_s']:.2f} tok/s, "
+                      f"latency p50 {o['latency_p50_s']:.2f} s, p90 {o['latency_p90_s']:.2f} s, time to first "
+                      f"token {ttft} s; {where}")
+    else:
+        console.print(f"{method}: {o['new_tokens']} tokens in {o['seconds']:.1f} s, {o['tokens_per_s']:.2f} tok/s, "
+                      f"time to first token {ttft} s; {where}")
     return 0
