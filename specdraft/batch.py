@@ -177,6 +177,19 @@ class SeqTarget:
         self._asked_at = None
         self.epoch += 1
 
+    def snapshot(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """A copy of its cache rows, per layer K and V [nkv, length, hd] (LlamaModel.snapshot's
+        form: prefix.PrefixCache keeps conversations so, and restores them into any cache)."""
+        m, index = self._batch.model, torch.tensor(self.slots, dtype=torch.int64)
+        return [kc[:, index].clone() for kc in m.k_cache], [vc[:, index].clone() for vc in m.v_cache]
+
+    def restore(self, saved: tuple[list[torch.Tensor], list[torch.Tensor]]) -> None:
+        """Its cache as ``saved`` (a snapshot, its own or the target's): the rows written to new
+        slots at the end of the batch's cache (between joint forwards, so nobody else writes)."""
+        self.rollback(0)
+        self.slots = self._batch.append(self.seq, saved)
+        self.epoch += 1
+
     def compact(self, start: int, keep: torch.Tensor) -> None:
         """Keep its positions ``keep`` (>= start, ascending) at [start, start + len(keep)): their
         slots stay where they are (ascending, so its keys keep their order)."""
@@ -223,6 +236,20 @@ class Batch:
         if isinstance(result, BaseException):  # the joint forward failed: this generation ends with it
             raise RuntimeError("the batch's forward failed") from result
         return result
+
+    def append(self, seq: int, saved: tuple[list[torch.Tensor], list[torch.Tensor]]) -> list[int]:
+        """Write a snapshot's rows to new slots at the end of the cache, held by ``seq``; their slots."""
+        self._squeeze()
+        ks, vs = saved
+        m, L0, n = self.model, self.model.length, int(ks[0].shape[1])
+        if m.max_length < L0 + n:
+            raise ValueError(f"the batch's cache is full ({L0} + {n} > {m.max_length} slots)")
+        for kc, vc, k, v in zip(m.k_cache, m.v_cache, ks, vs):
+            kc[:, L0:L0 + n] = k
+            vc[:, L0:L0 + n] = v
+        m.length = L0 + n
+        self.owner[L0:L0 + n] = 1 << seq
+        return list(range(L0, L0 + n))
 
     def free(self, seq: int, slots: list[int]) -> None:
         """Sequence ``seq`` no longer holds ``slots``."""

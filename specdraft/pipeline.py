@@ -388,14 +388,20 @@ class Speculator:
         (default: the first answers' needs). An error of an answer is raised once all have ended."""
         for a in answers:
             self._check_method(a.spec)
+        if self.prefix is not None:
+            self.prefix.save_live()  # the target's own cache holds a conversation the answers may continue
         batch = Batch(self.target.model, capacity or sum(a.need for a in answers), self._costs)
 
         def started(group: list[Answer]) -> list:
             pairs = []
             for a in group:
                 v = batch.view(a.need)
+                # with a prefix cache (the server's): an answer starts from the held copy that covers
+                # most of its prompt, and leaves a copy of its conversation among them
+                prefix = None if self.prefix is None else PrefixCache(
+                    v, self.prefix.budget, min_cut=self.prefix.min_cut, eager=True, saved=self.prefix.saved)
                 engine = Engine(v, self.tokenizer, self._batch_drafter(a.spec, v.seq), a.spec, self.target.eos_ids,
-                                costs=v.costs)
+                                costs=v.costs, prefix=prefix)
                 pairs.append((lambda engine=engine, a=a: run_answer(engine, a), v))
             return pairs
 

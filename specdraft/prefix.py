@@ -81,17 +81,19 @@ class PrefixCache:
     """What one target's cache holds across generations, and copies of earlier prefixes."""
 
     def __init__(self, target, budget_bytes: int = DEFAULT_BUDGET, min_cut: int = MIN_SAVED_CUT,
-                 eager: bool = False):
+                 eager: bool = False, saved: list[Held] | None = None):
         """``eager``: save a copy after every generation, not only when a prompt of this record's
         would cut the live prefix: for several records on one target (the bench keeps one a method),
-        where another record's generation overwrites the cache without this one seeing it."""
+        where another record's generation overwrites the cache without this one seeing it.
+        ``saved``: another record's saved copies, shared (answers decoded together find and leave
+        copies among the server's own: specdraft.batch)."""
         self.target = target
         self.budget = budget_bytes
         self.min_cut = min_cut
         self.eager = eager
         self.live: Held | None = None
         self._stamp: tuple[int, int] | None = None  # the model's (epoch, length) when live was recorded
-        self.saved: list[Held] = []  # oldest first
+        self.saved: list[Held] = saved if saved is not None else []  # oldest first (changed in place only)
         self.can_save = hasattr(target, "snapshot") and budget_bytes > 0
 
     def prepare(self, prompt: list[int], features: bool, taps: tuple[int, ...]) -> tuple[int, torch.Tensor | None]:
@@ -125,6 +127,12 @@ class PrefixCache:
         if self.eager and self.can_save and len(ids) >= self.min_cut:
             self._save(self.live)
 
+    def save_live(self) -> None:
+        """Keep a copy of the live prefix among the saved ones (where it is long enough), so that
+        generations on other caches find it too (answers decoded together: specdraft.batch)."""
+        if self._live_valid() and self.can_save and len(self.live.ids) >= self.min_cut:
+            self._save(self.live)
+
     def _live_valid(self) -> bool:
         t = self.target
         return self.live is not None and self._stamp == (getattr(t, "epoch", None), t.length) \
@@ -133,7 +141,7 @@ class PrefixCache:
     def _save(self, live: Held) -> None:
         """A copy of the live prefix's cache rows joins the saved ones, replacing those it extends."""
         held = Held(live.ids, live.features, live.taps, self.target.snapshot())
-        self.saved = [h for h in self.saved if not (h.ids == held.ids[:len(h.ids)] and (
+        self.saved[:] = [h for h in self.saved if not (h.ids == held.ids[:len(h.ids)] and (
             h.features is None or (held.features is not None and h.taps == held.taps)))]
         self.saved.append(held)
         while self.saved and sum(h.nbytes for h in self.saved) > self.budget:

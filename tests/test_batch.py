@@ -293,3 +293,28 @@ def test_requests_waiting_together_are_decoded_together(sd):
         [["prompt-lookup", "none", "prompt-lookup"]]
     for ids, p, s, x in zip(got, [prompts[0], *prompts], [specs[0], *specs], [samplings[0], *samplings]):
         assert ids == sd.generate(p, spec=s, sampling=x, gen=gen).token_ids
+
+
+def test_answers_together_find_and_leave_the_servers_prefixes(sd, tmp_path):
+    """With a prefix cache (the server's), an answer decoded together starts from the held copy
+    that covers most of its prompt (here: a conversation the target's own cache held), and leaves
+    a copy of its own conversation, which a later request alone continues; every answer is the
+    one a whole prefill gives."""
+    d = sd.target.path
+    kept = Speculator(str(d), dtype="fp32", target_format="q4k", max_length=256, load_draft=False, progress=False,
+                      reuse_prefix=True)
+    kept.prefix.min_cut = 8  # (tiny prompts)
+    spec, gen = _spec("prompt-lookup"), GenerationConfig(max_new_tokens=12)
+    first = sd.encode_prompt("abcabcabd abcab", chat=False)
+    a = kept.generate(first, spec=spec, gen=gen)  # alone: the target's own cache holds it after
+    follow = first + a.token_ids + sd.encode_prompt(" cab cab", chat=False)
+    other = sd.encode_prompt("hello hello hel", chat=False)
+    got = kept.generate_batch([follow, other], spec=spec, samplings=[SamplingConfig()] * 2, gen=gen)
+    assert got[0].stats.cached_prompt_tokens == len(first) + len(a.token_ids) - 1
+    assert got[1].stats.cached_prompt_tokens == 0
+    for p, res in zip((follow, other), got):
+        assert res.token_ids == sd.generate(p, spec=spec, gen=gen).token_ids
+    then = other + got[1].token_ids + sd.encode_prompt(" xyz", chat=False)
+    alone = kept.generate(then, spec=spec, gen=gen)  # finds the copy the batched answer left
+    assert alone.stats.cached_prompt_tokens == len(other) + len(got[1].token_ids) - 1
+    assert alone.token_ids == sd.generate(then, spec=spec, gen=gen).token_ids
