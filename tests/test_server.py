@@ -687,3 +687,17 @@ def test_chat_page_streams_coloured_tokens_and_figures(server, sd, tmp_path):
         driver.save_screenshot(shot or str(tmp_path / "page.png"))
     finally:
         driver.quit()
+
+
+def test_a_session_counts_only_the_requests_still_generating():
+    async def test(w, run, loop):
+        jobs = [Job(x, loop, deadline=time.monotonic() + 30) for x in "ab"]
+        w.running = list(jobs)  # as a session holds them
+        assert w.generating == 2
+        jobs[0].emit("done", Outcome(stats=None, finish_reason="stop"))
+        assert w.generating == 1 and jobs[0].ended and not jobs[1].ended
+        jobs[1].emit("error", RuntimeError("x"))
+        assert w.generating == 0
+        w.running = []
+
+    with_worker(test)

@@ -90,7 +90,7 @@ def health(request: Request):
     speculator, config, worker = request.app.state.speculator, request.app.state.config, request.app.state.worker
     methods = [m for m in drafter_names() if speculator.draft is not None or not needs_draft_model(m)]
     return {"status": "ok", "model": config.model_name, "waiting": worker.waiting,
-            "running": len(worker.running), "methods": methods, "default_method": config.spec.method}
+            "running": worker.generating, "methods": methods, "default_method": config.spec.method}
 
 
 @router.get("/v1/models")
@@ -102,7 +102,7 @@ def models(request: Request):
 @router.get("/metrics")
 def prometheus(request: Request):
     worker = request.app.state.worker
-    return Response(request.app.state.metrics.render(worker.waiting, len(worker.running)),
+    return Response(request.app.state.metrics.render(worker.waiting, worker.generating),
                     media_type="text/plain; version=0.0.4; charset=utf-8")
 
 

@@ -94,15 +94,16 @@ class BatchJob(Job):
     ``choices`` (never queued), an error to all of them."""
 
     choices: list[Job] = field(default_factory=list)
-    ended: set[int] = field(default_factory=set)  # the choices whose Outcome has gone out
+    choices_ended: set[int] = field(default_factory=set)  # the choices whose Outcome has gone out
 
     def cancel_choice(self, worker, i: int) -> None:
         """Choice i's listener is done with it: the job stops if that choice had not ended (the
         client left) or it was the last one."""
-        if i not in self.ended or i == len(self.choices) - 1:
+        if i not in self.choices_ended or i == len(self.choices) - 1:
             worker.cancel(self)
 
     def emit(self, kind: str, value) -> None:
+        self.ended = self.ended or kind in ("done", "error")
         if kind == "error":  # "done": each choice has had its own
             for choice in self.choices:
                 choice.emit(kind, value)
@@ -181,7 +182,7 @@ def run_together(speculator, first: Job, take: Callable[[Callable[[Job], bool]],
 def _answers(job: Job) -> list[Answer]:
     """The answers a job asks for, each emitting into its own job (a BatchJob: its choices')."""
     if isinstance(job, BatchJob):
-        return [_answer(c.request, c, job, lambda i=i: job.ended.add(i)) for i, c in enumerate(job.choices)]
+        return [_answer(c.request, c, job, lambda i=i: job.choices_ended.add(i)) for i, c in enumerate(job.choices)]
     return [_answer(job.request, job, job, lambda: None)]
 
 

@@ -56,8 +56,10 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     id: int = field(default_factory=itertools.count().__next__)
     started: float | None = None  # monotonic time the worker picked it up
+    ended: bool = False  # its "done" or "error" has gone out
 
     def emit(self, kind: str, value) -> None:
+        self.ended = self.ended or kind in ("done", "error")
         with contextlib.suppress(RuntimeError):  # a closed loop (server shutting down): nobody is listening
             self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
 
@@ -84,6 +86,11 @@ class Worker:
         self.running: list[Job] = []  # the jobs generating now
         self._thread = threading.Thread(target=self._loop, name="specdraft-worker", daemon=True)
         self._thread.start()
+
+    @property
+    def generating(self) -> int:
+        """Requests generating now (a session's that have not ended)."""
+        return sum(not job.ended for job in list(self.running))
 
     @property
     def waiting(self) -> int:
