@@ -6,6 +6,8 @@ import json
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from _tiny import VOCAB, FakeTokenizer, make_cli_model, tree_target
 from specdraft.batch import Batch, BatchCosts
@@ -318,3 +320,38 @@ def test_answers_together_find_and_leave_the_servers_prefixes(sd, tmp_path):
     alone = kept.generate(then, spec=spec, gen=gen)  # finds the copy the batched answer left
     assert alone.stats.cached_prompt_tokens == len(other) + len(got[1].token_ids) - 1
     assert alone.token_ids == sd.generate(then, spec=spec, gen=gen).token_ids
+
+
+@pytest.fixture(scope="module")
+def batch_client(sd):
+    from fastapi.testclient import TestClient
+
+    from specdraft.server.app import ServerConfig, create_app
+
+    app = create_app(sd, ServerConfig(model_name="tiny", max_waiting=8, request_timeout=30,
+                                      spec=SpecConfig(method="prompt-lookup", k=4)))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        yield c
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.fixed_dictionaries({"model": st.just("tiny"), "prompt": st.text(min_size=1, max_size=12)
+                                   | st.lists(st.text(min_size=1, max_size=6), min_size=1, max_size=3)
+                                   | st.lists(st.integers(0, 95), min_size=1, max_size=4)}, optional={
+    "n": st.integers(1, 3), "stream": st.booleans(), "echo": st.booleans(), "logprobs": st.integers(0, 2),
+    "max_tokens": st.integers(0, 6), "temperature": st.sampled_from([0, 0.8]), "seed": st.integers(0, 5),
+    "method": st.sampled_from(["none", "prompt-lookup", "suffix", "draft-model"]),
+    "stop": st.lists(st.text(max_size=2), max_size=2)}))
+def test_fuzzed_choices_decoded_together_end_well(batch_client, body):
+    """Several choices on the native runtime (decoded together, or one after another for
+    draft-model): no 5xx, every stream ends, a whole answer has a choice per prompt and n."""
+    r = batch_client.post("/v1/completions", json=body)
+    assert r.status_code < 500, (body, r.text)
+    if r.status_code >= 400:
+        assert "message" in r.json()["error"]
+    elif body.get("stream"):
+        assert r.text.rstrip().endswith("data: [DONE]") or '"error"' in r.text, (body, r.text)
+    else:
+        prompt = body.get("prompt")
+        prompts = len(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], str) else 1
+        assert len(r.json()["choices"]) == prompts * body.get("n", 1)
