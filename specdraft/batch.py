@@ -183,11 +183,12 @@ class SeqTarget:
         m, index = self._batch.model, torch.tensor(self.slots, dtype=torch.int64)
         return [kc[:, index].clone() for kc in m.k_cache], [vc[:, index].clone() for vc in m.v_cache]
 
-    def restore(self, saved: tuple[list[torch.Tensor], list[torch.Tensor]]) -> None:
-        """Its cache as ``saved`` (a snapshot, its own or the target's): the rows written to new
-        slots at the end of the batch's cache (between joint forwards, so nobody else writes)."""
+    def restore(self, saved: tuple[list[torch.Tensor], list[torch.Tensor]], length: int | None = None) -> None:
+        """Its cache as ``saved`` (a snapshot, its own or the target's; its first ``length`` rows
+        where given): the rows written to new slots at the end of the batch's cache (between joint
+        forwards, so nobody else writes)."""
         self.rollback(0)
-        self.slots = self._batch.append(self.seq, saved)
+        self.slots = self._batch.append(self.seq, saved, length)
         self.epoch += 1
 
     def compact(self, start: int, keep: torch.Tensor) -> None:
@@ -237,16 +238,19 @@ class Batch:
             raise RuntimeError("the batch's forward failed") from result
         return result
 
-    def append(self, seq: int, saved: tuple[list[torch.Tensor], list[torch.Tensor]]) -> list[int]:
-        """Write a snapshot's rows to new slots at the end of the cache, held by ``seq``; their slots."""
+    def append(self, seq: int, saved: tuple[list[torch.Tensor], list[torch.Tensor]],
+               length: int | None = None) -> list[int]:
+        """Write a snapshot's rows (its first ``length`` where given) to new slots at the end of the
+        cache, held by ``seq``; their slots."""
         self._squeeze()
         ks, vs = saved
-        m, L0, n = self.model, self.model.length, int(ks[0].shape[1])
+        n = int(ks[0].shape[1]) if length is None else min(length, int(ks[0].shape[1]))
+        m, L0 = self.model, self.model.length
         if m.max_length < L0 + n:
             raise ValueError(f"the batch's cache is full ({L0} + {n} > {m.max_length} slots)")
         for kc, vc, k, v in zip(m.k_cache, m.v_cache, ks, vs):
-            kc[:, L0:L0 + n] = k
-            vc[:, L0:L0 + n] = v
+            kc[:, L0:L0 + n] = k[:, :n]
+            vc[:, L0:L0 + n] = v[:, :n]
         m.length = L0 + n
         self.owner[L0:L0 + n] = 1 << seq
         return list(range(L0, L0 + n))

@@ -110,7 +110,7 @@ class PrefixCache:
         if live is not None and self.can_save and len(live.ids) - (n if best is live else 0) >= self.min_cut:
             self._save(live)  # this prompt cuts it short: keep a copy for its conversation's next turn
         if best is not None and best is not live:
-            self.target.restore(best.kv)
+            self.target.restore(best.kv, n)  # the rows this prompt keeps
             self.saved.remove(best)
             self.saved.append(best)  # the most recently used last
         self.live, self._stamp = None, None

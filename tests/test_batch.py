@@ -355,3 +355,20 @@ def test_fuzzed_choices_decoded_together_end_well(batch_client, body):
         prompt = body.get("prompt")
         prompts = len(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], str) else 1
         assert len(r.json()["choices"]) == prompts * body.get("n", 1)
+
+
+def test_a_restored_prefix_takes_only_the_rows_kept(target):
+    """PrefixCache.prepare restores the part of a saved copy its prompt keeps: the target's own
+    cache and a batch's view both take just those rows (a long copy never overfills a batch)."""
+    target.reset()
+    target.forward(torch.arange(1, 9))
+    saved = target.snapshot()  # 8 rows
+    target.reset()
+    target.restore(saved, 3)
+    assert target.length == 3 and torch.equal(target.k_cache[0][:, :3], saved[0][0][:, :3])
+    batch = Batch(target, 5, ForwardCosts())  # room for 5 slots: the whole copy would not fit
+    view = batch.view()
+    view.restore(saved, 3)
+    assert view.length == 3 and view.slots == [0, 1, 2] and batch.model.length == 3
+    assert torch.equal(batch.model.k_cache[1][:, :3], saved[0][1][:, :3])
+    target.reset()

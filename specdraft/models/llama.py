@@ -554,15 +554,16 @@ class LlamaModel:
         L = self.length
         return [kc[:, :L].clone() for kc in self.k_cache], [vc[:, :L].clone() for vc in self.v_cache]
 
-    def restore(self, saved: tuple[list[torch.Tensor], list[torch.Tensor]]) -> None:
-        """The cache as snapshot() saw it: its rows written back, ``length`` their count."""
+    def restore(self, saved: tuple[list[torch.Tensor], list[torch.Tensor]], length: int | None = None) -> None:
+        """The cache as snapshot() saw it: its rows written back, ``length`` their count (the first
+        ``length`` of them where given: the part of a saved prefix a prompt keeps)."""
         ks, vs = saved
-        L = int(ks[0].shape[1])
+        L = int(ks[0].shape[1]) if length is None else min(length, int(ks[0].shape[1]))
         if self.max_length < L or len(ks) != len(self.k_cache):
             raise ValueError(f"a snapshot of {len(ks)} layers x {L} positions does not fit this cache")
         for kc, vc, k, v in zip(self.k_cache, self.v_cache, ks, vs):
-            kc[:, :L] = k
-            vc[:, :L] = v
+            kc[:, :L] = k[:, :L]
+            vc[:, :L] = v[:, :L]
         self.length = L
         self.epoch += 1
 
