@@ -308,7 +308,7 @@ class Batch:
                 if not asked:
                     continue
                 try:
-                    self._run_forwards(asked, self.live)
+                    self._run_forwards(asked)
                 except BaseException as e:  # the waiting generations end with an error of their own
                     replies = dict.fromkeys(asked, e)
                     errors.append(e)
@@ -322,7 +322,7 @@ class Batch:
         if errors:
             raise errors[0]
 
-    def _run_forwards(self, asked: dict[int, _Request], by_seq: dict[int, SeqTarget]) -> None:
+    def _run_forwards(self, asked: dict[int, _Request]) -> None:
         """The forwards every live generation asked for: each prefill alone (one for the
         generations that prefill the same prompt from an empty cache), then the checks together
         (grouped by what they read back: hidden states, tapped layers); one check alone first
@@ -331,7 +331,7 @@ class Batch:
         for s, r in asked.items():
             if r.last_only:
                 same = (tuple(r.ids.tolist()), tuple(r.positions.tolist()), r.need_hidden, r.taps, r.hidden_last_only)
-                prefills.setdefault(same if by_seq[s].length == 0 else (s,), []).append(s)
+                prefills.setdefault(same if self.live[s].length == 0 else (s,), []).append(s)
         checks = [s for s, r in asked.items() if not r.last_only]
         groups: dict[tuple, list[int]] = {}
         if self.costs.wants_one():
@@ -341,15 +341,15 @@ class Batch:
                 groups[("one",)] = [one]
         for s in checks:
             groups.setdefault((asked[s].need_hidden, asked[s].taps), []).append(s)
-        self._others(asked, by_seq)
+        self._others(asked)
         for seqs in prefills.values():
-            self._forward(seqs[:1], asked, by_seq, sharing=seqs)
+            self._forward(seqs[:1], asked, sharing=seqs)
         for seqs in groups.values():
-            self._forward(seqs, asked, by_seq)
+            self._forward(seqs, asked)
 
-    def _others(self, asked: dict[int, _Request], by_seq: dict[int, SeqTarget]) -> None:
+    def _others(self, asked: dict[int, _Request]) -> None:
         """Tell each generation's costs the others' rows and tokens a step."""
-        live = [by_seq[s] for s in asked]
+        live = [self.live[s] for s in asked]
         rows = sum(v.rows_mean for v in live)
         tokens = sum(v.tokens_mean for v in live)
         for v in live:
@@ -373,8 +373,7 @@ class Batch:
             if v.slots and v.slots[-1] >= first:
                 v.slots = new[torch.tensor(v.slots, dtype=torch.int64)].tolist()
 
-    def _forward(self, seqs: list[int], asked: dict[int, _Request], by_seq: dict[int, SeqTarget],
-                 sharing: list[int] | None = None) -> None:
+    def _forward(self, seqs: list[int], asked: dict[int, _Request], sharing: list[int] | None = None) -> None:
         """One forward over the rows ``seqs`` asked for (in that order), each row seeing its
         sequence's slots and its own block's rows its mask lets it see; ``sharing``: the
         sequences that asked for the one prefill ``seqs`` holds, which all get its rows and slots."""
@@ -407,7 +406,7 @@ class Batch:
             self.prefills += 1
             self.owner[L0:L0 + R] = sum(1 << s for s in sharing)
             for s in sharing:  # each its own copy: an engine may change its rows in place
-                by_seq[s].slots += range(L0, L0 + R)
+                self.live[s].slots += range(L0, L0 + R)
                 asked[s].result = ModelOutput(out.logits.clone(), None if out.hidden is None else out.hidden.clone(),
                                               None if out.taps is None else out.taps.clone())
             return
@@ -415,7 +414,7 @@ class Batch:
         self.owner[L0:L0 + R] = torch.repeat_interleave(bits, torch.tensor(sizes))
         b = 0
         for s, r, T in zip(seqs, reqs, sizes):
-            by_seq[s].slots += range(L0 + b, L0 + b + T)
+            self.live[s].slots += range(L0 + b, L0 + b + T)
             rows = slice(b, b + T)
             r.result = ModelOutput(out.logits[rows], None if out.hidden is None or not r.need_hidden else out.hidden[rows],
                                    None if out.taps is None or not r.need_hidden else out.taps[rows])

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
@@ -22,7 +23,7 @@ from ..config import GenerationConfig, SamplingConfig, SpecConfig
 from ..drafters import needs_draft_model
 from ..errors import SpecdraftError
 from ..metrics import SpecStats
-from ..pipeline import Answer, GenerationResult
+from ..pipeline import Answer, GenerationResult, run_answer
 from .config import ServerConfig
 from .errors import APIError
 from .metrics import ServerMetrics
@@ -122,26 +123,10 @@ def _reason(stopped: bool, n: int, gen: GenerationConfig) -> str:
 def run_generation(speculator, job: Job) -> Outcome:
     """Run ``job`` (its request a GenRequest) to its end on the worker thread: each piece is
     emitted with the live counters the page shows (after the prompt's scores, when they are asked
-    for); stops early when the job is stopped."""
-    req: GenRequest = job.request
-    engine = speculator.engine(req.spec)
-    pieces = engine.stream(req.prompt_ids, req.sampling, req.gen)
-    timed_out = False
-    scored = req.gen.prompt_logprobs is None  # the prompt's scores go out once, before any piece
-    try:
-        for piece in pieces:
-            if not scored:
-                job.emit("prompt", engine.prompt_scores)
-                scored = True
-            job.emit("piece", (piece, _counters(engine.stats)))
-            if job.stopped:
-                timed_out = not job.cancelled.is_set()
-                break
-    finally:
-        pieces.close()  # ends the engine's loop; its statistics are final
-    if not scored:  # nothing generated (max_tokens 0): the prompt scored alone
-        job.emit("prompt", engine.prompt_scores)
-    return Outcome(engine.stats, _reason(timed_out, len(engine.token_ids), req.gen))
+    for); stops early when the job is stopped. Returns its Outcome (the worker sends it)."""
+    outcome: list[Outcome] = []
+    run_answer(speculator.engine(job.request.spec), _answer(job.request, job, job, outcome.append))
+    return outcome[0]
 
 
 def decodes_together(speculator, job: Job) -> bool:
@@ -182,14 +167,22 @@ def run_together(speculator, first: Job, take: Callable[[Callable[[Job], bool]],
 def _answers(job: Job) -> list[Answer]:
     """The answers a job asks for, each emitting into its own job (a BatchJob: its choices')."""
     if isinstance(job, BatchJob):
-        return [_answer(c.request, c, job, lambda i=i: job.choices_ended.add(i)) for i, c in enumerate(job.choices)]
-    return [_answer(job.request, job, job, lambda: None)]
+        return [_answer(c.request, c, job, functools.partial(_ended, job, i)) for i, c in enumerate(job.choices)]
+    return [_answer(job.request, job, job, functools.partial(job.emit, "done"))]
 
 
-def _answer(req: GenRequest, out: Job, ctl: Job, ended: Callable[[], None]) -> Answer:
-    """An Answer for ``req`` whose events go to ``out`` as run_generation emits them, stopped by
-    ``ctl`` (its client gone or its time up); ``ended()`` when its Outcome has gone out."""
+def _ended(job: BatchJob, i: int, outcome: Outcome) -> None:
+    """Choice i of ``job`` has ended with ``outcome``."""
+    job.choices_ended.add(i)
+    job.choices[i].emit("done", outcome)
+
+
+def _answer(req: GenRequest, out: Job, ctl: Job, finished: Callable[[Outcome], None]) -> Answer:
+    """An Answer for ``req`` whose events go to ``out`` (the prompt's scores when asked for,
+    before any piece; each piece with the live counters), stopped by ``ctl`` (its client gone or
+    its time up); ``finished(outcome)`` at its end."""
     scored = [req.gen.prompt_logprobs is None]  # the prompt's scores go out once, before any piece
+    stopped = [False]  # the stop ended it
 
     def scores(values) -> None:
         if not scored[0]:
@@ -200,13 +193,16 @@ def _answer(req: GenRequest, out: Job, ctl: Job, ended: Callable[[], None]) -> A
         scores(engine.prompt_scores)
         out.emit("piece", (piece, _counters(engine.stats)))
 
+    def stop() -> bool:
+        stopped[0] = ctl.stopped
+        return stopped[0]
+
     def on_done(result: GenerationResult) -> None:
         scores(list(zip(result.prompt_logprobs, result.prompt_top_logprobs)))  # max_tokens 0: scored alone
-        stopped = ctl.stopped and not ctl.cancelled.is_set()
-        ended()
-        out.emit("done", Outcome(result.stats, _reason(stopped, len(result.token_ids), req.gen)))
+        timed_out = stopped[0] and not ctl.cancelled.is_set()
+        finished(Outcome(result.stats, _reason(timed_out, len(result.token_ids), req.gen)))
 
-    return Answer(req.prompt_ids, req.spec, req.sampling, req.gen, on_piece, on_done, stop=lambda: ctl.stopped)
+    return Answer(req.prompt_ids, req.spec, req.sampling, req.gen, on_piece, on_done, stop=stop)
 
 
 async def job_events(request: Request, job: Job, arrived: float,
