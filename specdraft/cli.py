@@ -12,14 +12,16 @@ import os
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
+from . import grammar
 from .bench.arguments import add_bench_args
 from .bench.forward_cost import OnKernelPath, forward_costs, forward_steps, same_logits
 from .bench.kernel_cost import kernel_costs, kernel_paths
 from .bench.machine import gguf_kernel_forms, gguf_kernel_path
-from .config import MAX_CHOICES, GenerationConfig, SpecConfig
+from .config import MAX_CHOICES, GenerationConfig, OutputFormat, SpecConfig
 from .drafters import drafter_names, needs_draft_model
 from .engine import Piece
 from .errors import ParameterError, SpecdraftError
@@ -93,6 +95,14 @@ def _add_generate(sub) -> None:
     g.add_argument("--n", type=int, default=1, metavar="N",
                    help="N answers, decoded together (one target forward a step for all; the j-th sampled with "
                         "--seed + j), each printed with its statistics when all are done")
+    f = g.add_mutually_exclusive_group()  # structured output (config.OutputFormat)
+    f.add_argument("--json-object", action="store_true", help="the answer is a JSON object")
+    f.add_argument("--json-schema", default=None, metavar="SCHEMA",
+                   help="the answer is JSON valid against this schema (a .json file, or the schema's text)")
+    f.add_argument("--regex", default=None, metavar="PATTERN", help="the answer matches this regular expression whole")
+    f.add_argument("--choice", action="append", default=None, metavar="TEXT",
+                   help="the answer is one of these texts (repeatable)")
+    f.add_argument("--grammar", default=None, metavar="FILE", help="the answer follows this Lark grammar (a file)")
 
 
 def _add_serve(sub) -> None:
@@ -229,13 +239,43 @@ def default_method(args) -> str:
     return _DEFAULTS_SPEC.method
 
 
+def _text_or_file(value: str, what: str) -> str:
+    """``value`` itself, or the text of the file it names (a one-line error where it cannot be read)."""
+    if value.lstrip().startswith(("{", "[")):
+        return value
+    path = Path(value)
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ParameterError(f"cannot read the {what} {value!r}: {e.strerror if isinstance(e, OSError) else e}") from None
+
+
+def output_format_from_args(args) -> OutputFormat | None:
+    """The output format generate's flags ask for (checked here: a bad schema, pattern or grammar
+    is a one-line error before any model loads)."""
+    if args.json_object:
+        fmt = OutputFormat("json")
+    elif args.json_schema is not None:
+        fmt = OutputFormat("json_schema", _text_or_file(args.json_schema, "JSON schema"))
+    elif args.regex is not None:
+        fmt = OutputFormat("regex", args.regex)
+    elif args.choice is not None:
+        fmt = OutputFormat.choices(args.choice)
+    elif args.grammar is not None:
+        fmt = OutputFormat("lark", _text_or_file(args.grammar, "grammar"))
+    else:
+        return None
+    grammar.check(fmt)
+    return fmt
+
+
 def _cmd_generate(args) -> int:
     args.method = default_method(args)
     # Validate cheap things before loading any model.
     spec = spec_from_args(args.method, args)
     sampling = sampling_from_args(args)
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), ignore_eos=args.ignore_eos,
-                           logprobs=args.logprobs)
+                           logprobs=args.logprobs, output_format=output_format_from_args(args))
     if not 1 <= args.n <= MAX_CHOICES:
         raise ParameterError(f"--n must be in 1..{MAX_CHOICES}, got {args.n}")
     with_draft = needs_draft_model(args.method)

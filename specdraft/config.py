@@ -76,6 +76,42 @@ class SamplingConfig:
         return self.temperature == 0.0
 
 
+FORMAT_KINDS = ("json", "json_schema", "regex", "choice", "lark")
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """What the answer must be, token by token (structured output, held by specdraft.grammar):
+    ``json``: any JSON object; ``json_schema``: JSON valid against the schema ``spec`` (JSON text);
+    ``regex``: text matching the pattern ``spec`` whole; ``choice``: one of the strings in
+    ``spec`` (a JSON list); ``lark``: text of the Lark grammar ``spec`` (llguidance's dialect)."""
+
+    kind: str
+    spec: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in FORMAT_KINDS:
+            raise ParameterError(f"output format must be one of {', '.join(FORMAT_KINDS)}, got {self.kind!r}")
+        if not isinstance(self.spec, str) or (self.kind != "json" and not self.spec):
+            raise ParameterError(f"a {self.kind} output format needs its {_SPEC_NAMES[self.kind]} (a non-empty string)")
+
+    @classmethod
+    def schema(cls, schema: dict | str) -> OutputFormat:
+        """JSON valid against ``schema`` (a dict, or its JSON text)."""
+        import json
+
+        return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema))
+
+    @classmethod
+    def choices(cls, options: list[str]) -> OutputFormat:
+        import json
+
+        return cls("choice", json.dumps(list(options)))
+
+
+_SPEC_NAMES = {"json": "", "json_schema": "schema", "regex": "pattern", "choice": "choices", "lark": "grammar"}
+
+
 MAX_TOP_LOGPROBS = 20  # the most likely tokens listed beside each generated one, at most (as OpenAI's API)
 MAX_CHOICES = 64  # answers a request asks for at most (a server request's prompts x n; generate --n)
 
@@ -94,8 +130,13 @@ class GenerationConfig:
     # log-probability under the target (and the n most likely beside it), from the prefill's rows;
     # with it max_new_tokens may be 0 (score the prompt only)
     prompt_logprobs: int | None = None
+    # None: free text; else what the answer must be (OutputFormat), each token chosen among those
+    # that keep it so; the answer ends where the format is complete
+    output_format: OutputFormat | None = None
 
     def __post_init__(self) -> None:
+        if self.output_format is not None and not isinstance(self.output_format, OutputFormat):
+            raise ParameterError(f"output_format must be an OutputFormat, got {type(self.output_format).__name__}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
@@ -189,6 +230,11 @@ class SpecConfig:
     # 2.19, 1.47x -> 1.49x; head 2.01 -> 2.11, 1.41x -> 1.45x; eagle 1.90 -> 2.06, 1.33x -> 1.38x.
     # False: the drafts as their prophets made them.
     extend: bool = True
+    # with an output format (GenerationConfig.output_format): where the format forces the next
+    # tokens, send them as the check's guesses instead of the drafter's (a drafting method only:
+    # "none" stays plain decoding). False: the drafter's guesses alone (the format still drops the
+    # ones it rules out).
+    format_guesses: bool = True
     # head / hybrid-head: the directory of a trained drafting head (head.json + head.safetensors);
     # None = the one shipped for the target, when there is one.
     head: str | None = None

@@ -20,6 +20,7 @@ prefill's rows (``prompt_scores``).
 """
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from .costs import ForwardCosts
 from .drafters.base import Draft, Drafter
 from .drafters.trees import branch_of, node_depths
 from .errors import ContextLengthError, ParameterError
+from .grammar import Constraint
 from .metrics import SpecStats
 from .models.base import ModelOutput
 from .policy import DraftPolicy
@@ -122,6 +124,11 @@ class Engine:
             raise ParameterError(f"logit bias names token id {sampling.logit_bias[-1][0]}, past the target's "
                                  f"vocabulary of {self.target.vocab_size}")
         stats = self.stats = SpecStats(method=self.stats.method, prompt_tokens=len(prompt_ids))
+        # with an output format: the matcher of what the answer may be, fed every committed token
+        constraint = None if gen.output_format is None else \
+            Constraint(gen.output_format, self.tokenizer, self.target.vocab_size, self.eos_ids)
+        # the tokens a format forces go out as guesses (drafting methods only: "none" stays plain)
+        format_guesses = constraint is not None and self.spec.format_guesses and stats.method != "none"
         # with GenerationConfig.prompt_logprobs: (logprob, most likely) of prompt tokens 1 .. n-1
         self.prompt_scores = None
         generator = make_generator(sampling.seed)
@@ -168,7 +175,12 @@ class Engine:
                                           need_hidden=features, **taps, **last_row)
             # the repetition penalty's prompt ids (made only when a penalty or bias is asked for)
             prompt_set = torch.unique(torch.tensor(prompt_ids, dtype=torch.int64)) if sampling.penalized else None
-            new = [next_token(apply_penalties(out.logits[-1:], [], [[]], prompt_set, sampling)[-1], sampling, generator)]
+            first = apply_penalties(out.logits[-1:], [], [[]], prompt_set, sampling)
+            if constraint is not None:
+                first = constraint.apply(first, Draft())
+            new = [next_token(first[-1], sampling, generator)]
+            if constraint is not None:
+                constraint.commit(new)
             scores = self._scores(out.logits[-1:], new, gen)
             verified += new
             if self.drafter.output_topk:  # the target's runners-up after the last prompt token
@@ -188,7 +200,7 @@ class Engine:
                 # Commit: stop at EOS / max tokens; stream text; look for stop strings.
                 done = False
                 for tok, origin, (logprob, top) in zip(new, origins, scores):
-                    if tok in self.eos_ids and not gen.ignore_eos:
+                    if tok in self.eos_ids and (not gen.ignore_eos or constraint is not None):
                         done = True
                         break
                     generated.append(tok)
@@ -208,6 +220,8 @@ class Engine:
                         done = True
                         break
                 stats.new_tokens = len(generated)
+                if constraint is not None and constraint.stopped:  # the format is complete
+                    done = True
                 if done:
                     if not stopped:  # release an incomplete character held at the very end
                         pending += detok.flush()
@@ -217,9 +231,13 @@ class Engine:
                 t0 = time.perf_counter()
                 room = min(self.spec.draft_len, gen.max_new_tokens - len(generated) - 1)
                 # (a plain step now and then: a one-token forward anchors the cost ratios, see costs)
-                drafted = room > 0 and not self.policy.wants_one() and self.policy.draft_now(self.drafter)
-                sent = self.policy.cut(self.drafter.propose(context, room, sampling, generator) if drafted
-                                       else Draft(), max(room, 0))
+                # (the tokens an output format forces: sure guesses, sent even where a plain step would anchor)
+                forced = constraint.forced()[:room] if format_guesses and room > 0 else []
+                drafted = room > 0 and (bool(forced) or not self.policy.wants_one()) and self.policy.draft_now(self.drafter)
+                proposal = self.drafter.propose(context, room, sampling, generator) if drafted else Draft()
+                cut = functools.partial(self.policy.cut, k=max(room, 0))
+                # (with an output format: what it allows of the proposal, and what it forces)
+                sent = cut(proposal) if constraint is None else constraint.fit(proposal, cut, forced)
                 draft = sent.draft
                 t1 = time.perf_counter()
                 # 2. Verify: one target forward over [last token] + draft (a chain, or a tree whose
@@ -227,14 +245,14 @@ class Engine:
                 ids = torch.tensor([context[-1]] + draft.tokens, dtype=torch.int64)
                 if draft.parents is None:
                     out = self.target.forward(ids, need_hidden=features, **taps)  # logits [K+1, V]
-                    judged = self._penalized(out.logits, generated, draft, prompt_set, sampling)
+                    judged = self._judged(out.logits, generated, draft, prompt_set, sampling, constraint)
                     verdict = verify(judged, draft.tokens, draft.probs, sampling, generator)
                     path = list(range(verdict.num_accepted))
                     rows = list(range(verdict.num_accepted + 1))  # the committed tokens' rows
                 else:
                     positions, mask = tree_layout(draft.parents, len(context) - 1)
                     out = self.target.forward(ids, positions=positions, tree_mask=mask, need_hidden=features, **taps)
-                    judged = self._penalized(out.logits, generated, draft, prompt_set, sampling)
+                    judged = self._judged(out.logits, generated, draft, prompt_set, sampling, constraint)
                     verdict = verify_tree(judged, draft.tokens, draft.parents, draft.probs, sampling, generator)
                     path = verdict.path
                     rows = [0] + [1 + j for j in path]
@@ -251,7 +269,7 @@ class Engine:
                     self.drafter.take_outputs(_by_proposed_node(argmax(out.logits).tolist(), sent))
                 if self.drafter.output_topk:  # its runners-up after every row, right or not
                     self.drafter.take_topk(ids.tolist(), topk_indices(out.logits, self.drafter.output_topk))
-                if len(draft):
+                if len(draft) and drafted:
                     self.drafter.learn(DraftPolicy.judged(sent, path))
                 if draft.parents is None:
                     self.target.rollback(len(context) + n)
@@ -259,6 +277,8 @@ class Engine:
                     self.target.compact(len(context), torch.tensor([len(context) - 1 + r for r in rows[1:]],
                                                                    dtype=torch.int64))
                 new = verdict.tokens(draft.tokens)
+                if constraint is not None:
+                    constraint.commit(new)
                 scores = self._scores(out.logits[rows], new, gen)  # row rows[i] chose (or passed) new[i]
                 verified += new
                 origins = [DRAFT] * n + [TARGET]
@@ -305,11 +325,18 @@ class Engine:
         return ModelOutput(out.logits[-1:], h, t), scores
 
     @staticmethod
-    def _penalized(logits: torch.Tensor, generated: list[int], draft: Draft, prompt: torch.Tensor | None,
-                   sampling: SamplingConfig) -> torch.Tensor:
+    def _judged(logits: torch.Tensor, generated: list[int], draft: Draft, prompt: torch.Tensor | None,
+                sampling: SamplingConfig, constraint: Constraint | None) -> torch.Tensor:
         """The check's logits [K+1, V] as the verifier judges them: with the sampling's penalties,
         row 0 by the generated tokens, a guess's row by them and its branch (chain: the guesses
-        before and including it; tree: its ancestors and itself)."""
+        before and including it; tree: its ancestors and itself); with an output format, each
+        row's ruled-out ids at -inf (grammar.Constraint.apply: by the same branches)."""
+        judged = Engine._penalized(logits, generated, draft, prompt, sampling)
+        return judged if constraint is None else constraint.apply(judged, draft)
+
+    @staticmethod
+    def _penalized(logits: torch.Tensor, generated: list[int], draft: Draft, prompt: torch.Tensor | None,
+                   sampling: SamplingConfig) -> torch.Tensor:
         if not sampling.penalized:
             return logits
         if draft.parents is None:
@@ -364,7 +391,8 @@ def _by_proposed_node(choices: list[int], sent) -> list[int | None]:
     node j was not sent."""
     out: list[int | None] = [choices[0]] + [None] * sent.proposed
     for i, j in enumerate(sent.nodes):
-        out[1 + j] = choices[1 + i]
+        if j >= 0:  # (-1: a node the drafter did not propose, grammar.Constraint.fit)
+            out[1 + j] = choices[1 + i]
     return out
 
 

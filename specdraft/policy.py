@@ -31,8 +31,9 @@ from .drafters.trees import best_nodes, keep_nodes, node_depths
 
 @dataclass(frozen=True)
 class Sent:
-    """What the target checks: ``draft``, whose node i is the proposal's node ``nodes[i]``, of a
-    proposal of ``proposed`` nodes."""
+    """What the target checks: ``draft``, whose node i is the proposal's node ``nodes[i]`` (-1: a
+    node the drafter did not propose, an output format's forced token), of a proposal of
+    ``proposed`` nodes."""
 
     draft: Draft
     nodes: list[int]
@@ -137,4 +138,5 @@ class DraftPolicy:
         after the accepted one counts as judged too (a slight undercount of its chance)."""
         parents = sent.draft.parents if sent.draft.parents is not None else list(range(-1, len(sent.draft) - 1))
         on_path = set(path)
-        return [(sent.nodes[j], j in on_path) for j, parent in enumerate(parents) if parent < 0 or parent in on_path]
+        return [(sent.nodes[j], j in on_path) for j, parent in enumerate(parents)
+                if (parent < 0 or parent in on_path) and sent.nodes[j] >= 0]

@@ -125,30 +125,45 @@ class ByteTokenizer:
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
 
 
-def save_char_tokenizer(directory: Path, *, vocab: int = VOCAB, shuffle_seed: int | None = None) -> None:
+def save_char_tokenizer(directory: Path, *, vocab: int = VOCAB, shuffle_seed: int | None = None,
+                        byte_level: bool = False) -> None:
     """A character-level fast tokenizer (token i = ALPHABET[i], last id = <eos>) saved into ``directory``.
 
-    ``shuffle_seed`` permutes the ids, giving a tokenizer with a different vocabulary mapping.
+    ``shuffle_seed`` permutes the ids, giving a tokenizer with a different vocabulary mapping;
+    ``byte_level``: GPT-2's byte-level form (as Qwen's and Llama 3's tokenizers; the same ids and
+    texts), which llguidance (structured output) reads.
     """
-    from tokenizers import Tokenizer, decoders, models
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     chars = list(ALPHABET[: vocab - 1])
     if shuffle_seed is not None:
         perm = torch.randperm(len(chars), generator=torch.Generator().manual_seed(shuffle_seed)).tolist()
         chars = [chars[i] for i in perm]
+    if byte_level:  # (ids without holes up to <eos>: a newline and a backslash after the alphabet)
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        chars += [ch for ch in "\n\\`\t" if ch not in chars][:vocab - 1 - len(chars)]
+
+        shown = bytes_to_unicode()
+        chars = [shown[ord(ch)] for ch in chars]
     table = {ch: i for i, ch in enumerate(chars)}
     table["<eos>"] = vocab - 1
     tok = Tokenizer(models.BPE(vocab=table, merges=[], unk_token=None))
-    tok.decoder = decoders.Fuse()
+    if byte_level:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tok.decoder = decoders.ByteLevel()
+    else:
+        tok.decoder = decoders.Fuse()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
     fast.save_pretrained(str(directory))
 
 
-def make_cli_model(directory: Path, *, seed: int = 0, shuffle_seed: int | None = None) -> Path:
+def make_cli_model(directory: Path, *, seed: int = 0, shuffle_seed: int | None = None,
+                   byte_level: bool = False) -> Path:
     """A complete tiny model dir (weights, config, char tokenizer) that load_model accepts."""
     directory = save(build_hf("qwen2", seed=seed), directory)
-    save_char_tokenizer(directory, shuffle_seed=shuffle_seed)
+    save_char_tokenizer(directory, shuffle_seed=shuffle_seed, byte_level=byte_level)
     return directory
 
 

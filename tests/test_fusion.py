@@ -9,8 +9,9 @@ from test_suffix_tree import PROMPT, run, target, twin  # noqa: F401  (fixtures)
 from _tiny import FakeTokenizer
 from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdraft.drafters import Draft, Drafter
-from specdraft.drafters.fusion import Fusion, matched_depth, merge_drafts
+from specdraft.drafters.fusion import Fusion, matched_depth
 from specdraft.drafters.suffix import HISTORY, SuffixTree
+from specdraft.drafters.trees import merge_drafts
 from specdraft.engine import Engine
 
 

@@ -27,39 +27,7 @@ from .base import Draft, Drafter, DrafterContext, build_drafter, register
 from .extend import LookupExtension, lookup_extension
 from .feature_head import FeatureHeadDrafter, drafter_of
 from .suffix import SuffixTree
-from .trees import best_branch
-
-
-def merge_drafts(drafts: list[Draft]) -> tuple[list[int], list[int], list[float], list[list[int]]]:
-    """(tokens, parents, chance, where) of the trie of every draft's nodes, parents before
-    children; a node's chance is the best any draft gave it (a draft without chances rates its
-    nodes 0: sent only where nothing else competes); where[i][j]: draft i's node j in the trie.
-
-    >>> merge_drafts([Draft([1, 2], chances=[0.5, 0.2]), Draft([1, 3], parents=[-1, -1], chances=[0.7, 0.1])])
-    ([1, 2, 3], [-1, 0, -1], [0.7, 0.2, 0.1], [[0, 1], [0, 2]])
-    """
-    tokens: list[int] = []
-    parents: list[int] = []
-    chance: list[float] = []
-    where: list[list[int]] = []
-    index: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node
-    for d in drafts:
-        own = d.parents if d.parents is not None else list(range(-1, len(d) - 1))  # a chain
-        rated = d.chances if d.chances is not None else [0.0] * len(d)
-        merged: list[int] = []  # this draft's node j -> merged node
-        for tok, parent, c in zip(d.tokens, own, rated):
-            key = (merged[parent] if parent >= 0 else -1, tok)
-            node = index.get(key)
-            if node is None:
-                node = index[key] = len(tokens)
-                tokens.append(tok)
-                parents.append(key[0])
-                chance.append(c)
-            else:
-                chance[node] = max(chance[node], c)
-            merged.append(node)
-        where.append(merged)
-    return tokens, parents, chance, where
+from .trees import best_branch, merge_drafts
 
 
 def matched_depth(draft: Draft, accepted: list[int]) -> int:

@@ -1,5 +1,5 @@
 """Helpers for token trees: depths, a node's branch, the best nodes or branch of a tree, a
-subtree, the trie of several continuations, the attention mask of drafted nodes, and EAGLE-2's
+subtree, the trie of several continuations or of several drafts, the attention mask of drafted nodes, and EAGLE-2's
 dynamic tree."""
 from __future__ import annotations
 
@@ -22,6 +22,39 @@ def keep_nodes(tokens: list[int], parents: list[int], keep: list[int]) -> tuple[
     keep = sorted(keep)
     index = {j: i for i, j in enumerate(keep)}
     return [tokens[j] for j in keep], [index[parents[j]] if parents[j] >= 0 else -1 for j in keep]
+
+
+def merge_drafts(drafts: list) -> tuple[list[int], list[int], list[float], list[list[int]]]:
+    """(tokens, parents, chance, where) of the trie of every draft's nodes, parents before
+    children; a node's chance is the best any draft gave it (a draft without chances rates its
+    nodes 0: sent only where nothing else competes); where[i][j]: draft i's node j in the trie.
+
+    >>> from specdraft.drafters.base import Draft
+    >>> merge_drafts([Draft([1, 2], chances=[0.5, 0.2]), Draft([1, 3], parents=[-1, -1], chances=[0.7, 0.1])])
+    ([1, 2, 3], [-1, 0, -1], [0.7, 0.2, 0.1], [[0, 1], [0, 2]])
+    """
+    tokens: list[int] = []
+    parents: list[int] = []
+    chance: list[float] = []
+    where: list[list[int]] = []
+    index: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node
+    for d in drafts:
+        own = d.parents if d.parents is not None else list(range(-1, len(d) - 1))  # a chain
+        rated = d.chances if d.chances is not None else [0.0] * len(d)
+        merged: list[int] = []  # this draft's node j -> merged node
+        for tok, parent, c in zip(d.tokens, own, rated):
+            key = (merged[parent] if parent >= 0 else -1, tok)
+            node = index.get(key)
+            if node is None:
+                node = index[key] = len(tokens)
+                tokens.append(tok)
+                parents.append(key[0])
+                chance.append(c)
+            else:
+                chance[node] = max(chance[node], c)
+            merged.append(node)
+        where.append(merged)
+    return tokens, parents, chance, where
 
 
 def node_depths(parents: list[int]) -> list[int]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from fastapi import Request
 
+from .. import grammar
 from ..batch import MAX_BATCH
 from ..config import GenerationConfig, SamplingConfig, SpecConfig
 from ..drafters import needs_draft_model
@@ -84,7 +85,13 @@ def build_request(body, prompt_ids: list[int], config: ServerConfig, speculator,
         raise APIError(400, f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({limit}) exceeds the "
                             f"context of {max_len} tokens", param="max_tokens", code="context_length_exceeded")
     gen = GenerationConfig(max_new_tokens=limit, stop=tuple(body.stop or ()), ignore_eos=body.ignore_eos,
-                           logprobs=body.logprob_count, prompt_logprobs=body.prompt_logprob_count)
+                           logprobs=body.logprob_count, prompt_logprobs=body.prompt_logprob_count,
+                           output_format=body.output_format)
+    if gen.output_format is not None:  # (the format compiled in the body; this tokenizer must take it too)
+        try:
+            grammar.Constraint(gen.output_format, speculator.tokenizer, vocab, speculator.target.eos_ids)
+        except SpecdraftError as e:
+            raise APIError(400, str(e), param="response_format") from None
     return GenRequest(prompt_ids, spec, sampling, gen)
 
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictInt, field_validator, model_validator
 
-from ..config import MAX_CHOICES, MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS
+from .. import grammar
+from ..config import MAX_CHOICES, MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS, OutputFormat
+from ..errors import SpecdraftError
 
 MAX_STOP = 4  # as OpenAI
 
@@ -67,12 +69,23 @@ class _Common(BaseModel):
             raise ValueError("token ids >= 0, biases in [-100, 100]")
         return {str(i): b for i, b in bias.items()}
 
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, v):
-        if v is not None and v.get("type", "text") != "text":
-            raise ValueError(f"response_format {v.get('type')!r} is not supported (only text)")
-        return v
+    # vLLM's structured-output fields: one of json (a schema), regex, choice (a list), grammar (Lark)
+    structured_outputs: dict | None = None
+    guided_json: dict | str | None = None  # vLLM's older names for the same
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    _output_format: OutputFormat | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _format(self):
+        self._output_format = _output_format(self)
+        return self
+
+    @property
+    def output_format(self) -> OutputFormat | None:
+        """What the answer must be (config.OutputFormat), from response_format or vLLM's fields."""
+        return self._output_format
 
     @field_validator("tools", "suffix", check_fields=False)  # suffix: completions only
     @classmethod
@@ -107,6 +120,52 @@ class _Common(BaseModel):
     @property
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+
+def _output_format(body) -> OutputFormat | None:
+    """The one output format a request asks for (ValueError, a 400, for two, or a bad one)."""
+    asked = []
+    rf = body.response_format
+    if rf is not None:
+        kind = rf.get("type", "text")
+        if kind == "json_object":
+            asked.append(OutputFormat("json"))
+        elif kind == "json_schema":
+            spec = rf.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+                raise ValueError("response_format json_schema needs json_schema.schema (an object)")
+            asked.append(OutputFormat.schema(spec["schema"]))
+        elif kind != "text":
+            raise ValueError(f"response_format type must be text, json_object or json_schema, got {kind!r}")
+    so = dict(body.structured_outputs or {})
+    for key, value in (("json", body.guided_json), ("regex", body.guided_regex), ("choice", body.guided_choice),
+                       ("grammar", body.guided_grammar)):
+        if value is not None:
+            so.setdefault(key, value)
+    unknown = sorted(set(so) - {"json", "regex", "choice", "grammar"})
+    if unknown:
+        raise ValueError(f"structured_outputs takes json, regex, choice or grammar, not {', '.join(unknown)}")
+    for key, value in so.items():
+        try:
+            if key == "json":
+                asked.append(OutputFormat.schema(value) if isinstance(value, (dict, str)) else OutputFormat("json_schema", ""))
+            elif key == "choice":
+                if not isinstance(value, list):
+                    raise ValueError("structured_outputs choice must be a list of strings")
+                asked.append(OutputFormat.choices(value))
+            else:
+                asked.append(OutputFormat("regex" if key == "regex" else "lark", value if isinstance(value, str) else ""))
+        except SpecdraftError as e:
+            raise ValueError(str(e)) from None
+    if len(asked) > 1:
+        raise ValueError("ask for one output format: response_format or one structured_outputs field")
+    if not asked:
+        return None
+    try:
+        grammar.check(asked[0])
+    except SpecdraftError as e:
+        raise ValueError(str(e)) from None
+    return asked[0]
 
 
 class TextPart(BaseModel):

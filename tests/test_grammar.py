@@ -1,0 +1,192 @@
+"""Structured output (config.OutputFormat, specdraft.grammar) on a tiny model with a byte-level
+tokenizer: every answer keeps its format, speculation leaves it the answer constrained plain
+decoding gives, the format's forced tokens and pruning keep the drafter's node numbers, and a
+sampled answer keeps the target's distribution over what the format allows."""
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+
+import pytest
+import torch
+
+from _tiny import make_cli_model
+from specdraft import grammar
+from specdraft.config import GenerationConfig, OutputFormat, SamplingConfig, SpecConfig
+from specdraft.drafters.base import Draft
+from specdraft.errors import ParameterError
+from specdraft.pipeline import Speculator
+from specdraft.policy import Sent
+
+PROMPT = "abcabcabd abcab"
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 99},
+                                           "c": {"enum": ["red", "green"]}},
+          "required": ["ok", "n", "c"], "additionalProperties": False, "x-guidance": {"whitespace_flexible": False}}
+FORMATS = {
+    "schema": OutputFormat.schema(SCHEMA),
+    "regex": OutputFormat("regex", "[a-z]{3}-[0-9]{2}"),
+    "choice": OutputFormat.choices(["alpha", "beta", "gamma"]),
+    "lark": OutputFormat("lark", 'start: "value=" NUM ";" WORD\nNUM: /[0-9]+/\nWORD: /[a-z]{4}/'),
+}
+
+
+def keeps(fmt: OutputFormat, text: str) -> bool:
+    if fmt.kind == "json_schema":
+        value = json.loads(text)
+        return set(value) == {"ok", "n", "c"} and isinstance(value["ok"], bool) and 0 <= value["n"] <= 99 \
+            and value["c"] in ("red", "green")
+    if fmt.kind == "regex":
+        return re.fullmatch(fmt.spec, text) is not None
+    if fmt.kind == "choice":
+        return text in json.loads(fmt.spec)
+    return re.fullmatch(r"value=[0-9]+;[a-z]{4}", text) is not None
+
+
+@pytest.fixture(scope="module")
+def sd(tmp_path_factory):
+    d = make_cli_model(tmp_path_factory.mktemp("grammar") / "tiny", byte_level=True)
+    return Speculator(str(d), str(d), dtype="fp32", draft_format="w8a8", target_format="w8a8", max_length=256,
+                      progress=False)
+
+
+def answer(sd, fmt, method="none", sampling=SamplingConfig(), max_new_tokens=60, **spec_kw):
+    spec = SpecConfig(method=method, k=4, ngram_min=1, min_confidence=0.0, **spec_kw)
+    return sd.generate(PROMPT, spec=spec, sampling=sampling, chat=False,
+                       gen=GenerationConfig(max_new_tokens=max_new_tokens, output_format=fmt))
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+@pytest.mark.parametrize("method, spec_kw", [
+    ("draft-model", {"cost_rule": False, "trees": False}), ("draft-model", {"cost_rule": False, "trees": True}),
+    ("prompt-lookup", {"cost_rule": False}), ("draft-model", {"cost_rule": False, "format_guesses": False})])
+def test_constrained_answers_keep_the_format_and_equal_plain(sd, name, method, spec_kw):
+    fmt = FORMATS[name]
+    plain = answer(sd, fmt)
+    assert keeps(fmt, plain.text), plain.text
+    assert plain.stats.new_tokens < 60  # the format ended it, before the token limit
+    res = answer(sd, fmt, method, **spec_kw)
+    assert res.token_ids == plain.token_ids and res.text == plain.text
+    assert res.stats.drafts > 0
+
+
+def test_the_format_changes_the_answer_and_free_text_is_untouched(sd):
+    free = answer(sd, None)
+    assert not keeps(FORMATS["regex"], free.text)  # (the tiny model's own text is no such thing)
+    assert answer(sd, None, "draft-model", cost_rule=False).token_ids == free.token_ids
+
+
+def test_forced_tokens_are_sent_as_guesses(sd):
+    """The schema forces its keys and punctuation: with format guesses, prompt lookup (which finds
+    little here) commits more tokens a forward than without, the same answer."""
+    fmt = FORMATS["schema"]
+    on = answer(sd, fmt, "prompt-lookup", cost_rule=False)
+    off = answer(sd, fmt, "prompt-lookup", cost_rule=False, format_guesses=False)
+    assert on.token_ids == off.token_ids
+    assert on.stats.mean_accepted_tokens > off.stats.mean_accepted_tokens
+
+
+@pytest.mark.parametrize("method", ["draft-model", "prompt-lookup"])
+def test_sampled_constrained_answers_keep_the_format_and_their_seed(sd, method):
+    for seed in range(6):
+        sampling = SamplingConfig(temperature=1.0, seed=seed)
+        res = answer(sd, FORMATS["regex"], method, sampling, cost_rule=False)
+        assert keeps(FORMATS["regex"], res.text), res.text
+        assert answer(sd, FORMATS["regex"], method, sampling, cost_rule=False).text == res.text
+
+
+def test_speculative_sampling_keeps_the_targets_distribution_over_the_choices(sd):
+    """Answers to a choice format sampled with draft-model (sampled guesses, each judged against
+    the masked target) against plain sampled decoding: a two-sample chi-square over the choices."""
+    from scipy.stats import chi2_contingency
+
+    fmt = OutputFormat.choices(["ab", "ac", "b", "ba"])
+    n = 300
+    counts = {}
+    for method in ("none", "draft-model"):
+        got = Counter(answer(sd, fmt, method, SamplingConfig(temperature=1.0, seed=1000 + i), cost_rule=False).text
+                      for i in range(n))
+        counts[method] = got
+    names = sorted(set(counts["none"]) | set(counts["draft-model"]))
+    assert set(names) <= {"ab", "ac", "b", "ba"} and len(names) >= 2
+    table = [[counts[m][c] for c in names] for m in ("none", "draft-model")]
+    assert chi2_contingency(table).pvalue > 0.001, table
+
+
+def test_prune_drops_what_the_format_rules_out_and_keeps_node_numbers(sd):
+    tok = sd.tokenizer
+    ids = {ch: tok.convert_tokens_to_ids(ch) for ch in "abc-1"}
+    c = grammar.Constraint(OutputFormat("regex", "ab-[0-9]"), tok, sd.target.model.vocab_size, sd.target.eos_ids)
+    chain = Draft([ids["a"], ids["b"], ids["c"], ids["-"]])
+    kept, nodes = c.prune(chain)
+    assert kept.tokens == [ids["a"], ids["b"]] and nodes == [0, 1]
+    # a tree: a -> (b -> -, c), b: "b" and "ac" are ruled out (and what hangs under them)
+    tree = Draft([ids["a"], ids["b"], ids["b"], ids["c"], ids["-"]], parents=[-1, -1, 0, 0, 2],
+                 chances=[0.9, 0.5, 0.8, 0.3, 0.7])
+    kept, nodes = c.prune(tree)
+    assert nodes == [0, 2, 4] and kept.tokens == [ids["a"], ids["b"], ids["-"]] and kept.parents is not None
+    assert kept.parents == [-1, 0, 1] and kept.chances == [0.9, 0.8, 0.7]
+    masks = c.masks(kept)  # row 0: "a" only; after "a": "b"; after "ab": "-"; after "ab-": digits
+    assert masks[0].nonzero().flatten().tolist() == [ids["a"]]
+    assert masks[1].nonzero().flatten().tolist() == [ids["b"]]
+    assert masks[2].nonzero().flatten().tolist() == [ids["-"]]
+    assert ids["1"] in masks[3].nonzero().flatten().tolist() and int(masks[3].sum()) == 10
+    c.commit([ids["a"]])
+    assert c.forced() == [ids["b"], ids["-"]]
+    with pytest.raises(RuntimeError):
+        c.commit([ids["c"]])
+
+
+def test_fit_merges_forced_tokens_and_leaves_sampled_proposals_whole(sd):
+    tok = sd.tokenizer
+    ids = {ch: tok.convert_tokens_to_ids(ch) for ch in "abc-1"}
+    c = grammar.Constraint(OutputFormat("regex", "ab-[0-9]"), tok, sd.target.model.vocab_size, sd.target.eos_ids)
+
+    def keep_all(d):
+        return Sent(d, list(range(len(d))), len(d))
+
+    # the drafter guessed "a", "c" and "a", "b", "-", "1": the format drops "c", forces "a b -"
+    proposal = Draft([ids["a"], ids["c"], ids["b"], ids["-"], ids["1"]], parents=[-1, 0, 0, 2, 3],
+                     chances=[0.5, 0.4, 0.3, 0.2, 0.1])
+    sent = c.fit(proposal, keep_all, c.forced())
+    assert sent.draft.tokens == [ids["a"], ids["b"], ids["-"], ids["1"]] and sent.draft.parents is None
+    assert sent.nodes == [0, 2, 3, 4] and sent.proposed == 5
+    assert sent.draft.chances[:3] == [1.0, 1.0, 1.0]
+    # forced tokens the drafter did not guess are numbered -1 (no drafter learns from them)
+    sent = c.fit(Draft([ids["a"]], chances=[0.5]), keep_all, c.forced())
+    assert sent.draft.tokens == [ids["a"], ids["b"], ids["-"]] and sent.nodes == [0, -1, -1]
+    # a sampled proposal (its draws judged by min(1, p/q) and the residual) goes whole, unmerged
+    q = torch.full((2, sd.target.model.vocab_size), 1.0 / sd.target.model.vocab_size)
+    sampled = Draft([ids["c"], ids["a"]], probs=q)
+    sent = c.fit(sampled, keep_all, c.forced())
+    assert sent.draft is sampled and sent.nodes == [0, 1]
+
+
+@pytest.mark.parametrize("fmt, message", [
+    (OutputFormat("regex", "[0-9]+("), "does not compile"),
+    (OutputFormat("json_schema", "{not json"), "not JSON"),
+    (OutputFormat("json_schema", "[1, 2]"), "JSON object"),
+    (OutputFormat("json_schema", '{"type": "nonsense"}'), "does not compile"),
+    (OutputFormat("choice", "[]"), "non-empty list"),
+    (OutputFormat("lark", "start: undefined_rule"), "does not compile"),
+])
+def test_bad_formats_are_one_line_errors(fmt, message):
+    with pytest.raises(ParameterError, match=message) as e:
+        grammar.check(fmt)
+    assert "\n" not in str(e.value)
+
+
+def test_output_format_fields_are_checked():
+    with pytest.raises(ParameterError, match="one of"):
+        OutputFormat("yaml", "x")
+    with pytest.raises(ParameterError, match="pattern"):
+        OutputFormat("regex", "")
+    with pytest.raises(ParameterError, match="OutputFormat"):
+        GenerationConfig(output_format="json")
+
+
+def test_a_tokenizer_llguidance_cannot_read_is_a_one_line_error(tmp_path):
+    d = make_cli_model(tmp_path / "fuse")  # a Fuse decoder: neither byte-level nor byte-fallback
+    sd = Speculator(str(d), None, dtype="fp32", target_format="w8a8", load_draft=False, max_length=128, progress=False)
+    with pytest.raises(ParameterError, match="tokenizer"):
+        answer(sd, FORMATS["regex"])
