@@ -58,6 +58,15 @@ def _regex_literal(text: str) -> str:
 
 def grammar_of(fmt: OutputFormat) -> str:
     """llguidance's grammar for ``fmt`` (ParameterError where its spec is not what its kind needs)."""
+    try:
+        return _grammar_of(fmt)
+    except ParameterError:
+        raise
+    except Exception as e:  # what llguidance raises on a schema it cannot take
+        raise ParameterError(f"the {fmt.kind} output format does not compile: {_one_line(e)}") from None
+
+
+def _grammar_of(fmt: OutputFormat) -> str:
     import llguidance
 
     if fmt.kind == "json":
@@ -88,7 +97,12 @@ def check(fmt: OutputFormat) -> None:
     grammar), before any model is asked."""
     import llguidance
 
-    problem = llguidance.LLMatcher.validate_grammar(grammar_of(fmt))
+    try:
+        problem = llguidance.LLMatcher.validate_grammar(grammar_of(fmt))
+    except ParameterError:
+        raise
+    except Exception as e:
+        problem = str(e) or type(e).__name__
     if problem and not problem.startswith("WARNING"):
         raise ParameterError(f"the {fmt.kind} output format does not compile: {_one_line(problem)}")
 

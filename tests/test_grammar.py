@@ -190,3 +190,61 @@ def test_a_tokenizer_llguidance_cannot_read_is_a_one_line_error(tmp_path):
     sd = Speculator(str(d), None, dtype="fp32", target_format="w8a8", load_draft=False, max_length=128, progress=False)
     with pytest.raises(ParameterError, match="tokenizer"):
         answer(sd, FORMATS["regex"])
+
+
+# ------------------------------------------------------------------------------------ the server
+@pytest.fixture(scope="module")
+def api(sd):
+    from fastapi.testclient import TestClient
+
+    from specdraft.server.app import ServerConfig, create_app
+
+    app = create_app(sd, ServerConfig(model_name="tiny", spec=SpecConfig(method="draft-model", k=4, min_confidence=0.0,
+                                                                         cost_rule=False), request_timeout=30))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        yield c
+
+
+def chat(api, **fields):
+    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 60, "temperature": 0, **fields}
+    return api.post("/v1/chat/completions", json=body)
+
+
+@pytest.mark.parametrize("fields, name", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": SCHEMA}}}, "schema"),
+    ({"structured_outputs": {"regex": FORMATS["regex"].spec}}, "regex"),
+    ({"guided_regex": FORMATS["regex"].spec, "method": "prompt-lookup"}, "regex"),
+    ({"structured_outputs": {"choice": ["alpha", "beta", "gamma"]}}, "choice"),
+    ({"guided_choice": ["alpha", "beta", "gamma"], "stream": True}, "choice"),
+    ({"structured_outputs": {"grammar": FORMATS["lark"].spec}, "n": 2, "temperature": 0.8, "seed": 3}, "lark"),
+])
+def test_the_server_answers_in_the_format_asked_for(api, sd, fields, name):
+    r = chat(api, **fields)
+    assert r.status_code == 200, r.text
+    if fields.get("stream"):
+        chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+        texts = ["".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])]
+    else:
+        texts = [c["message"]["content"] for c in r.json()["choices"]]
+        assert all(c["finish_reason"] == "stop" for c in r.json()["choices"])
+    assert all(keeps(FORMATS[name], t) for t in texts), texts
+    if fields.get("temperature", 0) == 0:  # greedy: constrained plain decoding's answer
+        ids = sd.encode_messages([{"role": "user", "content": PROMPT}])
+        want = sd.generate(ids, spec=SpecConfig(method="none"), gen=GenerationConfig(max_new_tokens=60,
+                                                                                       output_format=FORMATS[name]))
+        assert texts == [want.text]
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"response_format": {"type": "json_schema"}}, "json_schema.schema"),
+    ({"response_format": {"type": "xml"}}, "json_object or json_schema"),
+    ({"structured_outputs": {"regex": "[0-9]+("}}, "does not compile"),
+    ({"structured_outputs": {"yaml": "a: 1"}}, "json, regex, choice or grammar"),
+    ({"guided_json": "{not json"}, "not JSON"),
+    ({"guided_choice": []}, "non-empty list"),
+    ({"response_format": {"type": "json_object"}, "guided_regex": "a+"}, "one output format"),
+])
+def test_bad_formats_are_400s(api, fields, says):
+    r = chat(api, **fields)
+    assert r.status_code == 400, r.text
+    assert says in r.json()["error"]["message"]

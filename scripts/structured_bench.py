@@ -1,0 +1,107 @@
+"""Structured output, timed: JSON answers to a schema, every method against plain decoding, with
+and without the format's forced tokens as guesses (SpecConfig.format_guesses).
+
+    python scripts/structured_bench.py [--rounds 2] [--style flexible|line] [--methods ...] [--out FILE]
+
+Eight extraction prompts, each with its JSON schema (no benchmark prompt among them), greedy,
+up to 160 new tokens on the default target in its auto format. Methods run interleaved prompt by
+prompt (``none`` first each time), every round; per method: summed new tokens over summed
+seconds (prefill included), tokens a target forward, and whether every text equals ``none``'s
+(constrained plain decoding). ``--style line``: the schemas ask for one-line JSON with ", " and
+": " separators (llguidance's ``x-guidance`` options), where the format forces more of the text;
+``flexible`` (the default): any JSON whitespace, the model choosing it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from specdraft.config import GenerationConfig, OutputFormat, SpecConfig
+from specdraft.pipeline import Speculator
+
+S, I, B = {"type": "string"}, {"type": "integer"}, {"type": "boolean"}
+
+
+def obj(**props) -> dict:
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+
+
+def arr(items) -> dict:
+    return {"type": "array", "items": items}
+
+
+TASKS = [
+    ("Extract the person's details as JSON: Maria Lopez is a 34-year-old civil engineer from Seville who speaks "
+     "Spanish, English and Portuguese and has worked at the same bank for six years.",
+     obj(name=S, age=I, occupation=S, city=S, languages=arr(S), years_at_employer=I)),
+    ("Summarise this review as JSON: 'The blender is powerful and easy to clean, but it is very loud and the lid "
+     "cracked after two months. I would not buy it again.' Give a sentiment, a rating from 1 to 5, the pros and the "
+     "cons.", obj(sentiment={"enum": ["positive", "negative", "mixed"]}, rating=I, pros=arr(S), cons=arr(S))),
+    ("Turn these meeting notes into JSON: On March 3 Anna, Ben and Chloe met about the website launch. Anna will "
+     "finish the copy by Friday, Ben will fix the checkout bug, and Chloe will book the photographer.",
+     obj(date=S, topic=S, attendees=arr(S), action_items=arr(obj(owner=S, task=S)))),
+    ("Give a recipe for pancakes as JSON with its name, the ingredients with their amounts, and the steps.",
+     obj(name=S, servings=I, ingredients=arr(obj(item=S, amount=S)), steps=arr(S))),
+    ("Describe this Python function as JSON: def merge_sorted(a: list[int], b: list[int]) -> list[int]: which "
+     "merges two sorted lists into one sorted list.",
+     obj(name=S, parameters=arr(obj(name=S, type=S)), returns=S, description=S)),
+    ("Parse this address into JSON: Flat 4B, 221 Baker Street, London NW1 6XE, United Kingdom.",
+     obj(unit=S, street_number=S, street=S, city=S, postcode=S, country=S)),
+    ("List three European capitals with their countries and approximate populations in millions, as JSON.",
+     obj(capitals=arr(obj(city=S, country=S, population_millions={"type": "number"})))),
+    ("Classify this support ticket as JSON: 'I was charged twice for my subscription this month, please refund "
+     "one of the payments.' Give the category, the urgency and whether a refund is requested.",
+     obj(category={"enum": ["billing", "technical", "account", "other"]}, urgency={"enum": ["low", "medium", "high"]},
+         refund_requested=B, summary=S)),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--style", choices=["flexible", "line"], default="flexible")
+    ap.add_argument("--methods", default="hybrid-head,fusion,prompt-lookup")
+    ap.add_argument("--max-new-tokens", type=int, default=160)
+    ap.add_argument("--out", default=None, help="also write the table here (markdown)")
+    args = ap.parse_args()
+    sd = Speculator(None, None, load_draft=False)
+    runs = [("none", True)] + [(m, g) for m in args.methods.split(",") for g in (True, False)]
+    totals = {r: [0, 0.0, 0, 0] for r in runs}  # tokens, seconds, forwards, texts unequal to none's
+    for _ in range(args.rounds):
+        for prompt, schema in TASKS:
+            if args.style == "line":
+                schema = {**schema, "x-guidance": {"whitespace_flexible": False, "item_separator": ", ",
+                                                   "key_separator": ": "}}
+            gen = GenerationConfig(max_new_tokens=args.max_new_tokens, output_format=OutputFormat.schema(schema))
+            texts = {}
+            for method, guesses in runs:
+                t0 = time.perf_counter()
+                r = sd.generate(prompt, spec=SpecConfig(method=method, format_guesses=guesses), gen=gen)
+                seconds = time.perf_counter() - t0
+                texts[(method, guesses)] = r.text
+                if r.stats.new_tokens < args.max_new_tokens:  # an answer the format ended parses as JSON
+                    json.loads(r.text)
+                t = totals[(method, guesses)]
+                t[0] += r.stats.new_tokens
+                t[1] += seconds
+                t[2] += r.stats.target_forwards
+                t[3] += r.text != texts[("none", True)]
+    base = totals[("none", True)][0] / totals[("none", True)][1]
+    lines = ["| method | format guesses | tok/s | vs none | tokens a forward | texts equal to none's |",
+             "|---|---|---:|---:|---:|---|"]
+    for (method, guesses), (tokens, seconds, forwards, unequal) in totals.items():
+        rate = tokens / seconds
+        lines.append(f"| {method} | {'-' if method == 'none' else ('on' if guesses else 'off')} | {rate:.1f} | "
+                     f"{rate / base:.2f}x | {tokens / forwards:.2f} | "
+                     f"{'all' if not unequal else f'{unequal} differ'} |")
+    table = "\n".join(lines)
+    print(f"{len(TASKS)} prompts x {args.rounds} rounds, style {args.style}, {args.max_new_tokens} new tokens at most\n")
+    print(table)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
