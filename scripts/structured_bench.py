@@ -5,7 +5,8 @@ and without the format's forced tokens as guesses (SpecConfig.format_guesses).
 
 Eight extraction prompts, each with its JSON schema (no benchmark prompt among them), greedy,
 up to 160 new tokens on the default target in its auto format. Methods run interleaved prompt by
-prompt (``none`` first each time), every round; per method: summed new tokens over summed
+prompt (``none`` first each time; the suffix drafters' history of earlier answers emptied
+before each, as the bench does), every round; per method: summed new tokens over summed
 seconds (prefill included), tokens a target forward, and whether every text equals ``none``'s
 (constrained plain decoding). ``--style line``: the schemas ask for one-line JSON with ", " and
 ": " separators (llguidance's ``x-guidance`` options), where the format forces more of the text;
@@ -18,6 +19,7 @@ import json
 import time
 
 from specdraft.config import GenerationConfig, OutputFormat, SpecConfig
+from specdraft.drafters.suffix import HISTORY
 from specdraft.pipeline import Speculator
 
 S, I, B = {"type": "string"}, {"type": "integer"}, {"type": "boolean"}
@@ -76,6 +78,7 @@ def main() -> None:
             gen = GenerationConfig(max_new_tokens=args.max_new_tokens, output_format=OutputFormat.schema(schema))
             texts = {}
             for method, guesses in runs:
+                HISTORY.clear()  # (an earlier run's answer in the suffix drafters' history would give this one away)
                 t0 = time.perf_counter()
                 r = sd.generate(prompt, spec=SpecConfig(method=method, format_guesses=guesses), gen=gen)
                 seconds = time.perf_counter() - t0

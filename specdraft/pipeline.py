@@ -491,7 +491,7 @@ def _prepare(prompt: str, target=None, draft=None, method="draft-model", k=None,
              top_k=0, top_p=1.0, min_p=0.0, seed=None, frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0,
              logit_bias=(),
              max_new_tokens=GenerationConfig.max_new_tokens, stop=(), logprobs=None, prompt_logprobs=None,
-             chat=True, dtype=DEFAULT_DTYPE, runtime="auto", target_format=DEFAULT_TARGET_FORMAT,
+             output_format=None, chat=True, dtype=DEFAULT_DTYPE, runtime="auto", target_format=DEFAULT_TARGET_FORMAT,
              draft_format=DEFAULT_DRAFT_FORMAT, **spec_options):
     sd = _speculator(target, draft, method, dtype, runtime, target_format, draft_format)
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
@@ -499,7 +499,7 @@ def _prepare(prompt: str, target=None, draft=None, method="draft-model", k=None,
                               repetition_penalty=repetition_penalty, logit_bias=logit_bias)
     return sd, dict(prompt=prompt, spec=SpecConfig(method=method, k=k, **spec_options), chat=chat, sampling=sampling,
                     gen=GenerationConfig(max_new_tokens=max_new_tokens, stop=stop, logprobs=logprobs,
-                                         prompt_logprobs=prompt_logprobs))
+                                         prompt_logprobs=prompt_logprobs, output_format=output_format))
 
 
 def generate(prompt: str, **options) -> GenerationResult:
@@ -508,7 +508,8 @@ def generate(prompt: str, **options) -> GenerationResult:
     Options: target, draft, method, k, temperature, top_k, top_p, min_p, seed, frequency_penalty,
     presence_penalty, repetition_penalty, logit_bias ({token id: bias}), max_new_tokens, stop,
     logprobs (n: each token's log-probability and its n most likely alternatives), prompt_logprobs
-    (the same for the prompt's tokens; max_new_tokens may then be 0), chat, dtype,
+    (the same for the prompt's tokens; max_new_tokens may then be 0), output_format (a
+    config.OutputFormat: the answer held to a JSON schema, regex, choices or grammar), chat, dtype,
     runtime, target_format, draft_format, and SpecConfig's ngram_max, ngram_min, min_confidence,
     index (defaults as in :mod:`specdraft.config`).
     """

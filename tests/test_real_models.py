@@ -12,12 +12,13 @@ Skipped when the model packages are not installed. Run with ``python -m pytest -
 from __future__ import annotations
 
 import importlib.util
+import json
 import warnings
 
 import pytest
 import torch
 
-from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdraft.config import GenerationConfig, OutputFormat, SamplingConfig, SpecConfig
 from specdraft.pipeline import Speculator
 
 pytestmark = pytest.mark.slow
@@ -263,6 +264,29 @@ def test_default_target_scores_its_prompt_as_one_forward_does(pair):
     rows = torch.log_softmax(model.forward(torch.tensor(ids)).logits[:-1], -1)
     assert scored.prompt_logprobs == rows.gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
     assert [[i for i, _ in top] for top in scored.prompt_top_logprobs] == rows.topk(3).indices.tolist()
+
+
+def test_default_target_json_answers_equal_constrained_plain(pair):
+    """Structured output on the default target: its answer to a JSON schema parses and keeps the
+    schema, and the drafters' trees (with the schema's forced tokens among the guesses, one-line
+    JSON) give constrained plain decoding's tokens; sampled, every seed's answer keeps it too."""
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                               "languages": {"type": "array", "items": {"type": "string"}}},
+              "required": ["name", "age", "languages"], "additionalProperties": False,
+              "x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}}
+    ids = pair.encode_prompt("Extract as JSON: Maria Lopez is 34 and speaks Spanish, English and Portuguese.")
+    gen = GenerationConfig(max_new_tokens=64, output_format=OutputFormat.schema(schema))
+    plain = pair.generate(ids, spec=SpecConfig(method="none"), gen=gen)
+    value = json.loads(plain.text)
+    assert set(value) == {"name", "age", "languages"} and isinstance(value["age"], int)
+    for method in ("hybrid-head", "fusion", "prompt-lookup"):
+        res = pair.generate(ids, spec=SpecConfig(method=method, k=6, cost_rule=False, trees=True), gen=gen)
+        assert res.token_ids == plain.token_ids, method
+        assert res.stats.accepted_tokens > 0
+    for seed in range(2):
+        sampled = pair.generate(ids, spec=SpecConfig(method="hybrid-head"), gen=gen,
+                                sampling=SamplingConfig(temperature=0.8, seed=seed))
+        assert set(json.loads(sampled.text)) == {"name", "age", "languages"}
 
 
 def test_default_target_penalised_trees_equal_penalised_plain(pair):
