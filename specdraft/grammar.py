@@ -158,18 +158,15 @@ class Constraint:
         """The tokens the format forces next (possibly none)."""
         return self.matcher.compute_ff_tokens()
 
-    def _mask(self) -> torch.Tensor:
-        """[V] bool: the ids allowed after what the matcher has consumed."""
-        bits = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
-        return torch.from_numpy(bits[:self.vocab_size].astype(bool))
-
-    def _after(self, tokens: list[int]) -> torch.Tensor | None:
-        """The mask after ``tokens`` beyond the committed answer, or None where it rules them out."""
-        if not tokens:
-            return self._mask()
-        took = self.matcher.try_consume_tokens(tokens)
+    def _fill(self, row: np.ndarray, tokens: list[int]) -> None:
+        """Write into ``row`` (int32 words, a bit an id) the ids allowed after ``tokens`` beyond the
+        committed answer; every bit where the format rules those tokens out (a row never reached)."""
+        took = self.matcher.try_consume_tokens(tokens) if tokens else 0
         try:
-            return self._mask() if took == len(tokens) else None
+            if took == len(tokens):
+                self.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+            else:
+                row.fill(-1)
         finally:
             if took:
                 self.matcher.rollback(took)
@@ -183,12 +180,15 @@ class Constraint:
         else:
             branches = [[]] + [[draft.tokens[j] for j in branch_of(node, draft.parents)]
                                for node in range(len(draft))]
-        rows = [self._after(b) for b in branches]
-        return torch.stack([torch.ones(self.vocab_size, dtype=torch.bool) if m is None else m for m in rows])
+        words = np.empty((len(branches), (self.vocab_size + 31) // 32), dtype=np.int32)
+        for row, branch in zip(words, branches):
+            self._fill(row, branch)
+        bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :self.vocab_size]
+        return torch.from_numpy(bits).view(torch.bool)
 
     def apply(self, logits: torch.Tensor, draft: Draft) -> torch.Tensor:
         """A copy of a check's logits [K+1, V] with every id its row's format rules out at -inf."""
-        return logits.masked_fill(~self.masks(draft)[:, :logits.shape[1]], float("-inf"))
+        return torch.where(self.masks(draft)[:, :logits.shape[1]], logits, float("-inf"))
 
     def prune(self, draft: Draft) -> tuple[Draft, list[int]]:
         """``draft`` without the guesses the format rules out (and their subtrees), and the kept

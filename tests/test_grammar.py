@@ -248,3 +248,20 @@ def test_bad_formats_are_400s(api, fields, says):
     r = chat(api, **fields)
     assert r.status_code == 400, r.text
     assert says in r.json()["error"]["message"]
+
+
+def test_constrained_answers_decoded_together_are_each_prompts_own(tmp_path):
+    """On the native runtime (q4k) answers under a format decoded together (specdraft.batch) are
+    each the answer its prompt gets alone, greedy and sampled with its seed."""
+    d = make_cli_model(tmp_path / "tiny", byte_level=True)
+    sd = Speculator(str(d), dtype="fp32", target_format="q4k", max_length=256, load_draft=False, progress=False)
+    assert sd.why_not_batched(SpecConfig(method="prompt-lookup")) is None
+    prompts = [sd.encode_prompt(p, chat=False) for p in ("abcabcabd abcab", "hello hello hel", "xyz")]
+    spec = SpecConfig(method="prompt-lookup", k=4, ngram_min=1, cost_rule=False)
+    for fmt in (FORMATS["schema"], FORMATS["lark"]):
+        gen = GenerationConfig(max_new_tokens=60, output_format=fmt)
+        for samplings in ([SamplingConfig()] * 3, [SamplingConfig(temperature=0.8, seed=9 + i) for i in range(3)]):
+            together = sd.generate_batch(prompts, spec=spec, samplings=samplings, gen=gen)
+            for ids, sampling, res in zip(prompts, samplings, together, strict=True):
+                alone = sd.generate(ids, spec=spec, sampling=sampling, gen=gen)
+                assert res.token_ids == alone.token_ids and keeps(fmt, res.text), res.text
