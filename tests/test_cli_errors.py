@@ -53,6 +53,11 @@ def assert_one_line_error(rc, out, err, *, contains: str = ""):
     (["--logit-bias", "x=1"], "logit-bias"),
     (["--logit-bias", "5=300"], "logit bias"),
     (["--logprobs", "30"], "logprobs"),
+    (["--regex", "[0-9]+("], "does not compile"),
+    (["--json-schema", "/nonexistent/schema.json"], "cannot read the JSON schema"),
+    (["--json-schema", '{"type": "nonsense"}'], "does not compile"),
+    (["--json-schema", "[1]"], "JSON object"),
+    (["--grammar", "/nonexistent/g.lark"], "cannot read the grammar"),
 ])
 def test_bad_parameters_give_one_line_and_status_2(capsys, args, contains):
     # --target points nowhere: the parameters must be rejected before any model is looked up.
@@ -142,6 +147,23 @@ def test_generate_runs_on_a_tiny_model(capsys, tiny_dir):
     stats = json.loads(out.strip().splitlines()[-1])
     assert stats["method"] == "draft-model" and stats["new_tokens"] <= 8
     assert stats["draft_tokens"] > 0 and stats["acceptance_rate"] == 1.0  # draft == target, chains
+
+
+def test_generate_holds_the_answer_to_a_format(capsys, tmp_path):
+    d = make_cli_model(tmp_path / "bytes", byte_level=True)  # (llguidance reads byte-level tokenizers)
+    base = ["generate", "hello", "--target", str(d), "--dtype", "fp32", "--method", "prompt-lookup", "--no-chat",
+            "--color", "never", "--max-new-tokens", "40"]
+    rc, out, err = call([*base, "--choice", "alpha", "--choice", "beta"], capsys)
+    assert rc == 0, err
+    assert out.splitlines()[0] in ("alpha", "beta")
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                                  "additionalProperties": False, "x-guidance": {"whitespace_flexible": False}}))
+    rc, out, err = call([*base, "--json-schema", str(schema)], capsys)
+    assert rc == 0, err
+    assert json.loads(out.splitlines()[0]) in ({"ok": True}, {"ok": False})
+    rc, out, err = call([*base, "--regex", "x", "--choice", "a"], capsys)  # one format at a time
+    assert_one_line_error(rc, out, err, contains="not allowed with")
 
 
 def test_prompt_too_long_for_the_context_gives_one_line(capsys, tiny_dir):
