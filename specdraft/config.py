@@ -230,10 +230,11 @@ class SpecConfig:
     # 2.19, 1.47x -> 1.49x; head 2.01 -> 2.11, 1.41x -> 1.45x; eagle 1.90 -> 2.06, 1.33x -> 1.38x.
     # False: the drafts as their prophets made them.
     extend: bool = True
-    # with an output format (GenerationConfig.output_format): where the format forces the next
-    # tokens, send them as the check's guesses instead of the drafter's (a drafting method only:
-    # "none" stays plain decoding). False: the drafter's guesses alone (the format still drops the
-    # ones it rules out).
+    # with an output format (GenerationConfig.output_format): the format shapes the guesses: the
+    # drafters that can (the MLP head's trees: head, hybrid-head, fusion) guess only what it
+    # allows, and where it forces the next tokens they join the check's guesses (a drafting method
+    # only: "none" stays plain decoding). False: the drafter's guesses as it makes them (the format
+    # still drops the deterministic ones it rules out).
     format_guesses: bool = True
     # head / hybrid-head: the directory of a trained drafting head (head.json + head.safetensors);
     # None = the one shipped for the target, when there is one.

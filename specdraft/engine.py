@@ -127,7 +127,8 @@ class Engine:
         # with an output format: the matcher of what the answer may be, fed every committed token
         constraint = None if gen.output_format is None else \
             Constraint(gen.output_format, self.tokenizer, self.target.vocab_size, self.eos_ids)
-        # the tokens a format forces go out as guesses (drafting methods only: "none" stays plain)
+        # the format shapes the guesses: the drafter guesses what it allows, and the tokens it
+        # forces go out as guesses too (drafting methods only: "none" stays plain decoding)
         format_guesses = constraint is not None and self.spec.format_guesses and stats.method != "none"
         # with GenerationConfig.prompt_logprobs: (logprob, most likely) of prompt tokens 1 .. n-1
         self.prompt_scores = None
@@ -147,6 +148,7 @@ class Engine:
             # generation's cache is kept); the last prompt row's logits give the first token.
             # The drafter begins first: a begin that used the target changed its epoch, and the record is void.
             self.drafter.begin(list(prompt_ids))
+            self.drafter.use_format(constraint.mask_after if format_guesses else None)
             features = self.drafter.uses_features  # the drafter reads target hidden states
             # and, for EAGLE-3 style drafters, the outputs of some layers (omitted when none, so a
             # model without taps serves every other drafter)

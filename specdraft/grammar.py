@@ -171,6 +171,13 @@ class Constraint:
             if took:
                 self.matcher.rollback(took)
 
+    def mask_after(self, tokens: list[int]) -> torch.Tensor:
+        """[V] bool: the ids the format allows after ``tokens`` beyond the committed answer (all
+        where it rules those out): what a drafter may guess there (Drafter.use_format)."""
+        row = np.empty((self.vocab_size + 31) // 32, dtype=np.int32)
+        self._fill(row, list(tokens))
+        return torch.from_numpy(np.unpackbits(row.view(np.uint8), bitorder="little")[:self.vocab_size]).view(torch.bool)
+
     def masks(self, draft: Draft) -> torch.Tensor:
         """[K+1, V] bool: row 0's allowed ids after the committed answer, row i + 1's after node i's
         branch (chain: the guesses up to i); a row after a guess the format rules out (never

@@ -166,6 +166,29 @@ def test_greedy_head_drafts_are_branched_trees_and_chains_without(target, traine
     assert chain.parents is None and len(chain) == 4
 
 
+def test_under_an_output_format_the_heads_children_are_what_it_allows(target, trained):
+    """With an output format (Drafter.use_format) every child of the head's tree is among what the
+    format allows after its branch: here the ids of the same parity as the branch's length."""
+    _, head, _ = trained
+    e = engine(target, "head", head, trees=True, k=4)
+    asked = []
+
+    def allowed(branch: list[int]) -> torch.Tensor:
+        asked.append(list(branch))
+        return torch.arange(VOCAB) % 2 == len(branch) % 2
+
+    e.drafter.use_format(allowed)
+    e.drafter.take_features(target.forward(torch.tensor(PROMPTS[0]), need_hidden=True).hidden)
+    tree = e.drafter.propose(PROMPTS[0], 4, SamplingConfig(), torch.Generator())
+    target.reset()
+    depth = [0] * len(tree)
+    for j, p in enumerate(tree.parents):
+        depth[j] = 1 if p < 0 else depth[p] + 1
+    assert len(tree) > 4 and all(t % 2 == (d - 1) % 2 for t, d in zip(tree.tokens, depth))
+    assert [] in asked and any(len(b) >= 2 for b in asked)
+    e.drafter.use_format(None)
+
+
 @pytest.mark.parametrize("method", ["head", "hybrid-head"])
 def test_a_bf16_target_drafts_with_the_head(tmp_path, trained, method):
     # the head runs in float32 whatever the target's dtype: its features meet a bf16 target's

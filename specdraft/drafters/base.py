@@ -81,6 +81,7 @@ class Drafter:
     output_topk = 0  # K > 0: the engine calls take_topk with the target's top K after every row it scores
     feature_layers: tuple[int, ...] = ()  # target layers whose outputs take_features also gets
     policy = None  # the engine's policy.DraftPolicy (use_policy), when the cost rule is on
+    format_mask = None  # an output format's allowed ids after a branch (use_format), or None
     # seconds of the last propose spent catching the drafter's own state up with the context (a
     # draft model's cache: its prompt, or the tokens of steps it did not draft): a drafter that
     # drafts every step never pays them, so whether its steps pay (costs.Payoff) leaves them out
@@ -101,6 +102,13 @@ class Drafter:
 
     def use_policy(self, policy) -> None:
         self.policy = policy
+
+    def use_format(self, mask: Callable[[list[int]], torch.Tensor] | None) -> None:
+        """An answer held to an output format (grammar.Constraint.mask_after: the tokens after the
+        committed context -> bool [V] over the target's ids, the ones the format allows next), or
+        None for free text. A drafter that can drafts only what it allows; the engine drops the
+        rest of a deterministic proposal anyway."""
+        self.format_mask = mask
 
     @property
     def source(self) -> Drafter | None:

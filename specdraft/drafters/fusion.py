@@ -66,6 +66,11 @@ class Fusion(Drafter):
         for c in self.components:
             c.use_policy(policy)
 
+    def use_format(self, mask) -> None:
+        super().use_format(mask)
+        for c in self.components:
+            c.use_format(mask)
+
     def begin(self, prompt: list[int]) -> None:
         for c in self.components:
             c.begin(prompt)

@@ -49,6 +49,11 @@ class Hybrid(Drafter):
         self.lookup.use_policy(policy)
         self.model.use_policy(policy)
 
+    def use_format(self, mask) -> None:
+        super().use_format(mask)
+        self.lookup.use_format(mask)
+        self.model.use_format(mask)
+
     def begin(self, prompt: list[int]) -> None:
         self.model.begin(prompt)
         if self.extension is not None:
