@@ -143,10 +143,22 @@ class Constraint:
         if self.matcher.is_error():
             raise ParameterError(f"the {fmt.kind} output format does not compile: {_one_line(self.matcher.get_error())}")
         self.vocab_size = vocab_size
+        self.eos = frozenset(eos_ids)
+        # a check's allowed-id words by branch (tokens after the committed answer), kept until the
+        # next commit: the drafter's masks and the verifier's are the same rows
+        self._rows: dict[tuple[int, ...], np.ndarray] = {}
+
+    def _end(self, tokens: list[int]) -> int | None:
+        """Where ``tokens`` hold their first end-of-sequence id (the answer ends there), or None."""
+        return next((i for i, t in enumerate(tokens) if t in self.eos), None)
 
     def commit(self, tokens: list[int]) -> None:
-        """The answer goes on with ``tokens`` (chosen under this format's masks)."""
-        if not self.matcher.consume_tokens(list(tokens)):
+        """The answer goes on with ``tokens`` (chosen under this format's masks; what follows an
+        end-of-sequence token is never the answer's)."""
+        end = self._end(tokens)
+        tokens = list(tokens) if end is None else list(tokens[:end + 1])
+        self._rows.clear()
+        if not self.matcher.consume_tokens(tokens):
             raise RuntimeError(f"the output format refused a committed token: {self.matcher.get_error()}")
 
     @property
@@ -171,11 +183,23 @@ class Constraint:
             if took:
                 self.matcher.rollback(took)
 
+    def _row(self, tokens: list[int]) -> np.ndarray:
+        """The allowed ids after ``tokens`` as int32 words (every bit after an end-of-sequence id:
+        nothing follows an end, so such a row is never reached)."""
+        key = tuple(tokens)
+        row = self._rows.get(key)
+        if row is None:
+            row = self._rows[key] = np.empty((self.vocab_size + 31) // 32, dtype=np.int32)
+            if self._end(key) is None:
+                self._fill(row, list(key))
+            else:
+                row.fill(-1)
+        return row
+
     def mask_after(self, tokens: list[int]) -> torch.Tensor:
         """[V] bool: the ids the format allows after ``tokens`` beyond the committed answer (all
         where it rules those out): what a drafter may guess there (Drafter.use_format)."""
-        row = np.empty((self.vocab_size + 31) // 32, dtype=np.int32)
-        self._fill(row, list(tokens))
+        row = self._row(tokens)
         return torch.from_numpy(np.unpackbits(row.view(np.uint8), bitorder="little")[:self.vocab_size]).view(torch.bool)
 
     def masks(self, draft: Draft) -> torch.Tensor:
@@ -187,9 +211,7 @@ class Constraint:
         else:
             branches = [[]] + [[draft.tokens[j] for j in branch_of(node, draft.parents)]
                                for node in range(len(draft))]
-        words = np.empty((len(branches), (self.vocab_size + 31) // 32), dtype=np.int32)
-        for row, branch in zip(words, branches):
-            self._fill(row, branch)
+        words = np.stack([self._row(b) for b in branches])
         bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :self.vocab_size]
         return torch.from_numpy(bits).view(torch.bool)
 
@@ -197,20 +219,27 @@ class Constraint:
         """A copy of a check's logits [K+1, V] with every id its row's format rules out at -inf."""
         return torch.where(self.masks(draft)[:, :logits.shape[1]], logits, float("-inf"))
 
+    def _valid(self, tokens: list[int]) -> int:
+        """How many of ``tokens`` the format takes after the committed answer (none after an
+        end-of-sequence id)."""
+        n = self.matcher.validate_tokens(tokens)
+        end = self._end(tokens)
+        return n if end is None else min(n, end + 1)
+
     def prune(self, draft: Draft) -> tuple[Draft, list[int]]:
         """``draft`` without the guesses the format rules out (and their subtrees), and the kept
         nodes' indices in it."""
         if not len(draft):
             return draft, []
         if draft.parents is None:
-            keep = list(range(self.matcher.validate_tokens(list(draft.tokens))))
+            keep = list(range(self._valid(list(draft.tokens))))
         else:
             keep, ok = [], [False] * len(draft)
             for j, parent in enumerate(draft.parents):
                 if parent >= 0 and not ok[parent]:
                     continue
                 branch = [draft.tokens[i] for i in branch_of(j, draft.parents)]
-                ok[j] = self.matcher.validate_tokens(branch) == len(branch)
+                ok[j] = self._valid(branch) == len(branch)
                 if ok[j]:
                     keep.append(j)
         if len(keep) == len(draft):

@@ -265,3 +265,23 @@ def test_constrained_answers_decoded_together_are_each_prompts_own(tmp_path):
             for ids, sampling, res in zip(prompts, samplings, together, strict=True):
                 alone = sd.generate(ids, spec=spec, sampling=sampling, gen=gen)
                 assert res.token_ids == alone.token_ids and keeps(fmt, res.text), res.text
+
+
+def test_nothing_after_an_end_of_sequence_token_counts(sd):
+    """A guess after an end-of-sequence guess is dropped, a row after one allows everything (it is
+    never reached), and a verdict's tokens after one are not the answer's (the format takes the
+    end and stops)."""
+    tok = sd.tokenizer
+    ids = {ch: tok.convert_tokens_to_ids(ch) for ch in "ab"}
+    eos = min(sd.target.eos_ids)
+    # complete after "ab" but not stopped: an end may come, or digits
+    c = grammar.Constraint(OutputFormat("regex", "ab[0-9]*"), tok, sd.target.model.vocab_size, sd.target.eos_ids)
+    c.commit([ids["a"], ids["b"]])
+    kept, nodes = c.prune(Draft([eos, ids["a"], ids["b"]]))
+    assert kept.tokens == [eos] and nodes == [0]
+    tree = Draft([eos, ids["a"], ids["b"]], parents=[-1, 0, -1])
+    assert c.prune(tree)[1] == [0]
+    masks = c.masks(Draft([eos, ids["a"]]))
+    assert eos in masks[0].nonzero().flatten().tolist() and bool(masks[1].all()) and bool(masks[2].all())
+    c.commit([eos, ids["a"]])
+    assert c.stopped
