@@ -231,8 +231,8 @@ class SpecConfig:
     # False: the drafts as their prophets made them.
     extend: bool = True
     # with an output format (GenerationConfig.output_format): the format shapes the guesses: the
-    # drafters that can (the MLP head's trees: head, hybrid-head, fusion) guess only what it
-    # allows, and where it forces the next tokens they join the check's guesses (a drafting method
+    # trained drafters' trees (head, eagle, medusa, hydra, mtp; in hybrid-head and fusion too)
+    # guess only what it allows after each branch, and where it forces the next tokens they join the check's guesses (a drafting method
     # only: "none" stays plain decoding). False: the drafter's guesses as it makes them (the format
     # still drops the deterministic ones it rules out).
     format_guesses: bool = True

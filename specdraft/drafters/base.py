@@ -106,8 +106,8 @@ class Drafter:
     def use_format(self, mask: Callable[[list[int]], torch.Tensor] | None) -> None:
         """An answer held to an output format (grammar.Constraint.mask_after: the tokens after the
         committed context -> bool [V] over the target's ids, the ones the format allows next), or
-        None for free text. A drafter that can drafts only what it allows; the engine drops the
-        rest of a deterministic proposal anyway."""
+        None for free text. A drafter that can drafts only what it allows (the trained drafters'
+        trees: feature_head); the engine drops the rest of a deterministic proposal anyway."""
         self.format_mask = mask
 
     @property
