@@ -158,8 +158,8 @@ class Constraint:
         end = self._end(tokens)
         tokens = list(tokens) if end is None else list(tokens[:end + 1])
         self._rows.clear()
-        if not self.matcher.consume_tokens(tokens):
-            raise RuntimeError(f"the output format refused a committed token: {self.matcher.get_error()}")
+        if not self.matcher.consume_tokens(tokens):  # (its masks allow only what it takes: its parser gave up)
+            raise ParameterError(f"the output format's parser stopped: {_one_line(self.matcher.get_error())}")
 
     @property
     def stopped(self) -> bool:

@@ -133,7 +133,7 @@ def test_prune_drops_what_the_format_rules_out_and_keeps_node_numbers(sd):
     assert ids["1"] in masks[3].nonzero().flatten().tolist() and int(masks[3].sum()) == 10
     c.commit([ids["a"]])
     assert c.forced() == [ids["b"], ids["-"]]
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ParameterError, match="parser stopped"):
         c.commit([ids["c"]])
 
 
