@@ -285,3 +285,28 @@ def test_nothing_after_an_end_of_sequence_token_counts(sd):
     assert eos in masks[0].nonzero().flatten().tolist() and bool(masks[1].all()) and bool(masks[2].all())
     c.commit([eos, ids["a"]])
     assert c.stopped
+
+
+@pytest.mark.parametrize("trees", [False, True])
+def test_the_draft_model_guesses_what_the_format_allows(sd, monkeypatch, trees):
+    """With format guesses the draft model guesses only what the format allows after each branch:
+    a chain holds nothing for the engine to drop, a tree only children it rated 0 (a node with
+    fewer allowed tokens than children); without, the format drops rated guesses."""
+    dropped = []  # (chain?, chance of each dropped node)
+    prune = grammar.Constraint.prune
+
+    def counting(self, draft):
+        kept, nodes = prune(self, draft)
+        gone = sorted(set(range(len(draft))) - set(nodes))
+        dropped.extend((draft.parents is None, None if draft.chances is None else draft.chances[j]) for j in gone)
+        return kept, nodes
+
+    monkeypatch.setattr(grammar.Constraint, "prune", counting)
+    for guesses in (True, False):
+        dropped.clear()
+        res = answer(sd, FORMATS["schema"], "draft-model", cost_rule=False, trees=trees, format_guesses=guesses)
+        assert keeps(FORMATS["schema"], res.text)
+        if guesses:
+            assert all(not chain and chance == 0.0 for chain, chance in dropped), dropped
+        else:
+            assert any(chain or chance > 0.0 for chain, chance in dropped)

@@ -164,6 +164,27 @@ class RatedGuesses(Drafter):
         self.proposed = []
 
 
+def follow_format(logits: torch.Tensor, branches: list[list[int]], mask: Callable[[list[int]], torch.Tensor],
+                  ids: torch.Tensor | None = None) -> torch.Tensor:
+    """A copy of ``logits`` [B, V'] with what an output format rules out after each row's branch
+    (the tokens after the committed context; ``mask``: Drafter.format_mask) at -inf. The rows are
+    over the drafter's ids: ``ids`` [V'] maps them to the target's (None: the first V'). A row
+    whose allowed ids all lie outside the drafter's vocabulary stays as it is (the engine drops
+    what it then guesses)."""
+    V = logits.shape[-1]
+    keep = torch.ones(logits.shape, dtype=torch.bool)
+    for b, branch in enumerate(branches):
+        allowed = mask(branch)  # [V] over the target's ids
+        if ids is not None:
+            allowed = allowed[ids]
+        elif len(allowed) < V:  # a drafter's vocabulary past the target's
+            allowed = torch.cat([allowed, allowed.new_zeros(V - len(allowed))])
+        allowed = allowed[:V]
+        if bool(allowed.any()):
+            keep[b] = allowed
+    return logits.masked_fill(~keep, float("-inf"))
+
+
 def choose(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator,
            confidence: bool) -> tuple[int, torch.Tensor | None, float]:
     """A model drafter's next guess from its logits [V]: (token, q [V] when sampling else None,

@@ -45,8 +45,8 @@ import torch
 from ..config import SamplingConfig
 from ..costs import PassRates, running_mean
 from ..heads.vocab import to_target
-from .base import Draft, DrafterContext, RatedGuesses, choose, register
-from .trees import GrownTree, node_depths, node_mask
+from .base import Draft, DrafterContext, RatedGuesses, choose, follow_format, register
+from .trees import GrownTree, branch_of, node_depths, node_mask
 
 
 class DraftModel(RatedGuesses):
@@ -124,6 +124,8 @@ class DraftModel(RatedGuesses):
         confidences, cumulative = [], []
         p_all_pass = 1.0  # the chance that every guess so far passes
         for i in range(k):
+            if self.format_mask is not None:  # (q, when sampled, is then over what the format allows)
+                logits = follow_format(logits[None], [tokens], self.format_mask, self.ids)[0]
             tok, q, p = choose(logits, sampling, generator, costed or self.min_confidence > 0.0)
             if q is not None and costed:
                 p = float(q[tok])  # a sampled guess is rated by its probability under q
@@ -169,7 +171,11 @@ class DraftModel(RatedGuesses):
                 self.fed.update((j, before + b) for b, j in enumerate(layer))
                 rows = out.logits  # [B, V']
                 self.forward_seconds = running_mean(self.forward_seconds, time.perf_counter() - t0)
-            top = torch.softmax(rows.float(), -1).topk(min(self.topk, rows.shape[-1]))
+            rows = rows.float()
+            if self.format_mask is not None:  # children among what the output format allows after each branch
+                rows = follow_format(rows, [[tree.tokens[i] for i in branch_of(j, tree.parents)] for j in layer],
+                                     self.format_mask, self.ids)
+            top = torch.softmax(rows, -1).topk(min(self.topk, rows.shape[-1]))
             return top.values.tolist(), (top.indices if self.ids is None else self.ids[top.indices]).tolist()
 
         self.tree_base = base

@@ -28,7 +28,7 @@ from ..errors import ParameterError
 from ..heads.vocab import to_target
 from ..models.quant import DenseLinear, W8A8Linear
 from ..models.small_linear import drafter_linear, drafter_linear_of
-from .base import Draft, DrafterContext, RatedGuesses, choose, register
+from .base import Draft, DrafterContext, RatedGuesses, choose, follow_format, register
 from .extend import LookupExtension, lookup_extension
 from .trees import GrownTree, branch_of
 
@@ -178,6 +178,8 @@ class FeatureHeadDrafter(RatedGuesses):
         for _ in range(k):
             f = self.advance([node], [tok], parents, feats)  # [1, H] predicted next feature
             logits = self.out(f)[0]  # [V']
+            if self.format_mask is not None:  # (q, when sampled, is then over what the format allows)
+                logits = follow_format(logits[None], [tokens], self.format_mask, self.ids)[0]
             tok, q, p = choose(logits, sampling if self.drawn else GREEDY, generator,
                                self.min_confidence > 0.0 or costed)
             tok, q = self.to_target(tok, q)
@@ -211,7 +213,8 @@ class FeatureHeadDrafter(RatedGuesses):
             f = self.advance(layer, ids, tree.parents, feats)  # [B, H] the next features
             logits = self.out(f).float()  # [B, V']
             if self.format_mask is not None:  # children among what the output format allows after each branch
-                logits = self._allowed(logits, layer, tree)
+                logits = follow_format(logits, [[tree.tokens[i] for i in branch_of(j, tree.parents)] for j in layer],
+                                       self.format_mask, self.ids)
             top = torch.softmax(logits, -1).topk(self.topk)  # values, indices [B, topk]
             feats.extend(f[b] for b in range(len(layer)) for _ in range(self.topk))  # grow_tree's child order
             return top.values.tolist(), [[self.to_target(t)[0] for t in row] for row in top.indices.tolist()]
@@ -221,17 +224,6 @@ class FeatureHeadDrafter(RatedGuesses):
         self.step_seconds = running_mean(self.step_seconds, (time.perf_counter() - t0) / tree.rounds)
         self.proposed = tree.conf
         return Draft(tree.tokens, parents=tree.parents, chances=tree.chance)
-
-    def _allowed(self, logits: torch.Tensor, layer: list[int], tree: GrownTree) -> torch.Tensor:
-        """``logits`` [B, V'] with what the output format rules out after each node of ``layer``
-        (-1: the root) at -inf; a row whose allowed ids all lie outside the head's vocabulary stays
-        as it is (its guesses are dropped by the engine)."""
-        for b, j in enumerate(layer):
-            allowed = self.format_mask([tree.tokens[i] for i in branch_of(j, tree.parents)])  # [V] target ids
-            allowed = allowed[:logits.shape[1]] if self.ids is None else allowed[self.ids]  # [V']
-            if bool(allowed.any()):
-                logits[b].masked_fill_(~allowed, float("-inf"))
-        return logits
 
     def judged_rates(self) -> PassRates:
         """Guesses drawn from q (all rated 1.0) are counted apart from the most confident ones."""

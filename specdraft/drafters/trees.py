@@ -206,7 +206,7 @@ def grow_tree(expand: Expand, rounds: int, rate: Callable[[float], float] = floa
                 tree.tokens.append(int(tok))
                 tree.parents.append(parent)
                 tree.conf.append(float(p))
-                tree.chance.append(up * rate(float(p)))
+                tree.chance.append(up * rate(float(p)) if p > 0 else 0.0)  # (0: a child ruled out, drafters.base.follow_format)
                 new.append(len(tree.tokens) - 1)
         layer = sorted(new, key=lambda j: -tree.chance[j])[:beam]
         if tree.chance[layer[0]] < MIN_CHANCE:  # nothing below here would be worth its verification
