@@ -19,6 +19,7 @@ import json
 import time
 
 from specdraft.config import GenerationConfig, OutputFormat, SpecConfig
+from specdraft.drafters import needs_draft_model
 from specdraft.drafters.suffix import HISTORY
 from specdraft.pipeline import Speculator
 
@@ -67,8 +68,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=160)
     ap.add_argument("--out", default=None, help="also write the table here (markdown)")
     args = ap.parse_args()
-    sd = Speculator(None, None, load_draft=False)
-    runs = [("none", True)] + [(m, g) for m in args.methods.split(",") for g in (True, False)]
+    methods = args.methods.split(",")
+    sd = Speculator(None, None, load_draft=any(needs_draft_model(m) for m in methods))
+    runs = [("none", True)] + [(m, g) for m in methods for g in (True, False)]
     totals = {r: [0, 0.0, 0, 0] for r in runs}  # tokens, seconds, forwards, texts unequal to none's
     for _ in range(args.rounds):
         for prompt, schema in TASKS:

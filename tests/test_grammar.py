@@ -70,6 +70,21 @@ def test_constrained_answers_keep_the_format_and_equal_plain(sd, name, method, s
     assert res.stats.drafts > 0
 
 
+def test_log_probabilities_under_a_format_are_plain_decodings(sd):
+    """Speculation under a format reports constrained plain decoding's log-probabilities (the raw
+    softmax of the rows that chose the tokens), as it does without one."""
+    def scored(method, **kw):
+        spec = SpecConfig(method=method, k=4, ngram_min=1, min_confidence=0.0, cost_rule=False, **kw)
+        return sd.generate(PROMPT, spec=spec, chat=False, gen=GenerationConfig(max_new_tokens=60, logprobs=2,
+                                                                               output_format=FORMATS["schema"]))
+    plain = scored("none")
+    for trees in (False, True):
+        res = scored("draft-model", trees=trees)
+        assert res.token_ids == plain.token_ids and res.stats.accepted_tokens > 0
+        assert res.logprobs == pytest.approx(plain.logprobs, abs=1e-5)
+        assert [[i for i, _ in t] for t in res.top_logprobs] == [[i for i, _ in t] for t in plain.top_logprobs]
+
+
 def test_the_format_changes_the_answer_and_free_text_is_untouched(sd):
     free = answer(sd, None)
     assert not keeps(FORMATS["regex"], free.text)  # (the tiny model's own text is no such thing)
