@@ -1,7 +1,8 @@
 """Structured output, timed: JSON answers to a schema, every method against plain decoding, with
 and without the format's forced tokens as guesses (SpecConfig.format_guesses).
 
-    python scripts/structured_bench.py [--rounds 2] [--style flexible|line] [--methods ...] [--out FILE]
+    python scripts/structured_bench.py [--rounds 2] [--style flexible|line] [--methods ...] [--temperature T]
+        [--out FILE]
 
 Eight extraction prompts, each with its JSON schema (no benchmark prompt among them), greedy,
 up to 160 new tokens on the default target in its auto format. Methods run interleaved prompt by
@@ -10,7 +11,9 @@ before each, as the bench does), every round; per method: summed new tokens over
 seconds (prefill included), tokens a target forward, and whether every text equals ``none``'s
 (constrained plain decoding). ``--style line``: the schemas ask for one-line JSON with ", " and
 ": " separators (llguidance's ``x-guidance`` options), where the format forces more of the text;
-``flexible`` (the default): any JSON whitespace, the model choosing it.
+``flexible`` (the default): any JSON whitespace, the model choosing it. ``--temperature T``:
+sampled, each answer seeded by its prompt and round (the texts then differ by method; every one
+the format ends must parse).
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import argparse
 import json
 import time
 
-from specdraft.config import GenerationConfig, OutputFormat, SpecConfig
+from specdraft.config import GenerationConfig, OutputFormat, SamplingConfig, SpecConfig
 from specdraft.drafters import needs_draft_model
 from specdraft.drafters.suffix import HISTORY
 from specdraft.pipeline import Speculator
@@ -66,14 +69,16 @@ def main() -> None:
     ap.add_argument("--style", choices=["flexible", "line"], default="flexible")
     ap.add_argument("--methods", default="hybrid-head,fusion,prompt-lookup")
     ap.add_argument("--max-new-tokens", type=int, default=160)
+    ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--out", default=None, help="also write the table here (markdown)")
     args = ap.parse_args()
     methods = args.methods.split(",")
     sd = Speculator(None, None, load_draft=any(needs_draft_model(m) for m in methods))
     runs = [("none", True)] + [(m, g) for m in methods for g in (True, False)]
     totals = {r: [0, 0.0, 0, 0] for r in runs}  # tokens, seconds, forwards, texts unequal to none's
-    for _ in range(args.rounds):
-        for prompt, schema in TASKS:
+    for rnd in range(args.rounds):
+        for task, (prompt, schema) in enumerate(TASKS):
+            sampling = SamplingConfig(temperature=args.temperature, seed=1000 * rnd + task)
             if args.style == "line":
                 schema = {**schema, "x-guidance": {"whitespace_flexible": False, "item_separator": ", ",
                                                    "key_separator": ": "}}
@@ -82,7 +87,7 @@ def main() -> None:
             for method, guesses in runs:
                 HISTORY.clear()  # (an earlier run's answer in the suffix drafters' history would give this one away)
                 t0 = time.perf_counter()
-                r = sd.generate(prompt, spec=SpecConfig(method=method, format_guesses=guesses), gen=gen)
+                r = sd.generate(prompt, spec=SpecConfig(method=method, format_guesses=guesses), gen=gen, sampling=sampling)
                 seconds = time.perf_counter() - t0
                 texts[(method, guesses)] = r.text
                 if r.stats.new_tokens < args.max_new_tokens:  # an answer the format ended parses as JSON
@@ -99,9 +104,10 @@ def main() -> None:
         rate = tokens / seconds
         lines.append(f"| {method} | {'-' if method == 'none' else ('on' if guesses else 'off')} | {rate:.1f} | "
                      f"{rate / base:.2f}x | {tokens / forwards:.2f} | "
-                     f"{'all' if not unequal else f'{unequal} differ'} |")
+                     f"{'- (sampled)' if args.temperature > 0 else 'all' if not unequal else f'{unequal} differ'} |")
     table = "\n".join(lines)
-    print(f"{len(TASKS)} prompts x {args.rounds} rounds, style {args.style}, {args.max_new_tokens} new tokens at most\n")
+    print(f"{len(TASKS)} prompts x {args.rounds} rounds, style {args.style}, {args.max_new_tokens} new tokens at most, "
+          f"temperature {args.temperature}\n")
     print(table)
     if args.out:
         with open(args.out, "w") as f:

@@ -231,10 +231,11 @@ class SpecConfig:
     # False: the drafts as their prophets made them.
     extend: bool = True
     # with an output format (GenerationConfig.output_format): the format shapes the guesses: the
-    # trained drafters' trees (head, eagle, medusa, hydra, mtp; in hybrid-head and fusion too)
-    # guess only what it allows after each branch, and where it forces the next tokens they join
-    # the check's guesses (a drafting method only: "none" stays plain decoding). False: the
-    # drafter's guesses as it makes them (the format still drops the deterministic ones it rules out).
+    # trained drafters' trees (head, eagle, medusa, hydra, mtp; in hybrid-head and fusion too) and
+    # the draft model guess only what it allows after each branch, and where it forces the next
+    # tokens they join the check's guesses (a drafting method only: "none" stays plain decoding).
+    # False: the drafter's guesses as it makes them (the format still drops the deterministic ones
+    # it rules out).
     format_guesses: bool = True
     # head / hybrid-head: the directory of a trained drafting head (head.json + head.safetensors);
     # None = the one shipped for the target, when there is one.
