@@ -7,9 +7,11 @@ Each row the target scores gets the mask of the tokens the format allows after t
 masked logits: the answer is the one constrained plain decoding gives (greedy: bit for bit;
 sampled: the target's distribution over the allowed tokens; log-probabilities stay the raw
 softmax's). The format is a prophet too: guesses it rules out are dropped before the check (no
-row is spent on them), and where it forces the next tokens (a schema's keys and punctuation,
-llguidance's fast-forward tokens) they join the check's guesses, verified like any other (a
-forced text may still be split into tokens another way, so they are guesses, not commits).
+row is spent on them), the drafters that can guess only what it allows after each branch
+(Drafter.use_format: the trained drafters' trees, the draft model), and where it forces the next
+tokens (a schema's keys and punctuation, llguidance's fast-forward tokens) they join the check's
+guesses, verified like any other (a forced text may still be split into tokens another way, so
+they are guesses, not commits).
 
 A sampled proposal (a draft model's chain drawn from its q) is never pruned: the verifier's
 residual max(0, p - q) needs the draws as drawn (cutting a chain at a ruled-out draw would sample
@@ -41,19 +43,6 @@ _TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _one_line(message: str) -> str:
     lines = [s.strip() for s in str(message).splitlines() if s.strip()]
     return " ".join(lines[:3])[:300]
-
-
-def _regex_literal(text: str) -> str:
-    """``text`` as a regex matching itself (llguidance's regexes: Rust's syntax)."""
-    out = []
-    for ch in text:
-        if ch.isascii() and not ch.isalnum() and ch.isprintable() and ch != " ":
-            out.append("\\" + ch)
-        elif ord(ch) < 32 or ord(ch) == 127:
-            out.append(f"\\x{{{ord(ch):x}}}")
-        else:
-            out.append(ch)
-    return "".join(out)
 
 
 def grammar_of(fmt: OutputFormat) -> str:
@@ -88,7 +77,8 @@ def _grammar_of(fmt: OutputFormat) -> str:
             options = None
         if not isinstance(options, list) or not options or not all(isinstance(o, str) and o for o in options):
             raise ParameterError("choices must be a non-empty list of non-empty strings")
-        return llguidance.LLMatcher.grammar_from_regex("(?:" + "|".join(_regex_literal(o) for o in options) + ")")
+        # Lark string literals in JSON's quoting (a regex would need escapes: in llguidance's "\\<" is a word boundary)
+        return llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(o) for o in options))
     return llguidance.LLMatcher.grammar_from_lark(fmt.spec)
 
 
@@ -119,7 +109,7 @@ def _lltokenizer(tokenizer, vocab_size: int, eos_ids: set[int]):
         held = None
     if held is not None and held[0] == key:
         return held[1]
-    backend = getattr(tokenizer, "backend", None) or getattr(tokenizer, "backend_tokenizer", None)
+    backend = getattr(tokenizer, "backend_tokenizer", None)  # (models.tokenizer.Tokenizer's, as transformers')
     if backend is None or not hasattr(backend, "to_str"):
         raise ParameterError("an output format needs a fast (tokenizers-library) tokenizer")
     eos = sorted(eos_ids) or ([tokenizer.eos_token_id] if getattr(tokenizer, "eos_token_id", None) is not None else [])

@@ -110,6 +110,20 @@ def test_sampled_constrained_answers_keep_the_format_and_their_seed(sd, method):
         assert answer(sd, FORMATS["regex"], method, sampling, cost_rule=False).text == res.text
 
 
+def test_choices_are_taken_literally(sd):
+    """Choices holding what a regex would read as syntax (angle brackets: word boundaries in
+    llguidance's regexes; quotes, bars, brackets) are matched as the texts they are."""
+    options = ['a<b', 'c>d', 'x|y', '"q"', '(z)', 'back\\', 'a.b']
+    fmt = OutputFormat.choices(options)
+    grammar.check(fmt)
+    assert answer(sd, fmt).text in options
+    for text in options:
+        c = grammar.Constraint(fmt, sd.tokenizer, sd.target.model.vocab_size, sd.target.eos_ids)
+        ids = sd.tokenizer.encode(text, add_special_tokens=False)
+        c.commit(ids)
+        assert c.matcher.is_accepting(), text
+
+
 def test_speculative_sampling_keeps_the_targets_distribution_over_the_choices(sd):
     """Answers to a choice format sampled with draft-model (sampled guesses, each judged against
     the masked target) against plain sampled decoding: a two-sample chi-square over the choices."""
