@@ -77,7 +77,7 @@ def _grammar_of(fmt: OutputFormat) -> str:
             options = None
         if not isinstance(options, list) or not options or not all(isinstance(o, str) and o for o in options):
             raise ParameterError("choices must be a non-empty list of non-empty strings")
-        # Lark string literals in JSON's quoting (a regex would need escapes: in llguidance's "\\<" is a word boundary)
+        # Lark string literals in JSON quoting (an escaped regex would not do: llguidance reads \< as a word boundary)
         return llguidance.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(o) for o in options))
     return llguidance.LLMatcher.grammar_from_lark(fmt.spec)
 
