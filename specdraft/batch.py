@@ -22,13 +22,16 @@ before the next forward, so the cache holds what the generations hold and one st
 How much each generation drafts: its policy prices a check with :class:`BatchCosts`, the cost
 of the whole step's forward with its rows beside the others' (the others' rows and tokens a step
 from their running means), so a guess is sent only where it raises the batch's tokens per second.
-A prefill (``last_only``) runs alone, as it does undecoded (a shared one once for all its askers).
+A prefill (``last_only``; one for the generations that prefill the same prompt from an empty
+cache) runs whole, alone, while nobody else is checking guesses; a prompt that joins generations
+already decoding goes on PREFILL_CHUNK rows a step, packed into their checks' forward (only its
+last row's logits computed), so they are held up for a chunk at a time, not for its whole length.
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import greenlet
 import torch
@@ -44,6 +47,12 @@ STEP_ROOM = 128
 # slot, ~250 MB for 8 answers of 256 tokens to 300-token prompts)
 MAX_BATCH = 8
 MAX_SEQUENCES = 63  # generations a batch holds at once at most: a slot's owners are the bits of an int64
+# prompt rows a step takes of a prefill while other generations are checking guesses: the prefill
+# goes on in chunks packed into their forwards (each chunk's rows are what one forward of the whole
+# prompt computes: rows do not depend on their block), so a long prompt joining holds their steps
+# up for a chunk's rows at a time, not for its whole length (a row costs ~6 ms in a check-sized
+# block on the 2-core Zen 4 EPYC: 128 rows ~0.8 s a step); a prefill with nobody else checking runs whole
+PREFILL_CHUNK = 128
 
 
 _START = object()  # Batch.run: a generation not yet started
@@ -61,6 +70,24 @@ class _Request:
     taps: tuple[int, ...]
     hidden_last_only: bool
     result: ModelOutput | None = None
+
+
+@dataclass
+class _Prefill:
+    """A prompt's prefill going on in chunks: the rows [done:] of ``req`` are still to run; the
+    generations ``seqs`` (one, or several prefilling the same prompt from an empty cache) wait
+    for it, and get its rows' slots."""
+
+    seqs: list[int]
+    req: _Request
+    done: int = 0
+    hidden: list = field(default_factory=list)  # every row's hidden states (and taps), chunk by chunk, where asked
+    taps: list = field(default_factory=list)
+
+    @property
+    def every_row(self) -> bool:
+        """Its caller reads every prompt row's hidden states (EAGLE's layer), not the last one's alone."""
+        return self.req.need_hidden and not self.req.hidden_last_only
 
 
 class BatchCosts(ForwardCosts):
@@ -213,7 +240,9 @@ class Batch:
         self._hub = None  # the greenlet that runs the joint forwards (run's caller)
         self.forwards = 0  # joint forwards run, and their rows
         self.rows = 0
-        self.prefills = 0  # prefill forwards run (one for the generations that share it)
+        self.prefills = 0  # prefills run (one for the generations that share it), whole or in chunks
+        self.chunks = 0  # prefill chunks run beside checks
+        self._prefilling: list[_Prefill] = []  # prefills going on in chunks (during run)
 
     def view(self, reserve: int = 0) -> SeqTarget:
         """A new generation's target: the lowest sequence number no live generation holds, and
@@ -289,11 +318,12 @@ class Batch:
                 replies[v.seq] = _START
 
         start(zip(jobs, views))
+        self._prefilling = []
         try:
-            while replies or admit is not None:
+            while replies or self._prefilling or admit is not None:
                 if admit is not None:
                     start(admit())
-                    if not replies:
+                    if not replies and not self._prefilling:
                         break
                 asked: dict[int, _Request] = {}
                 for seq, reply in replies.items():  # each runs to its next forward, or to its end
@@ -305,16 +335,17 @@ class Batch:
                     else:
                         asked[seq] = req
                 replies = {}
-                if not asked:
+                if not asked and not self._prefilling:
                     continue
                 try:
-                    self._run_forwards(asked)
+                    replies = self._run_forwards(asked)
                 except BaseException as e:  # the waiting generations end with an error of their own
-                    replies = dict.fromkeys(asked, e)
+                    replies = dict.fromkeys([*asked, *(q for p in self._prefilling for q in p.seqs)], e)
+                    self._prefilling = []
                     errors.append(e)
                     continue
-                replies = {seq: req.result for seq, req in asked.items()}
         finally:
+            self._prefilling = []
             for g in lets.values():  # (only where the caller itself is interrupted)
                 if not g.dead:
                     g.throw(greenlet.GreenletExit)
@@ -322,18 +353,23 @@ class Batch:
         if errors:
             raise errors[0]
 
-    def _run_forwards(self, asked: dict[int, _Request]) -> None:
-        """The forwards every live generation asked for: each prefill alone (one for the
-        generations that prefill the same prompt from an empty cache), then the checks together
-        (grouped by what they read back: hidden states, tapped layers); one check alone first
-        when the cost table wants a one-token forward to anchor its ratios."""
-        prefills: dict[tuple, list[int]] = {}
+    def _run_forwards(self, asked: dict[int, _Request]) -> dict[int, ModelOutput]:
+        """The forwards of this step; what each generation answered gets, by sequence number (a
+        generation whose prefill goes on in chunks gets nothing until its last chunk has run).
+        A new prefill is one for the generations that prefill the same prompt from an empty
+        cache. With checks to run, each prefill's next PREFILL_CHUNK rows go into the forward of
+        the checks that read back what it reads (hidden states, tapped layers), else a forward of
+        its own; without, each prefill's rows run whole, alone. The checks run together (grouped
+        by what they read back), one alone first when the cost table wants a one-token forward to
+        anchor its ratios."""
+        fresh: dict[tuple, list[int]] = {}
         for s, r in asked.items():
             if r.last_only:
                 same = (tuple(r.ids.tolist()), tuple(r.positions.tolist()), r.need_hidden, r.taps, r.hidden_last_only)
-                prefills.setdefault(same if self.live[s].length == 0 else (s,), []).append(s)
+                fresh.setdefault(same if self.live[s].length == 0 else (s,), []).append(s)
+        self._prefilling += [_Prefill(seqs, asked[seqs[0]]) for seqs in fresh.values()]
         checks = [s for s, r in asked.items() if not r.last_only]
-        groups: dict[tuple, list[int]] = {}
+        groups: dict[tuple, list] = {}  # what a forward reads back -> its pieces: check seqs and prefills
         if self.costs.wants_one():
             one = next((s for s in checks if int(asked[s].ids.shape[0]) == 1), None)
             if one is not None:
@@ -342,10 +378,16 @@ class Batch:
         for s in checks:
             groups.setdefault((asked[s].need_hidden, asked[s].taps), []).append(s)
         self._others(asked)
-        for seqs in prefills.values():
-            self._forward(seqs[:1], asked, sharing=seqs)
-        for seqs in groups.values():
-            self._forward(seqs, asked)
+        answered: dict[int, ModelOutput] = {}
+        for p in self._prefilling:  # (kept listed until the step ends: a failed forward fails their generations too)
+            if not groups:  # nobody checks this step: its rows run whole, alone
+                self._forward([p], answered, alone=True)
+            else:
+                groups.setdefault((p.req.need_hidden, p.req.taps), []).append(p)
+        for pieces in groups.values():
+            self._forward(pieces, answered, asked)
+        self._prefilling = [p for p in self._prefilling if p.done < int(p.req.ids.shape[0])]
+        return answered
 
     def _others(self, asked: dict[int, _Request]) -> None:
         """Tell each generation's costs the others' rows and tokens a step."""
@@ -373,49 +415,99 @@ class Batch:
             if v.slots and v.slots[-1] >= first:
                 v.slots = new[torch.tensor(v.slots, dtype=torch.int64)].tolist()
 
-    def _forward(self, seqs: list[int], asked: dict[int, _Request], sharing: list[int] | None = None) -> None:
-        """One forward over the rows ``seqs`` asked for (in that order), each row seeing its
-        sequence's slots and its own block's rows its mask lets it see; ``sharing``: the
-        sequences that asked for the one prefill ``seqs`` holds, which all get its rows and slots."""
+    def _forward(self, pieces: list, answered: dict[int, ModelOutput], asked: dict[int, _Request] | None = None,
+                 alone: bool = False) -> None:
+        """One forward over ``pieces``, in that order: a check (a sequence number: the rows it
+        asked for in ``asked``) or a prefill (_Prefill: its next PREFILL_CHUNK rows, or, ``alone``,
+        all it has left). Each row sees its sequence's slots and the rows of its own block that its
+        mask lets it see; the logits are computed for a check's rows and a finished prefill's last
+        row. Fills ``answered`` for the checks and the generations of each finished prefill."""
         self._squeeze()
         m = self.model
         L0 = m.length
-        reqs = [asked[s] for s in seqs]
-        sizes = [int(r.ids.shape[0]) for r in reqs]
+        parts = []  # (owners' bits, ids, positions, block, logit rows of the part, the piece)
+        for piece in pieces:
+            if isinstance(piece, _Prefill):
+                r, a = piece.req, piece.done
+                n = int(r.ids.shape[0]) - a if alone else min(PREFILL_CHUNK, int(r.ids.shape[0]) - a)
+                self.chunks += not alone
+                last = a + n == int(r.ids.shape[0])
+                parts.append((sum(1 << q for q in piece.seqs), r.ids[a:a + n], r.positions[a:a + n],
+                              r.block[a:a + n, a:a + n], [n - 1] if last else [], piece))
+            else:
+                r = asked[piece]
+                T = int(r.ids.shape[0])
+                parts.append((1 << piece, r.ids, r.positions, r.block, list(range(T)), piece))
+        sizes = [int(ids.shape[0]) for _, ids, *_ in parts]
         R = sum(sizes)
         if m.max_length < L0 + R:
             raise ValueError(f"the batch's cache is full ({L0} + {R} > {m.max_length} slots)")
         mask = torch.zeros(R, L0 + R, dtype=torch.bool)
+        rows: list[int] = []  # the rows whose logits are computed
         b = 0
-        for s, r, T in zip(seqs, reqs, sizes):
-            mask[b:b + T, :L0] = (self.owner[:L0] & (1 << s)) != 0
-            mask[b:b + T, L0 + b:L0 + b + T] = r.block
+        for (bits, _, _, block, logit_rows, _), T in zip(parts, sizes):
+            mask[b:b + T, :L0] = (self.owner[:L0] & bits) != 0
+            mask[b:b + T, L0 + b:L0 + b + T] = block
+            rows += [b + i for i in logit_rows]
             b += T
-        first = reqs[0]
-        prefill = sharing is not None
+        checking = any(not isinstance(p, _Prefill) for p in pieces)
+        need_hidden = any((not isinstance(p, _Prefill) and asked[p].need_hidden)
+                          or (isinstance(p, _Prefill) and p.req.need_hidden) for p in pieces)
+        first = pieces[0].req if isinstance(pieces[0], _Prefill) else asked[pieces[0]]
         t0 = time.perf_counter()
-        out = m.forward(torch.cat([r.ids for r in reqs]), positions=torch.cat([r.positions for r in reqs]),
-                        tree_mask=mask, last_only=prefill, need_hidden=any(r.need_hidden for r in reqs),
-                        taps=first.taps, hidden_last_only=prefill and first.hidden_last_only)
+        if alone:  # a prefill by itself: its last row alone past the last layer's keys and values, where it may
+            p = pieces[0]
+            out = m.forward(parts[0][1], positions=parts[0][2], tree_mask=mask, last_only=True,
+                            need_hidden=p.req.need_hidden, taps=p.req.taps,
+                            hidden_last_only=p.req.hidden_last_only)
+        else:
+            out = m.forward(torch.cat([ids for _, ids, *_ in parts]), positions=torch.cat([pos for _, _, pos, *_ in parts]),
+                            tree_mask=mask, need_hidden=need_hidden, taps=first.taps,
+                            logit_rows=torch.tensor(rows, dtype=torch.int64))
         seconds = time.perf_counter() - t0
-        if not prefill:
-            self.costs.record(R, seconds)
+        if checking:
             self.forwards += 1
-            self.rows += R
-        if sharing is not None:
-            self.prefills += 1
-            self.owner[L0:L0 + R] = sum(1 << s for s in sharing)
-            for s in sharing:  # each its own copy: an engine may change its rows in place
-                self.live[s].slots += range(L0, L0 + R)
-                asked[s].result = ModelOutput(out.logits.clone(), None if out.hidden is None else out.hidden.clone(),
-                                              None if out.taps is None else out.taps.clone())
-            return
-        bits = torch.tensor([1 << s for s in seqs], dtype=torch.int64)
-        self.owner[L0:L0 + R] = torch.repeat_interleave(bits, torch.tensor(sizes))
-        b = 0
-        for s, r, T in zip(seqs, reqs, sizes):
-            self.live[s].slots += range(L0 + b, L0 + b + T)
-            rows = slice(b, b + T)
-            r.result = ModelOutput(out.logits[rows], None if out.hidden is None or not r.need_hidden else out.hidden[rows],
-                                   None if out.taps is None or not r.need_hidden else out.taps[rows])
+            self.rows += sum(T for part, T in zip(parts, sizes) if not isinstance(part[-1], _Prefill))
+            if all(not isinstance(p, _Prefill) for p in pieces):  # (a forward with a prefill's rows is no check's cost)
+                self.costs.record(R, seconds)
+        b, at = 0, 0  # the part's first row, and its first row among the logits
+        for (bits, _, _, _, logit_rows, piece), T in zip(parts, sizes):
+            self.owner[L0 + b:L0 + b + T] = bits
+            logits = out.logits[at:at + len(logit_rows)] if not alone else out.logits
+            at += len(logit_rows)
+            if isinstance(piece, _Prefill):
+                self._prefilled(piece, T, range(L0 + b, L0 + b + T), logits, out, slice(b, b + T), alone, answered)
+            else:
+                r = asked[piece]
+                self.live[piece].slots += range(L0 + b, L0 + b + T)
+                answered[piece] = ModelOutput(
+                    logits, None if out.hidden is None or not r.need_hidden else out.hidden[b:b + T],
+                    None if out.taps is None or not r.need_hidden else out.taps[b:b + T])
             b += T
+
+    def _prefilled(self, p: _Prefill, n: int, slots: range, logits: torch.Tensor, out: ModelOutput, part: slice,
+                   alone: bool, answered: dict[int, ModelOutput]) -> None:
+        """Prefill ``p`` ran its next ``n`` rows into ``slots`` (rows ``part`` of ``out``); once its
+        last row has run, each of its generations gets its own copy of the prefill's output (an
+        engine may change its rows in place): the last row's logits, and the hidden states (and
+        taps) of every row or of the last, as it asked."""
+        for q in p.seqs:
+            self.live[q].slots += slots
+        p.done += n
+        if p.req.need_hidden and out.hidden is not None:
+            if alone:  # (the forward gave what the request asked: every row's, or the last one's)
+                p.hidden.append(out.hidden)
+                p.taps.append(out.taps)
+            elif p.every_row or p.done == int(p.req.ids.shape[0]):
+                h, t = out.hidden[part], None if out.taps is None else out.taps[part]
+                keep = slice(None) if p.every_row else slice(-1, None)
+                p.hidden.append(h[keep])
+                p.taps.append(None if t is None else t[keep])
+        if p.done < int(p.req.ids.shape[0]):
+            return
+        self.prefills += 1
+        hidden = torch.cat(p.hidden) if p.hidden else None
+        taps = torch.cat(p.taps) if p.taps and p.taps[0] is not None else None
+        for q in p.seqs:
+            answered[q] = ModelOutput(logits.clone(), None if hidden is None else hidden.clone(),
+                                      None if taps is None else taps.clone())

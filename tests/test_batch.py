@@ -78,6 +78,50 @@ def test_answers_decoded_together_are_each_prompts_own(target, method, temperatu
     assert batch.model.length == 0 and (batch.owner == 0).all()  # every slot freed at the end
 
 
+@pytest.mark.parametrize("method, temperature", [("none", 0.0), ("prompt-lookup", 0.0), ("prompt-lookup", 0.8),
+                                                 ("lookahead", 0.0)])
+def test_prefills_joining_a_batch_run_in_chunks_beside_its_checks(target, method, temperature, monkeypatch):
+    """Generations admitted while others check their guesses prefill PREFILL_CHUNK rows a step,
+    packed into the checks' forward (two answers to one prompt sharing the chunks); every answer
+    is still its prompt's own."""
+    from specdraft import batch as batch_module
+
+    monkeypatch.setattr(batch_module, "PREFILL_CHUNK", 4)
+    prompts = _prompts((6, 17, 31, 9), seed=5)
+    prompts.insert(3, prompts[2])  # two answers to one prompt: they share its chunks
+    samplings = [SamplingConfig(temperature=temperature, seed=20 + i) for i in range(len(prompts))]
+    gen = GenerationConfig(max_new_tokens=16)
+    batch = Batch(target, sum(len(p) + gen.max_new_tokens + 128 for p in prompts), ForwardCosts())
+    engines, later = [], list(range(1, len(prompts)))
+
+    def job(i, view):
+        e = _engine(view, method, view.costs)
+        engines.append((i, e))
+        return lambda: e.generate(prompts[i], samplings[i], gen)
+
+    def admit():  # one generation first; the others join two steps apart, the two same prompts together
+        if batch.forwards % 2 or not later:
+            return []
+        take = [later.pop(0)]
+        if later and prompts[later[0]] == prompts[take[0]]:
+            take.append(later.pop(0))
+        out = []
+        for i in take:
+            v = batch.view()
+            out.append((job(i, v), v))
+        return out
+
+    first = batch.view()
+    batch.run([job(0, first)], [first], admit)
+    got = {i: list(e.token_ids) for i, e in engines}
+    assert sorted(got) == list(range(len(prompts)))
+    for i, p in enumerate(prompts):
+        assert got[i] == _alone(target, method, p, samplings[i], gen)[0], i
+    assert batch.chunks > batch.prefills  # (prefills went on in several chunks)
+    assert batch.prefills == len(prompts) - 1  # (one for the two answers to one prompt)
+    assert batch.model.length == 0 and (batch.owner == 0).all()
+
+
 @pytest.mark.parametrize("method", ["none", "prompt-lookup"])
 def test_answers_to_one_prompt_share_its_prefill(target, method):
     """n sampled answers to one prompt: one prefill for all, each answer its seed's own."""

@@ -249,6 +249,42 @@ def test_default_target_answers_decoded_together_are_each_prompts_own(pair, pair
         assert sum(r.stats.accepted_tokens for r in got) > 0
 
 
+@pytest.mark.parametrize("method", ["eagle", "hybrid-head"])
+def test_default_target_answers_joining_a_batch_prefill_in_chunks(pair, pair_plain_scored, method, monkeypatch):
+    """Answers joining a batch two steps in: their prefills go on in chunks of 16 rows packed into
+    the first answer's checks (EAGLE reading every prompt row's features, hybrid-head the last
+    row's; the two answers to one prompt sharing the chunks), and every answer is still its
+    prompt's plain one, log-probabilities too."""
+    from specdraft import batch
+    from specdraft.pipeline import Answer
+
+    monkeypatch.setattr(batch, "PREFILL_CHUNK", 16)
+    packed = []  # the prefill chunks run beside checks
+    forward = batch.Batch._forward
+
+    def counting(self, pieces, answered, asked=None, alone=False):
+        packed.extend(p for p in pieces if isinstance(p, batch._Prefill) and not alone)
+        return forward(self, pieces, answered, asked, alone)
+
+    monkeypatch.setattr(batch.Batch, "_forward", counting)
+    prompts, gen, plain = pair_plain_scored
+    spec = SpecConfig(method=method, k=6, cost_rule=False)
+    got = {}
+    answers = [Answer(ids, spec, SamplingConfig(), gen, on_done=lambda r, i=i: got.__setitem__(i, r))
+               for i, ids in enumerate(prompts)]
+    asked = []
+
+    def more(room, places):  # the second and third answers join at the third step
+        asked.append(room)
+        return answers[1:] if len(asked) == 3 else []
+
+    pair.decode_together(answers[:1], more=more, capacity=sum(a.need for a in answers))
+    for i, want in enumerate(plain):
+        assert got[i].token_ids == want.token_ids
+        assert got[i].logprobs == want.logprobs and got[i].top_logprobs == want.top_logprobs
+    assert len(packed) >= 4  # (each joining prefill: more than one chunk)
+
+
 def test_default_target_scores_its_prompt_as_one_forward_does(pair):
     """prompt_logprobs on the default target with a feature drafter (hybrid-head reads the target's
     features and taps): the prompt prefilled SCORED_BLOCK rows at a time scores each token as one

@@ -721,7 +721,10 @@ class LlamaModel:
     def forward(self, ids: torch.Tensor, *, positions: torch.Tensor | None = None,
                 tree_mask: torch.Tensor | None = None, last_only: bool = False,
                 need_hidden: bool = False, taps: tuple[int, ...] = (),
-                hidden_last_only: bool = False) -> ModelOutput:
+                hidden_last_only: bool = False, logit_rows: torch.Tensor | None = None) -> ModelOutput:
+        """``logit_rows`` [n] (new rows' indices): logits for those rows alone, [n, V] (several
+        sequences' rows packed in one forward, specdraft.batch: a prefill's chunk needs none, or
+        its last row's); the hidden states, where asked for, stay every row's."""
         T = int(ids.shape[0])
         L0 = self.length
         L = L0 + T
@@ -747,6 +750,9 @@ class LlamaModel:
             x = x[-1:]
             tapped = {i: t[-1:] for i, t in tapped.items()}
         hidden = self._rms(x, self.norm)  # [T', H]: every row when asked for, else T' = 1 with last_only
-        logits = self.lm_head(hidden[-1:] if last_only else hidden).float()  # [T' or 1, V]
+        if logit_rows is not None:
+            logits = self.lm_head(hidden[logit_rows]).float() if len(logit_rows) else hidden.new_zeros(0, self.vocab_size)
+        else:
+            logits = self.lm_head(hidden[-1:] if last_only else hidden).float()  # [T' or 1, V]
         return ModelOutput(logits=logits, hidden=hidden if need_hidden else None,
                            taps=torch.stack(list(tapped.values()), 1) if tapped else None)
