@@ -231,8 +231,11 @@ class Batch:
     """A target's weights over a cache of their own, shared by the generations ``run`` drives
     side by side; ``costs``: the target's forward costs (the joint forwards are timed into it)."""
 
-    def __init__(self, model, capacity: int, costs: ForwardCosts):
+    def __init__(self, model, capacity: int, costs: ForwardCosts, prefill_chunk: int | None = None):
         self.model = model.with_cache(capacity)
+        # prompt rows a step of a prefill beside others' checks (None: PREFILL_CHUNK; 0: whole)
+        chunk = PREFILL_CHUNK if prefill_chunk is None else prefill_chunk
+        self.prefill_chunk = chunk if chunk > 0 else 1 << 62
         self.max_length = model.max_length  # a sequence's positions: the model's RoPE tables
         self.costs = costs
         self.owner = torch.zeros(self.model.max_length, dtype=torch.int64)  # slot -> its sequences' bits (0: free)
@@ -429,7 +432,7 @@ class Batch:
         for piece in pieces:
             if isinstance(piece, _Prefill):
                 r, a = piece.req, piece.done
-                n = int(r.ids.shape[0]) - a if alone else min(PREFILL_CHUNK, int(r.ids.shape[0]) - a)
+                n = int(r.ids.shape[0]) - a if alone else min(self.prefill_chunk, int(r.ids.shape[0]) - a)
                 self.chunks += not alone
                 last = a + n == int(r.ids.shape[0])
                 parts.append((sum(1 << q for q in piece.seqs), r.ids[a:a + n], r.positions[a:a + n],

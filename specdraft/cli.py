@@ -125,6 +125,9 @@ def _add_serve(sub) -> None:
     v.add_argument("--batch-slots", type=int, default=_DEFAULTS_SERVER.batch_slots,
                    help="cache slots for requests decoded together (one target forward a step for all; requests "
                         "waiting side by side and several choices run so); 0: each runs alone, in turn")
+    v.add_argument("--prefill-chunk", type=int, default=_DEFAULTS_SERVER.prefill_chunk,
+                   help="prompt rows a step of a request joining others being decoded, packed into their checks: "
+                        "they wait a chunk at a time, not for its whole prompt (0: the whole prompt in one step)")
     v.add_argument("--prefix-cache-mb", type=int, default=1024,
                    help="memory for copies of earlier conversations' caches, so that chats taking turns each find "
                         "theirs (0: only the latest prefix is kept)")
@@ -366,9 +369,9 @@ def _cmd_serve(args) -> int:
     args.method = default_method(args)
     spec = spec_from_args(args.method, args)
     if args.queue_size < 1 or args.request_timeout <= 0 or args.max_body_bytes < 1024 or not 0 < args.port < 65536 \
-            or args.prefix_cache_mb < 0 or args.batch_slots < 0:
+            or args.prefix_cache_mb < 0 or args.batch_slots < 0 or args.prefill_chunk < 0:
         raise ParameterError("queue-size must be >= 1, request-timeout > 0, max-body-bytes >= 1024, port in 1..65535, "
-                             "prefix-cache-mb >= 0, batch-slots >= 0")
+                             "prefix-cache-mb >= 0, batch-slots >= 0, prefill-chunk >= 0")
     with_draft = not args.no_draft
     if not with_draft and needs_draft_model(args.method):
         raise ParameterError(f"--method {args.method} needs the draft model; drop --no-draft or pick none/prompt-lookup")
@@ -382,7 +385,7 @@ def _cmd_serve(args) -> int:
     sd.engine(spec)  # the default method's drafter, built once here: a bad --index or --head fails now, not per request
     config = ServerConfig(model_name=args.model_name or sd.target.name, spec=spec, max_waiting=args.queue_size,
                           request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes,
-                          batch_slots=args.batch_slots)
+                          batch_slots=args.batch_slots, prefill_chunk=args.prefill_chunk)
     print(f"serving {config.model_name} on http://{args.host}:{args.port} (method {spec.method}; chat page at /)",
           file=sys.stderr)
     uvicorn.run(create_app(sd, config), host=args.host, port=args.port, log_level="warning")

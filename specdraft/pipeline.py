@@ -379,7 +379,8 @@ class Speculator:
         return results
 
     def decode_together(self, answers: list[Answer], *,
-                        more: Callable[[int, int], list[Answer]] | None = None, capacity: int | None = None) -> None:
+                        more: Callable[[int, int], list[Answer]] | None = None, capacity: int | None = None,
+                        prefill_chunk: int | None = None) -> None:
         """Decode ``answers`` together (specdraft.batch: one target forward a step for all of
         them), each to its end or its stop, its pieces and result handed to its callbacks;
         ``more(room, places)``, asked before each step, gives answers to join them, at most
@@ -390,7 +391,7 @@ class Speculator:
             self._check_method(a.spec)
         if self.prefix is not None:
             self.prefix.save_live()  # the target's own cache holds a conversation the answers may continue
-        batch = Batch(self.target.model, capacity or sum(a.need for a in answers), self._costs)
+        batch = Batch(self.target.model, capacity or sum(a.need for a in answers), self._costs, prefill_chunk)
 
         def started(group: list[Answer]) -> list:
             pairs = []

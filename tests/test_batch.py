@@ -80,18 +80,15 @@ def test_answers_decoded_together_are_each_prompts_own(target, method, temperatu
 
 @pytest.mark.parametrize("method, temperature", [("none", 0.0), ("prompt-lookup", 0.0), ("prompt-lookup", 0.8),
                                                  ("lookahead", 0.0)])
-def test_prefills_joining_a_batch_run_in_chunks_beside_its_checks(target, method, temperature, monkeypatch):
+def test_prefills_joining_a_batch_run_in_chunks_beside_its_checks(target, method, temperature):
     """Generations admitted while others check their guesses prefill PREFILL_CHUNK rows a step,
     packed into the checks' forward (two answers to one prompt sharing the chunks); every answer
     is still its prompt's own."""
-    from specdraft import batch as batch_module
-
-    monkeypatch.setattr(batch_module, "PREFILL_CHUNK", 4)
     prompts = _prompts((6, 17, 31, 9), seed=5)
     prompts.insert(3, prompts[2])  # two answers to one prompt: they share its chunks
     samplings = [SamplingConfig(temperature=temperature, seed=20 + i) for i in range(len(prompts))]
     gen = GenerationConfig(max_new_tokens=16)
-    batch = Batch(target, sum(len(p) + gen.max_new_tokens + 128 for p in prompts), ForwardCosts())
+    batch = Batch(target, sum(len(p) + gen.max_new_tokens + 128 for p in prompts), ForwardCosts(), prefill_chunk=4)
     engines, later = [], list(range(1, len(prompts)))
 
     def job(i, view):

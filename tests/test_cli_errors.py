@@ -479,6 +479,12 @@ def test_train_drafter_freeze_step_without_init_gives_one_line(capsys, tmp_path)
     assert_one_line_error(rc, out, err, contains="--freeze-step")
 
 
+@pytest.mark.parametrize("flag", ["--prefill-chunk", "--batch-slots"])
+def test_serve_refuses_a_negative_batch_setting(capsys, flag):
+    rc, out, err = call(["serve", "--target", "/nonexistent/model", flag, "-1"], capsys)
+    assert_one_line_error(rc, out, err, contains=flag.lstrip("-"))
+
+
 def test_serve_refuses_a_negative_prefix_cache(capsys):
     rc, out, err = call(["serve", "--target", "/nonexistent/model", "--prefix-cache-mb", "-1"], capsys)
     assert_one_line_error(rc, out, err, contains="prefix-cache-mb")

@@ -64,7 +64,8 @@ def create_app(speculator, config: ServerConfig) -> FastAPI:
     together = config.batch_slots > 0
     worker = Worker(functools.partial(run_generation, speculator), max_waiting=config.max_waiting,
                     together=functools.partial(decodes_together, speculator) if together else None,
-                    run_together=(lambda job, take: run_together(speculator, job, take, config.batch_slots))
+                    run_together=(lambda job, take: run_together(speculator, job, take, config.batch_slots,
+                                                                 config.prefill_chunk))
                     if together else None)
 
     @asynccontextmanager

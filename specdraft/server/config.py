@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..batch import PREFILL_CHUNK
 from ..config import SpecConfig
 
 
@@ -17,3 +18,6 @@ class ServerConfig:
     # 1.5B target, so ~470 MB); a request joins them while its prompt, max_tokens and widest
     # check fit in what the others leave. 0: every request and choice runs alone, in turn
     batch_slots: int = 8192
+    # prompt rows a step of a request joining others being decoded, packed into their checks
+    # (batch.PREFILL_CHUNK; 0: its whole prompt in one step)
+    prefill_chunk: int = PREFILL_CHUNK

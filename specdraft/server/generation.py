@@ -141,12 +141,14 @@ def decodes_together(speculator, job: Job) -> bool:
     return isinstance(job, BatchJob) or speculator.why_not_batched(job.request.spec) is None
 
 
-def run_together(speculator, first: Job, take: Callable[[Callable[[Job], bool]], Job | None], slots: int) -> None:
+def run_together(speculator, first: Job, take: Callable[[Callable[[Job], bool]], Job | None], slots: int,
+                 prefill_chunk: int | None = None) -> None:
     """A session of jobs decoded together (Speculator.decode_together), ``first`` and the jobs
     ``take(fits)`` hands over while it runs (a job whose answers each fit the batch's cache):
     each answer joins as soon as the batch has a place and room for it, in order, its events
     going to its job as run_generation's do (a BatchJob's choices: to each choice's job).
-    ``slots``: the batch's cache (larger where the first job's answers need it)."""
+    ``slots``: the batch's cache (larger where the first job's answers need it); ``prefill_chunk``:
+    prompt rows a step of a joining answer's prefill (batch.Batch)."""
     pending = _answers(first)
     capacity = max(slots, *(a.need for a in pending))
 
@@ -168,7 +170,7 @@ def run_together(speculator, first: Job, take: Callable[[Callable[[Job], bool]],
             out.append(pending.pop(0))
         return out
 
-    speculator.decode_together(more(capacity, MAX_BATCH), more=more, capacity=capacity)
+    speculator.decode_together(more(capacity, MAX_BATCH), more=more, capacity=capacity, prefill_chunk=prefill_chunk)
 
 
 def _answers(job: Job) -> list[Answer]:
