@@ -69,7 +69,6 @@ class _Request:
     need_hidden: bool
     taps: tuple[int, ...]
     hidden_last_only: bool
-    result: ModelOutput | None = None
 
 
 @dataclass
@@ -83,6 +82,10 @@ class _Prefill:
     done: int = 0
     hidden: list = field(default_factory=list)  # every row's hidden states (and taps), chunk by chunk, where asked
     taps: list = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        return int(self.req.ids.shape[0])
 
     @property
     def every_row(self) -> bool:
@@ -389,7 +392,7 @@ class Batch:
                 groups.setdefault((p.req.need_hidden, p.req.taps), []).append(p)
         for pieces in groups.values():
             self._forward(pieces, answered, asked)
-        self._prefilling = [p for p in self._prefilling if p.done < int(p.req.ids.shape[0])]
+        self._prefilling = [p for p in self._prefilling if p.done < p.length]
         return answered
 
     def _others(self, asked: dict[int, _Request]) -> None:
@@ -432,11 +435,10 @@ class Batch:
         for piece in pieces:
             if isinstance(piece, _Prefill):
                 r, a = piece.req, piece.done
-                n = int(r.ids.shape[0]) - a if alone else min(self.prefill_chunk, int(r.ids.shape[0]) - a)
+                n = piece.length - a if alone else min(self.prefill_chunk, piece.length - a)
                 self.chunks += not alone
-                last = a + n == int(r.ids.shape[0])
                 parts.append((sum(1 << q for q in piece.seqs), r.ids[a:a + n], r.positions[a:a + n],
-                              r.block[a:a + n, a:a + n], [n - 1] if last else [], piece))
+                              r.block[a:a + n, a:a + n], [n - 1] if a + n == piece.length else [], piece))
             else:
                 r = asked[piece]
                 T = int(r.ids.shape[0])
@@ -454,24 +456,21 @@ class Batch:
             rows += [b + i for i in logit_rows]
             b += T
         checking = any(not isinstance(p, _Prefill) for p in pieces)
-        need_hidden = any((not isinstance(p, _Prefill) and asked[p].need_hidden)
-                          or (isinstance(p, _Prefill) and p.req.need_hidden) for p in pieces)
-        first = pieces[0].req if isinstance(pieces[0], _Prefill) else asked[pieces[0]]
+        reqs = [p.req if isinstance(p, _Prefill) else asked[p] for p in pieces]
+        first = reqs[0]  # (the pieces of one forward read back the same taps)
         t0 = time.perf_counter()
         if alone:  # a prefill by itself: its last row alone past the last layer's keys and values, where it may
-            p = pieces[0]
             out = m.forward(parts[0][1], positions=parts[0][2], tree_mask=mask, last_only=True,
-                            need_hidden=p.req.need_hidden, taps=p.req.taps,
-                            hidden_last_only=p.req.hidden_last_only)
+                            need_hidden=first.need_hidden, taps=first.taps, hidden_last_only=first.hidden_last_only)
         else:
             out = m.forward(torch.cat([ids for _, ids, *_ in parts]), positions=torch.cat([pos for _, _, pos, *_ in parts]),
-                            tree_mask=mask, need_hidden=need_hidden, taps=first.taps,
+                            tree_mask=mask, need_hidden=any(r.need_hidden for r in reqs), taps=first.taps,
                             logit_rows=torch.tensor(rows, dtype=torch.int64))
         seconds = time.perf_counter() - t0
         if checking:
             self.forwards += 1
             self.rows += sum(T for part, T in zip(parts, sizes) if not isinstance(part[-1], _Prefill))
-            if all(not isinstance(p, _Prefill) for p in pieces):  # (a forward with a prefill's rows is no check's cost)
+            if not any(isinstance(p, _Prefill) for p in pieces):  # (a forward with a prefill's rows is no check's cost)
                 self.costs.record(R, seconds)
         b, at = 0, 0  # the part's first row, and its first row among the logits
         for (bits, _, _, _, logit_rows, piece), T in zip(parts, sizes):
@@ -501,12 +500,12 @@ class Batch:
             if alone:  # (the forward gave what the request asked: every row's, or the last one's)
                 p.hidden.append(out.hidden)
                 p.taps.append(out.taps)
-            elif p.every_row or p.done == int(p.req.ids.shape[0]):
+            elif p.every_row or p.done == p.length:
                 h, t = out.hidden[part], None if out.taps is None else out.taps[part]
                 keep = slice(None) if p.every_row else slice(-1, None)
                 p.hidden.append(h[keep])
                 p.taps.append(None if t is None else t[keep])
-        if p.done < int(p.req.ids.shape[0]):
+        if p.done < p.length:
             return
         self.prefills += 1
         hidden = torch.cat(p.hidden) if p.hidden else None

@@ -30,7 +30,7 @@ import torch
 from .config import GenerationConfig, SamplingConfig, SpecConfig
 from .costs import ForwardCosts
 from .drafters.base import Draft, Drafter
-from .drafters.trees import branch_of, node_depths
+from .drafters.trees import node_depths, row_branches
 from .errors import ContextLengthError, ParameterError
 from .grammar import Constraint
 from .metrics import SpecStats
@@ -341,12 +341,7 @@ class Engine:
                    sampling: SamplingConfig) -> torch.Tensor:
         if not sampling.penalized:
             return logits
-        if draft.parents is None:
-            branches = [draft.tokens[:i] for i in range(len(draft.tokens) + 1)]
-        else:
-            branches = [[]] + [[draft.tokens[j] for j in branch_of(node, draft.parents)]
-                               for node in range(len(draft.tokens))]
-        return apply_penalties(logits, generated, branches, prompt, sampling)
+        return apply_penalties(logits, generated, row_branches(draft.tokens, draft.parents), prompt, sampling)
 
     @staticmethod
     def _scores(logits: torch.Tensor, tokens: list[int], gen: GenerationConfig) -> list:

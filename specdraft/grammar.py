@@ -31,7 +31,7 @@ import torch
 
 from .config import OutputFormat
 from .drafters.base import Draft
-from .drafters.trees import branch_of, keep_nodes, merge_drafts
+from .drafters.trees import branch_of, keep_nodes, merge_drafts, row_branches
 from .errors import ParameterError
 from .policy import Sent
 
@@ -196,12 +196,7 @@ class Constraint:
         """[K+1, V] bool: row 0's allowed ids after the committed answer, row i + 1's after node i's
         branch (chain: the guesses up to i); a row after a guess the format rules out (never
         accepted) allows everything."""
-        if draft.parents is None:
-            branches = [draft.tokens[:i] for i in range(len(draft) + 1)]
-        else:
-            branches = [[]] + [[draft.tokens[j] for j in branch_of(node, draft.parents)]
-                               for node in range(len(draft))]
-        words = np.stack([self._row(b) for b in branches])
+        words = np.stack([self._row(b) for b in row_branches(draft.tokens, draft.parents)])
         bits = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :self.vocab_size]
         return torch.from_numpy(bits).view(torch.bool)
 

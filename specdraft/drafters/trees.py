@@ -82,6 +82,18 @@ def branch_of(node: int, parents: list[int]) -> list[int]:
     return out[::-1]
 
 
+def row_branches(tokens: list[int], parents: list[int] | None) -> list[list[int]]:
+    """The guesses before each row of a check over [last token] + a draft: row 0 none, row j + 1
+    node j's branch (a chain: the guesses up to and including j; ``parents`` None).
+
+    >>> row_branches([7, 8, 9], [-1, -1, 0])
+    [[], [7], [8], [7, 9]]
+    """
+    if parents is None:
+        return [tokens[:i] for i in range(len(tokens) + 1)]
+    return [[]] + [[tokens[j] for j in branch_of(node, parents)] for node in range(len(tokens))]
+
+
 def child_steps(nodes: list[int], parents: list[int]) -> list[int]:
     """For draft nodes (-1: the root), the 0-based drafting step their children come from: their
     depth (Medusa's head, MTP's module).
