@@ -18,6 +18,7 @@ import time
 
 from specdraft.bench.prompts import load_prompts, prompts_path, select_prompts
 from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
+from specdraft.drafters import needs_draft_model
 from specdraft.pipeline import Speculator
 
 
@@ -32,7 +33,7 @@ def main() -> None:
                     help="1: n answers to one prompt (sampled: seeds 0..n-1); 0: n different prompts")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    sd = Speculator(progress=False, load_draft=False)
+    sd = Speculator(progress=False, load_draft=any(needs_draft_model(m) for m in args.methods.split(",")))
     pool = [sd.encode_prompt(p.text) for p in select_prompts(load_prompts(prompts_path(None)), per_category=1)]
     gen = GenerationConfig(max_new_tokens=args.max_new_tokens)
     rows = []

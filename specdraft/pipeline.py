@@ -52,6 +52,9 @@ DEFAULT_TARGET_FORMAT = "auto"  # gguf where the GGUF kernels run, else w8a8 (mo
 # among them against 95.2% among the first 32,768, and the draft's greedy choice is the target's
 # at 71.1% of positions against 69.7% (every id: 72.3%).
 DEFAULT_DRAFT_VOCAB = 32768
+# a draft model's cache for one answer of a batch starts with room for this many positions (fp32
+# K and V of the 0.5B default draft: ~25 kB a position), grown as longer answers need
+DRAFT_PLACE_START = 1024
 KEPT_DRAFTERS = 8  # drafters a Speculator keeps across requests, one per speculation config
 
 
@@ -240,6 +243,7 @@ class Speculator:
         self._drafters: dict[SpecConfig, object] = {}
         # the same for answers decoded together (generate_batch): a drafter for each place in a batch
         self._batch_drafters: dict[SpecConfig, list] = {}
+        self._draft_places: list = []  # the draft model over a cache of its own for each number in a batch
         # reuse_prefix: a prompt that starts with what the target's cache holds from the previous
         # generation (a chat's earlier turns), or with a prefix saved from before (another
         # conversation's, up to prefix_budget_mb of copies), prefills only its new tail (see
@@ -285,8 +289,11 @@ class Speculator:
             heads[path] = head
         return heads[path]
 
-    def _new_drafter(self, spec: SpecConfig):
-        ctx = DrafterContext(spec=spec, target=self.target.model, draft_model=self.draft.model if self.draft else None,
+    def _new_drafter(self, spec: SpecConfig, draft_model=None):
+        """A drafter for ``spec``, drafting with ``draft_model`` where given (a view of the draft
+        model's weights over a cache of its own), else with the loaded draft model itself."""
+        draft_model = draft_model or (self.draft.model if self.draft else None)
+        ctx = DrafterContext(spec=spec, target=self.target.model, draft_model=draft_model,
                              head=self.head(spec.head if kind == "mlp" else getattr(spec, kind), kind)
                              if (kind := head_kind(spec.method)) else None,
                              target_dir=self.target.path)
@@ -322,24 +329,39 @@ class Speculator:
         engine = self.engine(spec)
         return _result(engine, ids, list(engine.stream(ids, sampling, gen)), gen)
 
-    def _batch_drafter(self, spec: SpecConfig, seq: int):
+    def _batch_drafter(self, spec: SpecConfig, seq: int, need: int):
         """The drafter of the generation numbered ``seq`` in a batch (specdraft.batch) with
-        ``spec``: one a number, kept for later batches as engine() keeps its drafter (what each
-        learnt of this target carries over)."""
+        ``spec``, which holds up to ``need`` positions: one a number, kept for later batches as
+        engine() keeps its drafter (what each learnt of this target carries over). A draft model
+        drafts over a cache of the number's own (_draft_place), grown to the need."""
+        if needs_draft_model(spec.method):
+            self._draft_place(seq).grow_cache(min(need, self.draft.model.max_length))
         kept = self._batch_drafters.pop(spec, [])
-        kept += [self._new_drafter(spec) for _ in range(seq + 1 - len(kept))]
+        kept += [self._new_drafter(spec, self._draft_place(i) if needs_draft_model(spec.method) else None)
+                 for i in range(len(kept), seq + 1)]
         self._batch_drafters[spec] = kept  # the newest last
         while len(self._batch_drafters) > KEPT_DRAFTERS:
             del self._batch_drafters[next(iter(self._batch_drafters))]
         return kept[seq]
+
+    def _draft_place(self, seq: int):
+        """The draft model's weights over a cache for the batch's generation numbered ``seq``
+        (LlamaModel.with_cache; grown as answers need, by _batch_drafter): every speculation
+        config's drafter of that number drafts over it, one generation at a time, as each begins
+        anew at its prompt. Numbers are the lowest free (Batch.view), so a batch of n uses n."""
+        while len(self._draft_places) <= seq:
+            self._draft_places.append(self.draft.model.with_cache(min(DRAFT_PLACE_START, self.draft.model.max_length)))
+        return self._draft_places[seq]
 
     def why_not_batched(self, spec: SpecConfig) -> str | None:
         """Why generations with ``spec`` cannot be decoded together (generate_batch then runs them
         one after another), or None when they can."""
         if not getattr(self.target.model, "packs_exactly", False):
             return "packed rows would differ from each answer's own by rounding in this weight format or runtime"
-        if needs_draft_model(spec.method) or spec.method == "self-draft":
-            return f"method {spec.method!r} drafts with a model cache of its own"
+        if spec.method == "self-draft":
+            return "method 'self-draft' drafts with the target's own layers over the target's cache"
+        if needs_draft_model(spec.method) and self.draft is not None and not hasattr(self.draft.model, "with_cache"):
+            return f"method {spec.method!r} drafts with a model whose runtime keeps one cache"
         return None
 
     def generate_batch(self, prompts: list[list[int]], *, spec: SpecConfig = SpecConfig(),
@@ -401,7 +423,7 @@ class Speculator:
                 # most of its prompt, and leaves a copy of its conversation among them
                 prefix = None if self.prefix is None else PrefixCache(
                     v, self.prefix.budget, min_cut=self.prefix.min_cut, eager=True, saved=self.prefix.saved)
-                engine = Engine(v, self.tokenizer, self._batch_drafter(a.spec, v.seq), a.spec, self.target.eos_ids,
+                engine = Engine(v, self.tokenizer, self._batch_drafter(a.spec, v.seq, a.need), a.spec, self.target.eos_ids,
                                 costs=v.costs, prefix=prefix)
                 pairs.append((lambda engine=engine, a=a: run_answer(engine, a), v))
             return pairs

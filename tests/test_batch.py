@@ -194,7 +194,7 @@ def test_generate_batch_gives_each_prompts_own_answer(sd, method):
     seen = []
     got = sd.generate_batch(prompts, spec=spec, samplings=samplings, gen=gen,
                             on_piece=lambda i, piece, engine: seen.append((i, piece.token_id)))
-    assert (sd.why_not_batched(spec) is None) == (method == "prompt-lookup")  # draft-model: one after another
+    assert sd.why_not_batched(spec) is None  # (draft-model: each answer's draft over a cache of its own)
     for p, s, res in zip(prompts, samplings, got):
         alone = sd.generate(p, spec=spec, sampling=s, gen=gen)
         assert res.token_ids == alone.token_ids and res.text == alone.text
@@ -202,6 +202,44 @@ def test_generate_batch_gives_each_prompts_own_answer(sd, method):
         assert res.prompt_ids == p
     for i, res in enumerate(got):
         assert [t for j, t in seen if j == i] == res.token_ids
+
+
+@pytest.mark.parametrize("method", ["draft-model", "hybrid"])
+def test_draft_model_answers_together_grow_their_draft_caches(sd, method, monkeypatch):
+    """Draft-model methods decoded together: each number in a batch drafts over a cache of its
+    own (the draft model's weights shared), grown for longer answers; greedy trees under the cost
+    rule, every answer its prompt's own."""
+    from specdraft import pipeline
+    monkeypatch.setattr(pipeline, "DRAFT_PLACE_START", 8)  # (grown at once: every answer needs more)
+    monkeypatch.setattr(sd, "_draft_places", [])
+    prompts = [sd.encode_prompt(p, chat=False) for p in ("abcabcabd abcab", "hello hello hel", "xyz", "cab cab")]
+    spec = SpecConfig(method=method)
+    gen = GenerationConfig(max_new_tokens=24)
+    got = sd.generate_batch(prompts, spec=spec, samplings=[SamplingConfig()] * len(prompts), gen=gen)
+    assert [r.token_ids for r in got] == [sd.generate(p, spec=SpecConfig(method="none"), gen=gen).token_ids
+                                          for p in prompts]
+    assert len(sd._draft_places) == len(prompts)
+    assert all(m.max_length >= len(p) + gen.max_new_tokens for m, p in zip(sd._draft_places, prompts))
+    assert all(m.k_cache[0].data_ptr() != sd.draft.model.k_cache[0].data_ptr() for m in sd._draft_places)
+    assert sum(r.stats.accepted_tokens for r in got) > 0
+
+
+def test_a_grown_cache_keeps_its_rows(target):
+    """LlamaModel.grow_cache: the rows held stay, the next rows land after them, the logits are
+    those of a cache that was long enough from the start."""
+    ids = torch.tensor(_prompts((30,), seed=9)[0], dtype=torch.int64)
+    whole = target.with_cache(64)
+    want = whole.forward(ids).logits
+    small = target.with_cache(12)
+    first = small.forward(ids[:10]).logits
+    small.grow_cache(40)
+    assert small.max_length == 40 and small.length == 10
+    rest = small.forward(ids[10:]).logits
+    assert torch.equal(torch.cat([first, rest]), want)
+    small.grow_cache(20)  # (never shrinks)
+    assert small.max_length == 40
+    with pytest.raises(ValueError, match="RoPE"):
+        small.grow_cache(target.max_length + 1)
 
 
 def _server(sd, **config):
@@ -297,7 +335,7 @@ def test_requests_waiting_together_are_decoded_together(sd):
     gate, sessions = threading.Event(), []
     prompts = [sd.encode_prompt(t, chat=False) for t in ("abcabcabd abcab", "xyz xyz", "hello hello hel", "cab ca")]
     gen = GenerationConfig(max_new_tokens=10)
-    specs = [_spec("prompt-lookup"), _spec("none"), _spec("prompt-lookup"), _spec("draft-model")]
+    specs = [_spec("prompt-lookup"), _spec("none"), _spec("prompt-lookup"), _spec("self-draft")]
     samplings = [SamplingConfig(temperature=0.8, seed=i) for i in range(4)]
 
     def alone(job):
@@ -331,7 +369,7 @@ def test_requests_waiting_together_are_decoded_together(sd):
             w.close()
 
     got = asyncio.run(main())
-    # the first ran alone; the next three (the queue's front, batchable) together; draft-model alone after
+    # the first ran alone; the next three (the queue's front, batchable) together; self-draft alone after
     assert [[j.request.spec.method for j in s if j is not None] for s in sessions] == \
         [["prompt-lookup", "none", "prompt-lookup"]]
     for ids, p, s, x in zip(got, [prompts[0], *prompts], [specs[0], *specs], [samplings[0], *samplings]):

@@ -233,7 +233,8 @@ def pair_plain_scored(pair):
     return prompts, gen, [pair.generate(ids, spec=SpecConfig(method="none"), gen=gen) for ids in prompts]
 
 
-@pytest.mark.parametrize("method", ["none", "hybrid-head", "eagle", "suffix", "fusion", "mtp", "lookahead"])
+@pytest.mark.parametrize("method", ["none", "hybrid-head", "eagle", "suffix", "fusion", "mtp", "lookahead",
+                                    "draft-model", "hybrid"])
 def test_default_target_answers_decoded_together_are_each_prompts_own(pair, pair_plain_scored, method):
     """Answers decoded together (one target forward a step for all, each row seeing only its
     own sequence's cache slots) are each prompt's plain greedy answer, with plain decoding's

@@ -468,6 +468,28 @@ class LlamaModel:
         return self._view(self.layers, [torch.zeros(shape, dtype=self.dtype) for _ in self.layers],
                           [torch.zeros(shape, dtype=self.dtype) for _ in self.layers], capacity)
 
+    def grow_cache(self, capacity: int) -> None:
+        """Room for ``capacity`` positions in this model's own cache (a view's, from with_cache),
+        its rows kept: new caches, the held rows copied, the native decoder rebuilt over them. At
+        most the RoPE tables' length; nothing happens where the cache holds ``capacity`` already."""
+        if capacity <= self.max_length:
+            return
+        if capacity > self.cos.shape[0]:
+            raise ValueError(f"a cache of {capacity} positions is longer than this model's RoPE tables ({self.cos.shape[0]})")
+        L = self.length
+        shape = (self.spec.num_kv_heads, -(-capacity // ATTN_CHUNK) * ATTN_CHUNK, self.spec.head_dim)
+        grown = [], []
+        for old, new in zip((self.k_cache, self.v_cache), grown):
+            for c in old:
+                new.append(torch.zeros(shape, dtype=c.dtype))
+                new[-1][:, :L] = c[:, :L]
+        self.k_cache, self.v_cache = grown
+        self.max_length = capacity
+        self._segment_cache = {}
+        if self._decoder is not None:
+            self._decoder = self._build_decoder()
+        self.epoch += 1
+
     def _view(self, layers: list, k_cache: list, v_cache: list, max_length: int) -> LlamaModel:
         """A shallow copy of this model (the same weight tensors) running ``layers`` over these
         caches of ``max_length`` positions, empty, with its native decoder built over them."""
