@@ -298,6 +298,46 @@ def test_server_decodes_several_choices_together(sd):
             assert ch["text"] == t and ch["logprobs"]["token_logprobs"] == [None, *scored.prompt_logprobs]
 
 
+def test_a_long_prompt_joining_a_servers_session_prefills_in_chunks(sd, monkeypatch):
+    """Over HTTP: a request arriving while a session decodes (a request's two choices) joins it,
+    its prompt prefilled --prefill-chunk rows a step beside their checks; every answer is the one
+    its request gets alone."""
+    import threading
+    import time
+
+    from specdraft import batch
+
+    forward, chunks, forwards = batch.Batch._forward, [], []
+
+    def slow(self, pieces, answered, asked=None, alone=False):  # (steps long enough for a request to arrive)
+        chunks.extend(p for p in pieces if isinstance(p, batch._Prefill) and not alone)
+        forwards.append(len(pieces))
+        time.sleep(0.03)
+        return forward(self, pieces, answered, asked, alone)
+
+    monkeypatch.setattr(batch.Batch, "_forward", slow)
+    first = {"model": "tiny", "prompt": "abcabcabd abcab", "n": 2, "max_tokens": 40, "temperature": 0.8, "seed": 1,
+             "ignore_eos": True}
+    long_text = "the cache holds the rows; " * 4
+    joining = {"model": "tiny", "prompt": long_text, "max_tokens": 12, "temperature": 0.0}
+    got = {}
+    with _server(sd, max_waiting=8, request_timeout=60, prefill_chunk=4) as c:
+        t = threading.Thread(target=lambda: got.setdefault("first", c.post("/v1/completions", json=first).json()))
+        t.start()
+        deadline = time.monotonic() + 30
+        while len(forwards) < 3 and time.monotonic() < deadline:  # the session is decoding
+            time.sleep(0.01)
+        got["joining"] = c.post("/v1/completions", json=joining).json()
+        t.join(60)
+    spec = SpecConfig(method="prompt-lookup", k=4, ngram_min=1, min_confidence=0.0, cost_rule=False)
+    want = [sd.generate(sd.encode_prompt("abcabcabd abcab", chat=False), spec=spec, sampling=SamplingConfig(
+        temperature=0.8, seed=1 + j), gen=GenerationConfig(max_new_tokens=40, ignore_eos=True)).text for j in range(2)]
+    assert [ch["text"] for ch in got["first"]["choices"]] == want
+    assert got["joining"]["choices"][0]["text"] == sd.generate(sd.encode_prompt(long_text, chat=False), spec=spec,
+                                                               gen=GenerationConfig(max_new_tokens=12)).text
+    assert len(sd.encode_prompt(long_text, chat=False)) > 8 and len(chunks) >= 2  # its prompt went on in chunks
+
+
 def test_server_choices_together_that_wait_too_long_fail_together(sd):
     with _server(sd, max_waiting=8, request_timeout=0.0) as c:
         r = c.post("/v1/completions", json={"model": "tiny", "prompt": "abc", "n": 3, "max_tokens": 5})
