@@ -288,7 +288,7 @@ class Engine:
                 self.drafter.observe(context + new, n)
                 if drafted and self.drafter.source is not None:  # its steps' cost, less any catching up
                     source = self.drafter.source
-                    self.policy.record(source, sent, n, max(0.0, t1 - t0 - source.catch_up_seconds))
+                    self.policy.record(source, sent, path, max(0.0, t1 - t0 - source.catch_up_seconds))
                 t2 = time.perf_counter()
                 stats.time_draft += t1 - t0
                 stats.time_verify += t2 - t1

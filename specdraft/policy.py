@@ -123,12 +123,15 @@ class DraftPolicy:
             sent = Draft(sent.tokens, sent.probs, None, sent.chances)
         return Sent(sent, nodes, len(draft))
 
-    def record(self, drafter, sent: Sent, accepted: int, draft_seconds: float) -> None:
-        """A step ``drafter`` drafted was verified: it committed 1 + ``accepted`` tokens for the
-        check of ``sent`` and ``draft_seconds`` of drafting."""
+    def record(self, drafter, sent: Sent, path: list[int], draft_seconds: float) -> None:
+        """A step ``drafter`` drafted was verified: the sent nodes ``path`` passed, for the check of
+        ``sent`` and ``draft_seconds`` of drafting. It is credited with 1 + the passed nodes it
+        proposed: an output format's forced tokens (Sent.nodes -1) would have been sent without
+        it, so they do not make its steps look better than they were."""
         if self.active:
             drafting = self.in_forwards(draft_seconds)
-            self.payoff(drafter).record(1 + accepted, self.costs.ratio(len(sent.draft) + 1) + drafting, drafting)
+            own = sum(1 for j in path if sent.nodes[j] >= 0)
+            self.payoff(drafter).record(1 + own, self.costs.ratio(len(sent.draft) + 1) + drafting, drafting)
 
     @staticmethod
     def judged(sent: Sent, path: list[int]) -> list[tuple[int, bool]]:

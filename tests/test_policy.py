@@ -101,6 +101,21 @@ def test_the_judged_nodes_are_the_children_of_the_root_and_of_the_accepted_path(
     assert DraftPolicy.judged(chain, [0, 1, 2]) == [(0, True), (1, True), (2, True)]
 
 
+def test_a_drafter_is_credited_with_the_passed_nodes_it_proposed():
+    """A format's forced tokens (Sent.nodes -1) would go out without the drafter: its payoff
+    counts only the passed nodes it proposed, at the whole check's cost."""
+    policy = DraftPolicy(costs(**FLAT))
+    drafter = object()
+    # forced 5 -> 6 merged with the drafter's 5 (its node 0) and its 7 under 6 (its node 2)
+    sent = Sent(Draft([5, 6, 7], parents=[-1, 0, 1]), [0, -1, 2], 3)
+    policy.record(drafter, sent, [0, 1, 2], 0.0)
+    assert policy.payoff(drafter).tokens == 3.0  # 1 + its 5 and 7, not the forced 6
+    assert policy.payoff(drafter).cost == policy.costs.ratio(4)
+    alone = DraftPolicy(costs(**FLAT))
+    alone.record(drafter, Sent(Draft([5, 6]), [-1, -1], 0), [0, 1], 0.0)  # nothing of its own passed
+    assert alone.payoff(drafter).tokens == 1.0
+
+
 class Fixed(Drafter):
     """Proposes the same tree every step, taking ``seconds`` (slept) to draft it; records what it learns."""
 
@@ -128,7 +143,7 @@ def test_the_payoff_leaves_a_drafters_catching_up_out(tmp_path):
         drafter.catch_up_seconds = catch_up
         e = Engine(target, FakeTokenizer(), drafter, SpecConfig(method="fixed", k=2))
         seen = []
-        e.policy.record = lambda source, sent, n, seconds, seen=seen: seen.append((source, seconds))
+        e.policy.record = lambda source, sent, path, seconds, seen=seen: seen.append((source, seconds))
         e.generate([3, 4, 5, 3], SamplingConfig(), GenerationConfig(max_new_tokens=5, ignore_eos=True))
         assert seen and all(source is drafter for source, _ in seen)
         assert all(s > 0.0 for _, s in seen) if catch_up == 0.0 else all(s == 0.0 for _, s in seen)
