@@ -11,9 +11,11 @@ before each, as the bench does), every round; per method: summed new tokens over
 seconds (prefill included), tokens a target forward, and whether every text equals ``none``'s
 (constrained plain decoding). ``--style line``: the schemas ask for one-line JSON with ", " and
 ": " separators (llguidance's ``x-guidance`` options), where the format forces more of the text;
-``flexible`` (the default): any JSON whitespace, the model choosing it. ``--temperature T``:
+``flexible`` (the default): any JSON whitespace, the model choosing it. ``--style tools``: eight
+requests with six functions given to the chat template, each answer held to calls of them (the
+server's tool_choice "required", server.tools). ``--temperature T``:
 sampled, each answer seeded by its prompt and round (the texts then differ by method; every one
-the format ends must parse).
+the format ends must parse, or its calls be read).
 """
 from __future__ import annotations
 
@@ -63,10 +65,58 @@ TASKS = [
 ]
 
 
+# --style tools: each request's answer held to calls of these functions (tool_choice "required",
+# server.tools.call_format), the functions given to the chat template as the server does
+def fn(name: str, description: str, **props) -> dict:
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": obj(**props)}}
+
+
+TOOLS = [fn("get_weather", "Current weather in a city", city=S, unit={"enum": ["celsius", "fahrenheit"]}),
+         fn("search_web", "Search the web", query=S),
+         fn("send_email", "Send an email", to=S, subject=S, body=S),
+         fn("create_event", "Add an event to the calendar", title=S, date=S, attendees=arr(S)),
+         fn("convert_currency", "Convert an amount of money", amount={"type": "number"}, source=S, target=S),
+         fn("get_stock_price", "The latest price of a stock", symbol=S)]
+TOOL_TASKS = [
+    "What's the weather like in Lisbon right now, in celsius?",
+    "Email anna@example.com that the launch moves to Friday, with a short friendly subject line.",
+    "Put a meeting called 'Budget review' on 2025-03-14 with Ben and Chloe.",
+    "How much is 250 US dollars in euros?",
+    "Find recent news about solid-state batteries.",
+    "What are Apple and Microsoft trading at?",
+    "Is it colder in Oslo or in Helsinki today? Use fahrenheit.",
+    "Tell Ben (ben@example.com) that the report is ready and book a 'Report walkthrough' for 2025-04-02 with him.",
+]
+
+
+def _tasks(sd, style: str) -> list[tuple[list[int], OutputFormat]]:
+    """(prompt ids, output format) per task of the style."""
+    if style == "tools":
+        from specdraft.server.tools import Tool, call_format, tags_are_tokens
+
+        tools = [Tool.model_validate(t) for t in TOOLS]
+        fmt = call_format(tools, [t.function.name for t in tools], parallel=True, tag_tokens=tags_are_tokens(sd.tokenizer))
+        return [(sd.encode_messages([{"role": "user", "content": q}], TOOLS), fmt) for q in TOOL_TASKS]
+    line = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "} if style == "line" else None
+    return [(sd.encode_prompt(prompt), OutputFormat.schema({**schema, "x-guidance": line} if line else schema))
+            for prompt, schema in TASKS]
+
+
+def _parses(text: str, style: str) -> None:
+    """An answer its format ended: JSON, or (tools) calls."""
+    if style == "tools":
+        from specdraft.server.tools import parse_calls
+
+        if not parse_calls(text, {t["function"]["name"] for t in TOOLS})[1]:
+            raise SystemExit(f"no call parsed out of {text!r}")
+    else:
+        json.loads(text)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--style", choices=["flexible", "line"], default="flexible")
+    ap.add_argument("--style", choices=["flexible", "line", "tools"], default="flexible")
     ap.add_argument("--methods", default="hybrid-head,fusion,prompt-lookup")
     ap.add_argument("--max-new-tokens", type=int, default=160)
     ap.add_argument("--temperature", type=float, default=0.0)
@@ -76,13 +126,11 @@ def main() -> None:
     sd = Speculator(None, None, load_draft=any(needs_draft_model(m) for m in methods))
     runs = [("none", True)] + [(m, g) for m in methods for g in (True, False)]
     totals = {r: [0, 0.0, 0, 0] for r in runs}  # tokens, seconds, forwards, texts unequal to none's
+    tasks = _tasks(sd, args.style)
     for rnd in range(args.rounds):
-        for task, (prompt, schema) in enumerate(TASKS):
+        for task, (prompt, fmt) in enumerate(tasks):
             sampling = SamplingConfig(temperature=args.temperature, seed=1000 * rnd + task)
-            if args.style == "line":
-                schema = {**schema, "x-guidance": {"whitespace_flexible": False, "item_separator": ", ",
-                                                   "key_separator": ": "}}
-            gen = GenerationConfig(max_new_tokens=args.max_new_tokens, output_format=OutputFormat.schema(schema))
+            gen = GenerationConfig(max_new_tokens=args.max_new_tokens, output_format=fmt)
             texts = {}
             for method, guesses in runs:
                 HISTORY.clear()  # (an earlier run's answer in the suffix drafters' history would give this one away)
@@ -90,13 +138,20 @@ def main() -> None:
                 r = sd.generate(prompt, spec=SpecConfig(method=method, format_guesses=guesses), gen=gen, sampling=sampling)
                 seconds = time.perf_counter() - t0
                 texts[(method, guesses)] = r.text
-                if r.stats.new_tokens < args.max_new_tokens:  # an answer the format ended parses as JSON
-                    json.loads(r.text)
+                if r.stats.new_tokens < args.max_new_tokens:  # an answer the format ended parses
+                    _parses(r.text, args.style)
                 t = totals[(method, guesses)]
                 t[0] += r.stats.new_tokens
                 t[1] += seconds
                 t[2] += r.stats.target_forwards
-                t[3] += r.text != texts[("none", True)]
+                if r.text != texts[("none", True)]:
+                    t[3] += 1
+                    if args.temperature == 0:  # greedy: every method must give none's text; say where it did not
+                        want = texts[("none", True)]
+                        at = next((i for i, (x, y) in enumerate(zip(r.text, want)) if x != y), min(len(r.text), len(want)))
+                        print(f"round {rnd}, task {task}, {method} (format guesses {guesses}) leaves none's text at "
+                              f"character {at}: {r.text[max(0, at - 40):at + 20]!r} against {want[max(0, at - 40):at + 20]!r}",
+                              flush=True)
     base = totals[("none", True)][0] / totals[("none", True)][1]
     lines = ["| method | format guesses | tok/s | vs none | tokens a forward | texts equal to none's |",
              "|---|---|---:|---:|---:|---|"]
@@ -106,7 +161,7 @@ def main() -> None:
                      f"{rate / base:.2f}x | {tokens / forwards:.2f} | "
                      f"{'- (sampled)' if args.temperature > 0 else 'all' if not unequal else f'{unequal} differ'} |")
     table = "\n".join(lines)
-    print(f"{len(TASKS)} prompts x {args.rounds} rounds, style {args.style}, {args.max_new_tokens} new tokens at most, "
+    print(f"{len(tasks)} prompts x {args.rounds} rounds, style {args.style}, {args.max_new_tokens} new tokens at most, "
           f"temperature {args.temperature}\n")
     print(table)
     if args.out:

@@ -257,15 +257,21 @@ class Speculator:
             return self.encode_messages([{"role": "user", "content": prompt}])
         return self.tokenizer(prompt)["input_ids"]
 
-    def encode_messages(self, messages: list[dict]) -> list[int]:
+    def encode_messages(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """Token ids of a conversation ([{"role", "content"}...]) through the chat template,
-        ready for the assistant's answer. Without a template: the contents, one per line."""
+        ready for the assistant's answer. Without a template: the contents, one per line.
+        ``tools``: functions the answer may call (OpenAI's tool objects), for a template that
+        takes them (ParameterError where it does not)."""
         tok = self.tokenizer
-        if not getattr(tok, "chat_template", None):
+        template = getattr(tok, "chat_template", None)
+        if tools and (not isinstance(template, str) or "tools" not in template):
+            raise ParameterError(f"the chat template of {self.target.name!r} does not take tools")
+        if not template:
             return tok("\n".join(m["content"] for m in messages))["input_ids"]
         msgs = [{**m, "role": "system" if m["role"] == "developer" else m["role"]} for m in messages]
         try:
-            text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+            text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True,
+                                           **({"tools": tools} if tools else {}))
         except Exception as e:
             raise ParameterError(f"the chat template rejects these messages: {e}") from None
         return tok(text, add_special_tokens=False)["input_ids"]

@@ -326,6 +326,27 @@ def test_default_target_json_answers_equal_constrained_plain(pair):
         assert set(json.loads(sampled.text)) == {"name", "age", "languages"}
 
 
+def test_default_target_calls_a_tool_asked_for(pair):
+    """Tool calling on the default target (Qwen2.5's template, its <tool_call> tags its own tokens):
+    held to the calls' format, the answer calls get_weather for each city asked about, and the
+    drafters' trees give constrained plain decoding's tokens."""
+    from specdraft.server.tools import Tool, call_format, parse_calls, tags_are_tokens
+
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+                                                "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                               "required": ["city"]}}}
+    assert tags_are_tokens(pair.tokenizer)
+    ids = pair.encode_messages([{"role": "user", "content": "What is the weather in Paris?"}], [weather])
+    fmt = call_format([Tool.model_validate(weather)], ["get_weather"], parallel=False, tag_tokens=True)
+    gen = GenerationConfig(max_new_tokens=48, output_format=fmt)
+    plain = pair.generate(ids, spec=SpecConfig(method="none"), gen=gen)
+    rest, calls = parse_calls(plain.text, {"get_weather"})
+    assert rest.strip() == "" and [json.loads(c["function"]["arguments"]) for c in calls] == [{"city": "Paris"}]
+    for method in ("hybrid-head", "fusion"):
+        res = pair.generate(ids, spec=SpecConfig(method=method, k=6, cost_rule=False, trees=True), gen=gen)
+        assert res.token_ids == plain.token_ids, method
+
+
 def test_default_target_penalised_trees_equal_penalised_plain(pair):
     """Penalties (frequency, presence, repetition) on the default target: hybrid-head's trees give
     plain decoding's penalised tokens, which differ from the unpenalised ones."""

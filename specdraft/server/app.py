@@ -32,6 +32,7 @@ from fastapi.responses import HTMLResponse, Response, StreamingResponse
 from ..drafters import drafter_names, needs_draft_model
 from ..errors import SpecdraftError
 from ..models.token_bytes import TokenBytes
+from . import tools
 from .config import ServerConfig
 from .errors import APIError, add_error_handlers
 from .gate import Gate
@@ -155,11 +156,18 @@ def detokenize(request: Request, body: DetokenizeRequest):
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request, body: ChatRequest):
+    speculator = request.app.state.speculator
     try:
-        ids = request.app.state.speculator.encode_messages([{"role": m.role, "content": m.text} for m in body.messages])
-    except SpecdraftError as e:
-        raise APIError(400, str(e), param="messages") from None
-    return await _generate(request, body, [(ids, None)], "chat")
+        messages = tools.template_messages(body.messages)
+        ids = speculator.encode_messages(messages, body.template_tools)
+    except (SpecdraftError, ValueError) as e:
+        raise APIError(400, str(e), param="tools" if "tools" in str(e) else "messages") from None
+    # where the answer may call the tools: their names (the calls are parsed out of its text)
+    names = None
+    if body.calls_tools:
+        names = {t.function.name for t in body.tools}
+        body.hold_to_calls(tools.tags_are_tokens(speculator.tokenizer))
+    return await _generate(request, body, [(ids, None)], "chat", names)
 
 
 @router.post("/v1/completions")
@@ -208,9 +216,11 @@ def _queued_together(request: Request, gen_reqs: list[GenRequest]) -> tuple[Batc
     return job, [job_events(request, c, arrived, state.metrics) for c in choices]
 
 
-async def _generate(request: Request, body, prompts: list[tuple[list[int], str | None]], kind: str):
+async def _generate(request: Request, body, prompts: list[tuple[list[int], str | None]], kind: str,
+                    tool_names: set[str] | None = None):
     """Queue the generations (each prompt's n answers, one after another), then answer with their
-    stream or, once all are done, the whole texts (after their prompts', where echoed)."""
+    stream or, once all are done, the whole texts (after their prompts', where echoed); with
+    ``tool_names`` each answer's calls to those tools parsed out of its text (server.tools)."""
     state = request.app.state
     config, worker = state.config, state.worker
     gen_reqs = [build_request(body, ids, config, state.speculator, j) for ids, _ in prompts for j in range(body.n)]
@@ -240,7 +250,7 @@ async def _generate(request: Request, body, prompts: list[tuple[list[int], str |
         choices = [StreamedChoice(starter(i), None if echo is None else (echo, ids, scored), i % body.n == 0)
                    for i, (ids, echo) in enumerate(p for p in prompts for _ in range(body.n))]
         logprobs = (lambda: Logprobs(kind, state.token_bytes)) if wants.logprobs is not None else None
-        stream = event_stream(choices, rid, kind, config.model_name, body.include_usage, logprobs)
+        stream = event_stream(choices, rid, kind, config.model_name, body.include_usage, logprobs, tool_names)
         return StreamingResponse(stream, media_type="text/event-stream")
     finished, rid = [], None
     for i, gen_req in enumerate(gen_reqs):
@@ -270,4 +280,4 @@ async def _generate(request: Request, body, prompts: list[tuple[list[int], str |
             scores = joined(echoed, logprobs.of(pieces))  # (the prompt's first, for its offsets)
         finished.append(Finished((echo or "") + "".join(p.text for p in pieces), [p.origin for p in pieces], outcome,
                                  scores, i % body.n == 0))
-    return completion_body(rid, kind, config.model_name, finished)
+    return completion_body(rid, kind, config.model_name, finished, tool_names)

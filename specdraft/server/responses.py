@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from ..metrics import SpecStats
+from . import tools
 from .errors import APIError
 from .worker import Outcome
 
@@ -98,15 +99,22 @@ def joined(first: dict | None, then: dict | None) -> dict | None:
     return {key: first[key] + then[key] for key in first}
 
 
-def completion_body(rid: str, kind: str, model_name: str, finished: list[Finished]) -> dict:
+def completion_body(rid: str, kind: str, model_name: str, finished: list[Finished],
+                    tool_names: set[str] | None = None) -> dict:
     """The JSON of a finished, non-streamed completion: its choices in order (index i: prompt
     i // n, its (i % n)-th answer), each with its ``origins`` when there are several (one choice:
-    ``origins`` beside ``usage``, as always), and one usage over them all."""
+    ``origins`` beside ``usage``, as always), and one usage over them all. With ``tool_names``, a
+    chat answer's calls to those tools go out as its message's ``tool_calls`` (server.tools)."""
     choices = []
     for i, f in enumerate(finished):
         choice = {"index": i, "finish_reason": f.outcome.finish_reason, "logprobs": f.logprobs}
         if kind == "chat":
             choice["message"] = {"role": "assistant", "content": f.text}
+            if tool_names is not None:
+                content, calls = tools.parse_calls(f.text, tool_names)
+                if calls:
+                    choice["message"] = {"role": "assistant", "content": content.strip() or None, "tool_calls": calls}
+                    choice["finish_reason"] = _with_calls(f.outcome.finish_reason)
         else:
             choice["text"] = f.text
         if len(finished) > 1:
@@ -118,6 +126,11 @@ def completion_body(rid: str, kind: str, model_name: str, finished: list[Finishe
     if len(finished) == 1:
         body["origins"] = finished[0].origins
     return body
+
+
+def _with_calls(finish_reason: str) -> str:
+    """An answer that called tools ends with "tool_calls" (OpenAI's), unless cut at its length."""
+    return "tool_calls" if finish_reason == "stop" else finish_reason
 
 
 def _sse(data: dict) -> str:
@@ -146,6 +159,12 @@ class _Chunks:
             data["speculation"] = live
         return _sse(data)
 
+    def calls(self, calls: list[dict], index: int) -> str:
+        """A chat chunk with an answer's tool calls (each whole: its id, name and arguments)."""
+        delta = {"tool_calls": [{"index": j, **c} for j, c in enumerate(calls)]}
+        return _sse({**self.head, "choices": [{"index": index, "delta": delta, "finish_reason": None,
+                                                "logprobs": None}], "origins": []})
+
     def usage(self, outcomes: list[Outcome], first_of_prompt: list[bool]) -> str:
         return _sse({**self.head, "choices": [], "usage": merged_usage(outcomes, first_of_prompt)})
 
@@ -162,7 +181,8 @@ class StreamedChoice:
 
 
 async def event_stream(choices: list[StreamedChoice], rid: str, kind: str, model_name: str, include_usage: bool,
-                       logprobs: Callable[[], Logprobs] | None = None) -> AsyncIterator[str]:
+                       logprobs: Callable[[], Logprobs] | None = None,
+                       tool_names: set[str] | None = None) -> AsyncIterator[str]:
     """Server-sent events for the choices' jobs (see generation.job_events), one choice after
     another, each chunk with its choice's index: a chunk per piece (with the live counters as
     ``speculation``, and its token's log-probabilities when ``logprobs`` makes them), a final
@@ -170,7 +190,9 @@ async def event_stream(choices: list[StreamedChoice], rid: str, kind: str, model
     choice's echo comes first, in a chunk of its own, with the scores when its job's "prompt" event
     brings them. A job that cannot start (a full queue, a wait past its time limit) ends the stream
     with an error event. The worker is freed from the running job when the stream ends or the
-    client leaves."""
+    client leaves. With ``tool_names`` (chat), an answer's text is held from where a call may
+    begin (tools.CallStream: its pieces' chunks go out with their log-probabilities and the text
+    before it), and its calls go out as one ``tool_calls`` chunk before the final one."""
     chunks = _Chunks(rid, kind, model_name)
     outcomes, cancel = [], None
     try:
@@ -178,6 +200,7 @@ async def event_stream(choices: list[StreamedChoice], rid: str, kind: str, model
             events, cancel = choice.start()
             lp = logprobs() if logprobs is not None else None
             echo = choice.echo
+            held = tools.CallStream(tool_names) if tool_names is not None else None
             if kind == "chat":
                 yield chunks.text("", [], role=True, index=index)
             if echo is not None and not echo[2]:
@@ -188,10 +211,19 @@ async def event_stream(choices: list[StreamedChoice], rid: str, kind: str, model
                                       index=index)
                 elif ev == "piece":
                     piece, live = value
-                    yield chunks.text(piece.text, [piece.origin], live=live,
+                    yield chunks.text(piece.text if held is None else held.feed(piece.text), [piece.origin], live=live,
                                       logprobs=lp.of([piece]) if lp is not None else None, index=index)
                 else:
-                    yield chunks.text(None if kind == "chat" else "", [], finish=value.finish_reason, index=index)
+                    finish = value.finish_reason
+                    if held is not None:
+                        rest, calls = held.finish()
+                        if calls:
+                            rest, finish = rest.strip(), _with_calls(finish)
+                        if rest:
+                            yield chunks.text(rest, [], index=index)
+                        if calls:
+                            yield chunks.calls(calls, index)
+                    yield chunks.text(None if kind == "chat" else "", [], finish=finish, index=index)
                     outcomes.append(value)
             if len(outcomes) <= index:  # the client left
                 return

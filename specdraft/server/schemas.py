@@ -16,8 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, Stri
 from .. import grammar
 from ..config import MAX_CHOICES, MAX_REPETITION_PENALTY, MAX_TOP_LOGPROBS, OutputFormat
 from ..errors import SpecdraftError
+from . import tools
+from .tools import Tool, ToolCall
 
 MAX_STOP = 4  # as OpenAI
+MAX_TOOLS = 128  # as OpenAI
 
 
 class _Common(BaseModel):
@@ -37,7 +40,6 @@ class _Common(BaseModel):
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
     # OpenAI fields this server does not do: refused (400) rather than ignored, when they ask for something
     response_format: dict | None = None
-    tools: list | None = None
     stop: str | list[str] | None = None
     n: StrictInt = Field(default=1, ge=1, le=MAX_CHOICES)  # completions per prompt (decoded together: specdraft.batch)
     stream: StrictBool = False
@@ -86,13 +88,6 @@ class _Common(BaseModel):
     def output_format(self) -> OutputFormat | None:
         """What the answer must be (config.OutputFormat), from response_format or vLLM's fields."""
         return self._output_format
-
-    @field_validator("tools", "suffix", check_fields=False)  # suffix: completions only
-    @classmethod
-    def _refused(cls, v, info):
-        if v:
-            raise ValueError(f"{info.field_name} is not supported")
-        return v
 
     @property
     def bias(self) -> dict[int, float]:
@@ -178,6 +173,9 @@ class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls (server.tools)
+    tool_call_id: str | None = None  # a tool's result: the call it answers
+    name: str | None = None
 
     @property
     def text(self) -> str:
@@ -190,6 +188,42 @@ class ChatRequest(_Common):
     messages: list[Message] = Field(min_length=1)
     logprobs: StrictBool | None = None  # each token's log-probability under the target
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)  # and its most likely, listed
+    # tool calling (server.tools): the functions, whether / which to call, several calls an answer
+    tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: StrictBool = True
+    _calls: list[str] | str = PrivateAttr(default="none")
+
+    @model_validator(mode="after")
+    def _tool_calls(self):
+        if self.tools:
+            tools.check_tools(self.tools)
+        self._calls = tools.forced_names(self.tool_choice, self.tools)
+        if self._calls != "none" and self._output_format is not None:
+            raise ValueError("ask for tool calls or an output format (response_format, structured_outputs), not both")
+        if isinstance(self._calls, list):  # the answer is calls: their format must compile
+            try:
+                grammar.check(tools.call_format(self.tools, self._calls, self.parallel_tool_calls))
+            except SpecdraftError as e:
+                raise ValueError(f"a tool's parameters: {e}") from None
+        return self
+
+    def hold_to_calls(self, tag_tokens: bool) -> None:
+        """Where tool_choice asks for calls ("required", or a function named): their format
+        (tools.call_format; ``tag_tokens``: the tokenizer's own tokens for the tags) becomes the
+        answer's output format."""
+        if isinstance(self._calls, list):
+            self._output_format = tools.call_format(self.tools, self._calls, self.parallel_tool_calls, tag_tokens)
+
+    @property
+    def calls_tools(self) -> bool:
+        """The answer may call the request's tools (tools given, tool_choice not "none")."""
+        return self._calls != "none"
+
+    @property
+    def template_tools(self) -> list[dict] | None:
+        """The tools as the chat template takes them, where the answer may call them."""
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.calls_tools else None
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self):
@@ -214,6 +248,15 @@ class CompletionRequest(_Common):
     # the legacy form: each token's log-probability and this many most likely beside it
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     suffix: str | None = None  # refused when given (no fill-in-the-middle)
+    tools: list | None = None  # refused when given (chat's)
+
+    @field_validator("tools", "suffix")
+    @classmethod
+    def _refused(cls, v, info):
+        if v:
+            raise ValueError(f"{info.field_name} is not supported" + (" here (chat completions take tools)"
+                                                                      if info.field_name == "tools" else ""))
+        return v
     best_of: StrictInt | None = None  # refused past n (no choosing among answers)
 
     @model_validator(mode="after")
