@@ -162,16 +162,19 @@ class Constraint:
 
     def _fill(self, row: np.ndarray, tokens: list[int]) -> None:
         """Write into ``row`` (int32 words, a bit an id) the ids allowed after ``tokens`` beyond the
-        committed answer; every bit where the format rules those tokens out (a row never reached)."""
-        took = self.matcher.try_consume_tokens(tokens) if tokens else 0
-        try:
-            if took == len(tokens):
-                self.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
-            else:
-                row.fill(-1)
-        finally:
-            if took:
-                self.matcher.rollback(took)
+        committed answer; every bit where the format rules those tokens out (a row never reached).
+        A branch's tokens go into a copy of the matcher (0.007 ms), never into the matcher of the
+        committed answer: llguidance 1.9's rollback can leave that one's state off (a row-0 mask after
+        the next commit that a matcher fed the same tokens afresh does not give: a Qwen2.5 tool
+        call, fusion's trees, 2026-12-07), so it sees only what plain decoding's does."""
+        if not tokens:
+            self.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+            return
+        branch = self.matcher.deep_copy()
+        if branch.try_consume_tokens(tokens) == len(tokens):
+            branch.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+        else:
+            row.fill(-1)
 
     def _row(self, tokens: list[int]) -> np.ndarray:
         """The allowed ids after ``tokens`` as int32 words (every bit after an end-of-sequence id:

@@ -347,6 +347,35 @@ def test_default_target_calls_a_tool_asked_for(pair):
         assert res.token_ids == plain.token_ids, method
 
 
+def test_a_formats_masks_after_a_check_equal_a_fresh_matchers(pair):
+    """A check's rows after a guessed branch, then commits of other tokens: the next row's mask is
+    the one a matcher fed the committed answer afresh gives. (llguidance 1.9's rollback of the
+    branch left it off here, and fusion's answer to a tool request left plain decoding's: the
+    branches now go into copies of the matcher, grammar.Constraint._fill.)"""
+    from specdraft.drafters.base import Draft
+    from specdraft.grammar import Constraint
+    from specdraft.server.tools import Tool, call_format
+
+    tools = [Tool.model_validate({"type": "function", "function": {"name": n, "parameters": {
+        "type": "object", "properties": props, "required": list(props), "additionalProperties": False}}})
+        for n, props in (("get_weather", {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}}),
+                         ("search_web", {"query": {"type": "string"}}))]
+    fmt = call_format(tools, ["get_weather", "search_web"], parallel=True, tag_tokens=True)
+    args = (pair.tokenizer, pair.target.model.vocab_size, pair.target.eos_ids)
+    opening = [151657, 198, 4913, 606, 788, 330]  # <tool_call> \n {" name ": ␣"  (Qwen2.5's ids)
+    guessed = [455, 69364, 497, 330, 16370, 788, 5212, 8926, 788, 330]  # get _weather ", ␣" arguments ": ␣{" city ": ␣"
+    taken = [[1836], [25960, 497, 330, 16370, 788, 5212, 1631, 788, 330]]  # search, then _web ", ... query ": ␣"
+    assert pair.tokenizer.decode(opening + taken[0] + taken[1]) == '<tool_call>\n{"name": "search_web", "arguments": {"query": "'
+    c = Constraint(fmt, *args)
+    c.commit(opening)
+    c.masks(Draft(guessed))  # (the rows of a chain of these guesses)
+    for t in taken:
+        c.commit(t)
+    fresh = Constraint(fmt, *args)
+    fresh.commit(opening + taken[0] + taken[1])
+    assert torch.equal(c.masks(Draft([])), fresh.masks(Draft([])))
+
+
 def test_default_target_penalised_trees_equal_penalised_plain(pair):
     """Penalties (frequency, presence, repetition) on the default target: hybrid-head's trees give
     plain decoding's penalised tokens, which differ from the unpenalised ones."""
