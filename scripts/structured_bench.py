@@ -8,12 +8,14 @@ Eight extraction prompts, each with its JSON schema (no benchmark prompt among t
 up to 160 new tokens on the default target in its auto format. Methods run interleaved prompt by
 prompt (``none`` first each time; the suffix drafters' history of earlier answers emptied
 before each, as the bench does), every round; per method: summed new tokens over summed
-seconds (prefill included), tokens a target forward, and whether every text equals ``none``'s
+seconds (prefill included), the same after each answer's first token against ``none``'s (decode),
+tokens a target forward, and whether every text equals ``none``'s
 (constrained plain decoding). ``--style line``: the schemas ask for one-line JSON with ", " and
 ": " separators (llguidance's ``x-guidance`` options), where the format forces more of the text;
 ``flexible`` (the default): any JSON whitespace, the model choosing it. ``--style tools``: eight
 requests with six functions given to the chat template, each answer held to calls of them (the
-server's tool_choice "required", server.tools). ``--temperature T``:
+server's tool_choice "required", server.tools); ``--reuse-prefix`` keeps what prompts share in the
+target's cache, as ``specdraft serve`` does (the tools list then prefills once). ``--temperature T``:
 sampled, each answer seeded by its prompt and round (the texts then differ by method; every one
 the format ends must parse, or its calls be read).
 """
@@ -121,11 +123,13 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=160)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--out", default=None, help="also write the table here (markdown)")
+    ap.add_argument("--reuse-prefix", action="store_true",
+                    help="keep prompts' prefixes in the target's cache as the server does (a tools list prefilled once)")
     args = ap.parse_args()
     methods = args.methods.split(",")
-    sd = Speculator(None, None, load_draft=any(needs_draft_model(m) for m in methods))
+    sd = Speculator(None, None, load_draft=any(needs_draft_model(m) for m in methods), reuse_prefix=args.reuse_prefix)
     runs = [("none", True)] + [(m, g) for m in methods for g in (True, False)]
-    totals = {r: [0, 0.0, 0, 0] for r in runs}  # tokens, seconds, forwards, texts unequal to none's
+    totals = {r: [0, 0.0, 0, 0, 0.0] for r in runs}  # tokens, seconds, forwards, texts unequal to none's, prefill seconds
     tasks = _tasks(sd, args.style)
     for rnd in range(args.rounds):
         for task, (prompt, fmt) in enumerate(tasks):
@@ -144,6 +148,7 @@ def main() -> None:
                 t[0] += r.stats.new_tokens
                 t[1] += seconds
                 t[2] += r.stats.target_forwards
+                t[4] += r.stats.time_prefill
                 if r.text != texts[("none", True)]:
                     t[3] += 1
                     if args.temperature == 0:  # greedy: every method must give none's text; say where it did not
@@ -152,13 +157,18 @@ def main() -> None:
                         print(f"round {rnd}, task {task}, {method} (format guesses {guesses}) leaves none's text at "
                               f"character {at}: {r.text[max(0, at - 40):at + 20]!r} against {want[max(0, at - 40):at + 20]!r}",
                               flush=True)
+    def decode_rate(t) -> float:  # the tokens after each answer's first over the seconds after its prefill
+        return (t[0] - args.rounds * len(tasks)) / (t[1] - t[4])
+
     base = totals[("none", True)][0] / totals[("none", True)][1]
-    lines = ["| method | format guesses | tok/s | vs none | tokens a forward | texts equal to none's |",
-             "|---|---|---:|---:|---:|---|"]
-    for (method, guesses), (tokens, seconds, forwards, unequal) in totals.items():
+    base_decode = decode_rate(totals[("none", True)])
+    lines = ["| method | format guesses | tok/s | vs none | decode vs none | tokens a forward | texts equal to none's |",
+             "|---|---|---:|---:|---:|---:|---|"]
+    for (method, guesses), t in totals.items():
+        tokens, seconds, forwards, unequal = t[:4]
         rate = tokens / seconds
         lines.append(f"| {method} | {'-' if method == 'none' else ('on' if guesses else 'off')} | {rate:.1f} | "
-                     f"{rate / base:.2f}x | {tokens / forwards:.2f} | "
+                     f"{rate / base:.2f}x | {decode_rate(t) / base_decode:.2f}x | {tokens / forwards:.2f} | "
                      f"{'- (sampled)' if args.temperature > 0 else 'all' if not unequal else f'{unequal} differ'} |")
     table = "\n".join(lines)
     print(f"{len(tasks)} prompts x {args.rounds} rounds, style {args.style}, {args.max_new_tokens} new tokens at most, "

@@ -124,7 +124,8 @@ def call_format(tools: list[Tool], names: list[str], parallel: bool, tag_tokens:
     schema = {**(bodies[0] if len(bodies) == 1 else {"anyOf": bodies}), "x-guidance": _ONE_LINE}
     opening, closing = (OPEN, CLOSE) if tag_tokens else (f'"{OPEN}"', f'"{CLOSE}"')
     call = f'{opening} "\\n" %json {json.dumps(schema)} "\\n" {closing}'
-    start = 'start: call ("\\n" call)*' if parallel else "start: call"
+    # (a newline may end the calls, as between them: a model taught so writes one, then its end)
+    start = 'start: call ("\\n" call)* "\\n"?' if parallel else 'start: call "\\n"?'
     return OutputFormat("lark", f"{start}\ncall: {call}\n")
 
 
