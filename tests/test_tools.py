@@ -254,3 +254,12 @@ def test_the_official_client_reads_the_calls(api):
                 for c in chunk.choices[0].delta.tool_calls or []]
     assert [(c.function.name, c.function.arguments) for c in streamed] == \
         [(calls[0].function.name, calls[0].function.arguments)]
+
+
+def test_tokenize_takes_the_tools_as_chat_does(api, sd):
+    """/tokenize with messages and tools: the ids a chat request with them prefills."""
+    r = api.post("/tokenize", json={"messages": USER, "tools": [WEATHER]})
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens"] == sd.encode_messages(USER, [WEATHER])
+    assert r.json()["tokens"] != sd.encode_messages(USER)
+    assert api.post("/tokenize", json={"messages": USER, "tools": [{"type": "nope"}]}).status_code == 400

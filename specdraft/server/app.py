@@ -134,9 +134,10 @@ def tokenize(request: Request, body: TokenizeRequest):
             raise APIError(400, "messages are tokenized ready for the assistant's answer (add_generation_prompt: true)",
                            param="add_generation_prompt")
         try:
-            ids = speculator.encode_messages([{"role": m.role, "content": m.text} for m in body.messages])
-        except SpecdraftError as e:
-            raise APIError(400, str(e), param="messages") from None
+            ids = speculator.encode_messages(tools.template_messages(body.messages),
+                                             [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None)
+        except (SpecdraftError, ValueError) as e:
+            raise APIError(400, str(e), param="tools" if "tools" in str(e) else "messages") from None
     else:
         ids = speculator.tokenizer(body.prompt, add_special_tokens=body.add_special_tokens)["input_ids"]
     return {"count": len(ids), "max_model_len": speculator.target.model.max_length, "tokens": ids}

@@ -308,6 +308,7 @@ class TokenizeRequest(BaseModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[Message] | None = None
+    tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)  # messages: the functions the template lists
     add_special_tokens: StrictBool = True  # a text's (the template puts a chat's own)
     add_generation_prompt: StrictBool = True  # messages: end ready for the assistant's answer
 
