@@ -14,7 +14,8 @@ adds ``speculation``: the request's SpecStats.
 
 The pieces: ``config`` (ServerConfig), ``errors`` (the error format and handlers), ``gate`` (body
 limit, request counts), ``schemas`` (request bodies), ``generation`` (request -> engine -> events),
-``responses`` (JSON and server-sent event bodies), ``worker`` (the one-at-a-time scheduler),
+``responses`` (JSON and server-sent event bodies), ``tools`` (tool calls: their format, parsed out
+of answers), ``worker`` (the one-at-a-time scheduler),
 ``metrics`` (Prometheus). The routes read what they serve from ``app.state``.
 """
 from __future__ import annotations
