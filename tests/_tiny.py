@@ -281,3 +281,16 @@ def chat_target(directory: Path, *, seed: int = 3):
     tok = AutoTokenizer.from_pretrained(str(directory))
     tok.chat_template = CHAT_TEMPLATE
     return load_native(directory), tok
+
+
+def tiny_client(sd, spec=None, **config):
+    """A test client of the server over ``sd`` as model "tiny" (server errors come back as
+    responses): ``spec`` its default speculation (a draft-model chain of 4 with the cost rule
+    off, so drafts go out whatever this CPU's speed), ``config`` the rest of its ServerConfig."""
+    from fastapi.testclient import TestClient
+
+    from specdraft.config import SpecConfig
+    from specdraft.server.app import ServerConfig, create_app
+
+    spec = spec or SpecConfig(method="draft-model", k=4, min_confidence=0.0, cost_rule=False)
+    return TestClient(create_app(sd, ServerConfig(model_name="tiny", spec=spec, **config)), raise_server_exceptions=False)

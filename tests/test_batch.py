@@ -9,7 +9,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _tiny import VOCAB, FakeTokenizer, make_cli_model, tree_target
+from _tiny import VOCAB, FakeTokenizer, make_cli_model, tiny_client, tree_target
 from specdraft.batch import Batch, BatchCosts
 from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdraft.costs import ForwardCosts
@@ -243,13 +243,8 @@ def test_a_grown_cache_keeps_its_rows(target):
 
 
 def _server(sd, **config):
-    from fastapi.testclient import TestClient
-
-    from specdraft.server.app import ServerConfig, create_app
-
-    spec = SpecConfig(method="prompt-lookup", k=4, ngram_min=1, min_confidence=0.0, cost_rule=False)
-    return TestClient(create_app(sd, ServerConfig(model_name="tiny", spec=spec, **config)),
-                      raise_server_exceptions=False)
+    return tiny_client(sd, spec=SpecConfig(method="prompt-lookup", k=4, ngram_min=1, min_confidence=0.0,
+                                           cost_rule=False), **config)
 
 
 def _streamed(response) -> dict[int, dict]:

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 import torch
 
-from _tiny import make_cli_model
+from _tiny import make_cli_model, tiny_client
 from specdraft import grammar
 from specdraft.config import GenerationConfig, OutputFormat, SamplingConfig, SpecConfig
 from specdraft.drafters.base import Draft
@@ -224,13 +224,7 @@ def test_a_tokenizer_llguidance_cannot_read_is_a_one_line_error(tmp_path):
 # ------------------------------------------------------------------------------------ the server
 @pytest.fixture(scope="module")
 def api(sd):
-    from fastapi.testclient import TestClient
-
-    from specdraft.server.app import ServerConfig, create_app
-
-    app = create_app(sd, ServerConfig(model_name="tiny", spec=SpecConfig(method="draft-model", k=4, min_confidence=0.0,
-                                                                         cost_rule=False), request_timeout=30))
-    with TestClient(app, raise_server_exceptions=False) as c:
+    with tiny_client(sd, request_timeout=30) as c:
         yield c
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from _tiny import make_cli_model
+from _tiny import make_cli_model, tiny_client
 from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdraft.grammar import check
 from specdraft.pipeline import Speculator
@@ -106,13 +106,7 @@ def sd(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def api(sd):
-    from fastapi.testclient import TestClient
-
-    from specdraft.server.app import ServerConfig, create_app
-
-    app = create_app(sd, ServerConfig(model_name="tiny", spec=SpecConfig(method="draft-model", k=4, min_confidence=0.0,
-                                                                         cost_rule=False), request_timeout=30))
-    with TestClient(app, raise_server_exceptions=False) as c:
+    with tiny_client(sd, request_timeout=30) as c:
         yield c
 
 
@@ -212,14 +206,9 @@ def test_bad_tool_requests_are_400s(api, fields, says):
 
 
 def test_tools_need_a_template_that_takes_them(tmp_path):
-    from fastapi.testclient import TestClient
-
-    from specdraft.server.app import ServerConfig, create_app
-
     d = make_cli_model(tmp_path / "plain", byte_level=True)  # (no chat template at all)
     sd = Speculator(str(d), dtype="fp32", target_format="w8a8", max_length=256, load_draft=False, progress=False)
-    with TestClient(create_app(sd, ServerConfig(model_name="tiny", spec=SpecConfig(method="none"))),
-                    raise_server_exceptions=False) as c:
+    with tiny_client(sd, spec=SpecConfig(method="none")) as c:
         r = c.post("/v1/chat/completions", json={"messages": USER, "tools": [WEATHER], "max_tokens": 4})
         assert r.status_code == 400 and "does not take tools" in r.json()["error"]["message"]
         r = c.post("/v1/completions", json={"prompt": "x", "tools": [WEATHER], "max_tokens": 4})

@@ -136,7 +136,7 @@ def tokenize(request: Request, body: TokenizeRequest):
                            param="add_generation_prompt")
         try:
             ids = speculator.encode_messages(tools.template_messages(body.messages),
-                                             [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None)
+                                             tools.template_tools(body.tools) if body.tools else None)
         except (SpecdraftError, ValueError) as e:
             raise APIError(400, str(e), param="tools" if "tools" in str(e) else "messages") from None
     else:

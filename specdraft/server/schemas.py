@@ -223,7 +223,7 @@ class ChatRequest(_Common):
     @property
     def template_tools(self) -> list[dict] | None:
         """The tools as the chat template takes them, where the answer may call them."""
-        return [t.model_dump(exclude_none=True) for t in self.tools] if self.calls_tools else None
+        return tools.template_tools(self.tools) if self.calls_tools else None
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self):

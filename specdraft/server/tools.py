@@ -129,6 +129,11 @@ def call_format(tools: list[Tool], names: list[str], parallel: bool, tag_tokens:
     return OutputFormat("lark", f"{start}\ncall: {call}\n")
 
 
+def template_tools(tools: list[Tool]) -> list[dict]:
+    """The tools as a chat template takes them (OpenAI's objects, unset fields left out)."""
+    return [t.model_dump(exclude_none=True) for t in tools]
+
+
 def template_messages(messages) -> list[dict]:
     """Chat messages (schemas.Message) as the chat template reads them: an assistant's calls with
     their arguments as objects, a tool's result with its call's id and name. ValueError (a 400)
