@@ -1,5 +1,5 @@
-"""The command line: ``specdraft generate``, ``serve``, ``bench``, ``train-drafter``, ``train-head``, ``calibrate``, ``models``,
-``index``.
+"""The command line: ``specdraft generate``, ``chat``, ``serve``, ``bench``, ``train-drafter``, ``train-head``,
+``calibrate``, ``models``, ``index``.
 
 User errors print one line (``error: ...``) and exit with status 2; no traceback.
 """
@@ -48,6 +48,7 @@ from .server.config import ServerConfig
 _DEFAULTS_SPEC = SpecConfig()
 _DEFAULTS_GEN = GenerationConfig()
 _DEFAULTS_SERVER = ServerConfig(model_name="")
+CHAT_MAX_NEW_TOKENS = 1024  # a chat answer's default bound (generate's is GenerationConfig's)
 
 
 def _methods() -> list[str]:
@@ -64,7 +65,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="specdraft", description="Lossless speculative decoding, CPU first.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for add in (_add_generate, _add_serve, _add_bench, _add_train_head, _add_export, _add_calibrate, _add_perplexity,
+    for add in (_add_generate, _add_chat, _add_serve, _add_bench, _add_train_head, _add_export, _add_calibrate, _add_perplexity,
                 _add_models, _add_index):
         add(sub)  # each sets its subcommand's func, which main() calls
     return parser
@@ -103,6 +104,25 @@ def _add_generate(sub) -> None:
     f.add_argument("--choice", action="append", default=None, metavar="TEXT",
                    help="the answer is one of these texts (repeatable)")
     f.add_argument("--grammar", default=None, metavar="FILE", help="the answer follows this Lark grammar (a file)")
+
+
+def _add_chat(sub) -> None:
+    c = sub.add_parser("chat", help="talk with the target on the terminal, turn by turn (each turn prefills only what "
+                                    "is new since the last answer)")
+    c.set_defaults(func=_cmd_chat)
+    c.add_argument("--method", default=None, choices=_methods(),
+                   help="the drafter (default: as for generate)")
+    add_model_args(c)
+    add_spec_args(c)
+    add_sampling_args(c)
+    add_penalty_args(c)
+    c.add_argument("--max-new-tokens", type=int, default=CHAT_MAX_NEW_TOKENS,
+                   help="the longest answer, in tokens (less where the conversation leaves less of the context)")
+    c.add_argument("--system", default=None, metavar="TEXT", help="a system message opening the conversation")
+    c.add_argument("--color", choices=["auto", "always", "never"], default="auto",
+                   help="colour tokens by origin: green = accepted draft, blue = produced by the target")
+    c.add_argument("--stats", action=argparse.BooleanOptionalAction, default=True,
+                   help="after each answer, a line of statistics on stderr (default)")
 
 
 def _add_serve(sub) -> None:
@@ -310,6 +330,36 @@ def _cmd_generate(args) -> int:
     _print_logprobs(scored, spell, gen)
     print(engine.stats.summary())
     return 0
+
+
+def _cmd_chat(args) -> int:
+    from .chat import Conversation, run_chat
+
+    args.method = default_method(args)
+    spec = spec_from_args(args.method, args)
+    sampling = sampling_from_args(args)
+    if args.max_new_tokens < 1:
+        raise ParameterError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    gen = GenerationConfig(max_new_tokens=args.max_new_tokens)
+    interactive = sys.stdin.isatty()
+    # the prefix cache carries the target's cache from turn to turn (budget 0: the live conversation only)
+    sd = Speculator(args.target, args.draft, dtype=args.dtype, runtime=args.runtime, max_length=args.max_context,
+                    load_draft=needs_draft_model(args.method), reuse_prefix=True, prefix_budget_mb=0,
+                    **speculator_options(args))
+    if interactive:
+        import readline  # noqa: F401  (line editing and history for input())
+
+        def read_line(prompt: str) -> str:
+            try:
+                return input(prompt) + "\n"
+            except EOFError:
+                return ""
+    else:
+        def read_line(prompt: str) -> str:
+            return sys.stdin.readline()
+    color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty() and not os.environ.get("NO_COLOR"))
+    return run_chat(sd, spec, sampling, gen, read_line=read_line, conv=Conversation(args.system), color=color,
+                    stats=args.stats, interactive=interactive)
 
 
 def _record(stats, scored: list, spell) -> dict:
