@@ -434,6 +434,31 @@ def test_default_target_next_turn_with_its_prefix_kept_equals_a_whole_prefill(pa
         pair.prefix = None
 
 
+def test_default_target_chat_turns_are_the_conversations_own_answers(pair):
+    """specdraft chat on the default target with its default method (hybrid-head, trees, the cost
+    rule): each turn's answer is plain decoding's answer to the whole conversation, and the second
+    turn finds the first in the target's cache."""
+    import io
+
+    from specdraft.chat import Conversation, run_chat
+    from specdraft.prefix import PrefixCache
+
+    lines = iter(["Write a Python function that reverses a string.\n", "Now make it skip spaces.\n"])
+    conv, err = Conversation(), io.StringIO()
+    pair.prefix = PrefixCache(pair.target.model, 0)  # as the command makes it: the live conversation only
+    try:
+        rc = run_chat(pair, SpecConfig(method="hybrid-head"), SamplingConfig(), GenerationConfig(max_new_tokens=24),
+                      read_line=lambda prompt: next(lines, ""), conv=conv, out=io.StringIO(), err=err)
+    finally:
+        pair.prefix = None
+    assert rc == 0 and [m["role"] for m in conv.messages] == ["user", "assistant"] * 2
+    for turn in (1, 3):
+        ids = pair.encode_messages(conv.messages[:turn])
+        assert conv.messages[turn]["content"] == generate(pair, ids, "none", max_new_tokens=24).text
+    stats = [line for line in err.getvalue().splitlines() if line.startswith("[turn ")]
+    assert "prompt tokens cached" in stats[1] and "acceptance" in " ".join(stats), stats
+
+
 def test_default_target_runs_its_gguf_weights(pair):
     """On every CPU where the GGUF kernels build, "auto" keeps the target's GGUF quantization."""
     from specdraft.kernels import KernelUnavailable, gguf_ops
