@@ -294,3 +294,32 @@ def tiny_client(sd, spec=None, **config):
 
     spec = spec or SpecConfig(method="draft-model", k=4, min_confidence=0.0, cost_rule=False)
     return TestClient(create_app(sd, ServerConfig(model_name="tiny", spec=spec, **config)), raise_server_exceptions=False)
+
+
+# a chat template that lists the tools and writes calls and results as Qwen2.5's does (in short)
+TOOLS_TEMPLATE = (
+    "{% if tools %}<tools>{% for t in tools %}{{ t['function']['name'] }};{% endfor %}</tools>{% endif %}"
+    "{% for m in messages %}<{{ m['role'] }}>{% if m.get('tool_calls') %}{% for c in m['tool_calls'] %}"
+    "<tool_call>\n{{ {'name': c['function']['name'], 'arguments': c['function']['arguments']} | tojson }}\n"
+    "</tool_call>{% endfor %}{% else %}{{ m['content'] }}{% endif %}[/]{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}")
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
+                                            "parameters": {"type": "object", "properties": {
+                                                "city": {"type": "string", "maxLength": 12},
+                                                "days": {"type": "integer", "minimum": 1, "maximum": 9}},
+                                                "required": ["city", "days"], "additionalProperties": False}}}
+NOOP = {"type": "function", "function": {"name": "noop"}}
+
+
+def tools_speculator(directory: Path):
+    """A Speculator over a tiny byte-level model (its own draft) whose chat template takes tools
+    (TOOLS_TEMPLATE), in w8a8 with a context of 256."""
+    import json
+
+    from specdraft.pipeline import Speculator
+
+    d = make_cli_model(directory, byte_level=True)
+    config = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TOOLS_TEMPLATE}))
+    return Speculator(str(d), str(d), dtype="fp32", draft_format="w8a8", target_format="w8a8", max_length=256,
+                      progress=False)

@@ -6,26 +6,13 @@ import json
 
 import pytest
 
-from _tiny import make_cli_model, tiny_client
+from _tiny import NOOP, WEATHER, make_cli_model, tiny_client, tools_speculator
 from specdraft.config import GenerationConfig, SamplingConfig, SpecConfig
 from specdraft.grammar import check
 from specdraft.pipeline import Speculator
 from specdraft.server import tools
 from specdraft.server.tools import CallStream, Function, Tool, call_format, forced_names, parse_calls
 
-# a chat template that lists the tools and writes calls and results as Qwen2.5's does (in short)
-TEMPLATE = (
-    "{% if tools %}<tools>{% for t in tools %}{{ t['function']['name'] }};{% endfor %}</tools>{% endif %}"
-    "{% for m in messages %}<{{ m['role'] }}>{% if m.get('tool_calls') %}{% for c in m['tool_calls'] %}"
-    "<tool_call>\n{{ {'name': c['function']['name'], 'arguments': c['function']['arguments']} | tojson }}\n"
-    "</tool_call>{% endfor %}{% else %}{{ m['content'] }}{% endif %}[/]{% endfor %}"
-    "{% if add_generation_prompt %}<assistant>{% endif %}")
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
-                                            "parameters": {"type": "object", "properties": {
-                                                "city": {"type": "string", "maxLength": 12},
-                                                "days": {"type": "integer", "minimum": 1, "maximum": 9}},
-                                                "required": ["city", "days"], "additionalProperties": False}}}
-NOOP = {"type": "function", "function": {"name": "noop"}}
 USER = [{"role": "user", "content": "weather in paris for 3 days"}]
 
 
@@ -97,11 +84,7 @@ def test_tool_choice_and_the_call_format():
 # ------------------------------------------------------------------------------ the server
 @pytest.fixture(scope="module")
 def sd(tmp_path_factory):
-    d = make_cli_model(tmp_path_factory.mktemp("tools") / "tiny", byte_level=True)
-    config = json.loads((d / "tokenizer_config.json").read_text())
-    (d / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
-    return Speculator(str(d), str(d), dtype="fp32", draft_format="w8a8", target_format="w8a8", max_length=256,
-                      progress=False)
+    return tools_speculator(tmp_path_factory.mktemp("tools") / "tiny")
 
 
 @pytest.fixture(scope="module")

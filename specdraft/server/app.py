@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server: FastAPI routes over one Speculator and one Worker.
 
 Endpoints: POST /v1/chat/completions, POST /v1/completions (plain JSON, or server-sent events
-with ``stream: true``), GET /v1/models, GET /health, GET /metrics (Prometheus), GET / (a chat
+with ``stream: true``), POST /v1/responses with GET / DELETE /v1/responses/{id} (OpenAI's
+Responses API, over the chat machinery: ``responses_api``), GET /v1/models, GET /health, GET /metrics (Prometheus), GET / (a chat
 page that colours each token by its origin), and vLLM's tokenizer endpoints POST /tokenize,
 POST /detokenize, GET /tokenizer_info (which lm-evaluation-harness's client uses).
 
@@ -14,7 +15,8 @@ adds ``speculation``: the request's SpecStats.
 
 The pieces: ``config`` (ServerConfig), ``errors`` (the error format and handlers), ``gate`` (body
 limit, request counts), ``schemas`` (request bodies), ``generation`` (request -> engine -> events),
-``responses`` (JSON and server-sent event bodies), ``tools`` (tool calls: their format, parsed out
+``responses`` (JSON and server-sent event bodies), ``responses_api`` (the Responses API's
+requests, objects, events and stored responses), ``tools`` (tool calls: their format, parsed out
 of answers), ``worker`` (the one-at-a-time scheduler),
 ``metrics`` (Prometheus). The routes read what they serve from ``app.state``.
 """
@@ -33,7 +35,7 @@ from fastapi.responses import HTMLResponse, Response, StreamingResponse
 from ..drafters import drafter_names, needs_draft_model
 from ..errors import SpecdraftError
 from ..models.token_bytes import TokenBytes
-from . import tools
+from . import responses_api, tools
 from .config import ServerConfig
 from .errors import APIError, add_error_handlers
 from .gate import Gate
@@ -80,6 +82,7 @@ def create_app(speculator, config: ServerConfig) -> FastAPI:
     app.add_middleware(Gate, limit=config.max_body_bytes, metrics=metrics)
     app.state.speculator, app.state.worker, app.state.metrics, app.state.config = speculator, worker, metrics, config
     app.state.token_bytes = TokenBytes(speculator.tokenizer)  # names the tokens of log-probabilities
+    app.state.responses = responses_api.ResponseStore()  # the Responses API's stored responses, in memory
     add_error_handlers(app)
     app.include_router(router)
     return app
@@ -156,19 +159,24 @@ def detokenize(request: Request, body: DetokenizeRequest):
 # ------------------------------------------------------------------ generation
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(request: Request, body: ChatRequest):
-    speculator = request.app.state.speculator
+def _chat_prompt(speculator, body: ChatRequest, messages_param: str = "messages") -> tuple[list[int], set[str] | None]:
+    """A chat request's prompt ids through the chat template, and, where the answer may call the
+    tools, their names (the calls are parsed out of its text; a call format the answer is held
+    to is set on ``body``). A 400 for messages or tools the template refuses."""
     try:
-        messages = tools.template_messages(body.messages)
-        ids = speculator.encode_messages(messages, body.template_tools)
+        ids = speculator.encode_messages(tools.template_messages(body.messages), body.template_tools)
     except (SpecdraftError, ValueError) as e:
-        raise APIError(400, str(e), param="tools" if "tools" in str(e) else "messages") from None
-    # where the answer may call the tools: their names (the calls are parsed out of its text)
+        raise APIError(400, str(e), param="tools" if "tools" in str(e) else messages_param) from None
     names = None
     if body.calls_tools:
         names = {t.function.name for t in body.tools}
         body.hold_to_calls(tools.tags_are_tokens(speculator.tokenizer))
+    return ids, names
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request, body: ChatRequest):
+    ids, names = _chat_prompt(request.app.state.speculator, body)
     return await _generate(request, body, [(ids, None)], "chat", names)
 
 
@@ -187,6 +195,70 @@ async def completions(request: Request, body: CompletionRequest):
         # echo: the prompt as given (token ids: their text)
         prompts.append((ids, (text if text is not None else speculator.tokenizer.decode(ids)) if body.echo else None))
     return await _generate(request, body, prompts, "completion")
+
+
+@router.post("/v1/responses")
+async def create_response(request: Request, body: responses_api.ResponsesRequest):
+    """OpenAI's Responses API: the input (after a previous response's conversation, where named)
+    answered as a chat request is, as a response object or its typed events (responses_api)."""
+    state = request.app.state
+    speculator, store = state.speculator, state.responses
+    earlier = store.get(body.previous_response_id)[1] if body.previous_response_id else []
+    conversation = earlier + responses_api.input_messages(body.input, earlier)
+    chat = responses_api.chat_request(body, conversation)
+    ids, names = _chat_prompt(speculator, chat, "input")
+    try:
+        gen_req = build_request(chat, ids, state.config, speculator)
+    except APIError as e:  # named as this API names them
+        if e.param in ("max_tokens", "response_format"):
+            name = "max_output_tokens" if e.param == "max_tokens" else "text.format"
+            raise APIError(e.status, e.message.replace(e.param, name), param=name, code=e.code) from None
+        raise
+    answer = responses_api.Answer(body, state.config.model_name, names)
+
+    def done(response: dict) -> None:
+        if body.store:
+            store.put(response, conversation + [answer.assistant_message()])
+
+    job, events = _queued(request, gen_req)
+    if body.stream:
+        stream = responses_api.event_stream(answer, events, lambda: state.worker.cancel(job), state.token_bytes, done)
+        return StreamingResponse(stream, media_type="text/event-stream")
+    outcome = None
+    try:
+        pieces, outcome, _ = await _collected(events)
+    finally:  # no-op when finished; frees the worker if the client left
+        state.worker.cancel(job)
+    if outcome is None:  # the client disconnected
+        return Response(status_code=499)
+    response = responses_api.finished_response(answer, pieces, outcome, state.token_bytes)
+    done(response)
+    return response
+
+
+@router.get("/v1/responses/{rid}")
+def get_response(request: Request, rid: str):
+    return request.app.state.responses.get(rid)[0]
+
+
+@router.delete("/v1/responses/{rid}")
+def delete_response(request: Request, rid: str):
+    request.app.state.responses.delete(rid)
+    return {"id": rid, "object": "response.deleted", "deleted": True}
+
+
+async def _collected(events: AsyncIterator) -> tuple[list, object, list | None]:
+    """A job's events (generation.job_events) gathered: its pieces, its Outcome (None where the
+    client left first) and its prompt's scores (where asked for)."""
+    pieces, outcome, prompt_scores = [], None, None
+    async for ev, value in events:
+        if ev == "piece":
+            pieces.append(value[0])
+        elif ev == "prompt":
+            prompt_scores = value
+        else:
+            outcome = value
+    return pieces, outcome, prompt_scores
 
 
 def _queued(request: Request, gen_req: GenRequest) -> tuple[Job, AsyncIterator]:
@@ -259,15 +331,9 @@ async def _generate(request: Request, body, prompts: list[tuple[list[int], str |
         ids, echo = prompts[i // body.n]
         job, events = (batch_job, batch_events[i]) if together else _queued(request, gen_req)
         rid = rid or f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{job.id}"
-        pieces, outcome, prompt_scores = [], None, None
+        outcome = None
         try:
-            async for ev, value in events:
-                if ev == "piece":
-                    pieces.append(value[0])
-                elif ev == "prompt":
-                    prompt_scores = value
-                else:
-                    outcome = value
+            pieces, outcome, prompt_scores = await _collected(events)
         finally:  # no-op when finished; frees the worker if the client left
             if together:
                 batch_job.cancel_choice(worker, i) if outcome is not None else worker.cancel(job)

@@ -32,7 +32,7 @@ async def _invalid_request(request: Request, exc: RequestValidationError) -> JSO
     loc = [str(p) for p in err.get("loc", ()) if p != "body"]
     if err.get("type") == "json_invalid":
         return error_response(400, "the request body is not valid JSON")
-    msg = err.get("msg", "invalid request")
+    msg = err.get("msg", "invalid request").removeprefix("Value error, ")  # (pydantic's words for a validator's ValueError)
     param = ".".join(loc) or None
     return error_response(400, f"{param}: {msg}" if param else msg, param=param)
 
