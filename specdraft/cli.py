@@ -138,6 +138,9 @@ def _add_serve(sub) -> None:
     v.add_argument("--queue-size", type=int, default=16, help="requests that may wait; the next one gets 429")
     v.add_argument("--request-timeout", type=float, default=300.0, help="seconds from arrival to a forced end")
     v.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    v.add_argument("--api-key", default=os.environ.get("SPECDRAFT_API_KEY"), metavar="KEY",
+                   help="require this key of clients (Authorization: Bearer KEY) on /v1/ routes; 401 without it "
+                        "(default: $SPECDRAFT_API_KEY, else none)")
     v.add_argument("--no-draft", action="store_true", help="do not load a draft model (only none / prompt-lookup)")
     v.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True,
                    help="keep the target's cache between requests: a prompt that starts with the previous one's "
@@ -435,7 +438,7 @@ def _cmd_serve(args) -> int:
     sd.engine(spec)  # the default method's drafter, built once here: a bad --index or --head fails now, not per request
     config = ServerConfig(model_name=args.model_name or sd.target.name, spec=spec, max_waiting=args.queue_size,
                           request_timeout=args.request_timeout, max_body_bytes=args.max_body_bytes,
-                          batch_slots=args.batch_slots, prefill_chunk=args.prefill_chunk)
+                          batch_slots=args.batch_slots, prefill_chunk=args.prefill_chunk, api_key=args.api_key or None)
     print(f"serving {config.model_name} on http://{args.host}:{args.port} (method {spec.method}; chat page at /)",
           file=sys.stderr)
     uvicorn.run(create_app(sd, config), host=args.host, port=args.port, log_level="warning")

@@ -292,6 +292,9 @@ def test_stop_string_ends_the_text(client, sd):
 
 def test_models_health_metrics(server, client):
     assert [m.id for m in client.models.list().data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        client.models.retrieve("gpt-9")
     h = httpx.get(server + "/health").json()
     assert h["status"] == "ok" and "draft-model" in h["methods"] and h["default_method"] == "draft-model"
     text = httpx.get(server + "/metrics").text
@@ -708,3 +711,25 @@ def test_a_session_counts_only_the_requests_still_generating():
         w.running = []
 
     with_worker(test)
+
+
+def test_an_api_key_guards_the_v1_routes(sd):
+    """serve --api-key: /v1/ answers 401 without the key (or with another), as OpenAI does, and
+    as usual with it; /health, /metrics and the page stay open."""
+    from _tiny import tiny_client
+
+    with tiny_client(sd, api_key="s3cret") as c:
+        body = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 4}
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            r = c.post("/v1/chat/completions", json=body, headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert c.get("/v1/models").status_code == 401
+        assert c.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert all(c.get(path).status_code == 200 for path in ("/health", "/metrics", "/"))
+        keyed = openai.OpenAI(base_url="http://testserver/v1", api_key="s3cret", http_client=c, max_retries=0)
+        assert keyed.chat.completions.create(model=MODEL, max_tokens=4, **{k: v for k, v in body.items()
+                                                                           if k == "messages"}).choices
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url="http://testserver/v1", api_key="other", http_client=c,
+                          max_retries=0).models.list()
+        assert 'status="401"' in c.get("/metrics").text

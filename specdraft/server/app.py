@@ -2,13 +2,15 @@
 
 Endpoints: POST /v1/chat/completions, POST /v1/completions (plain JSON, or server-sent events
 with ``stream: true``), POST /v1/responses with GET / DELETE /v1/responses/{id} (OpenAI's
-Responses API, over the chat machinery: ``responses_api``), GET /v1/models, GET /health, GET /metrics (Prometheus), GET / (a chat
-page that colours each token by its origin), and vLLM's tokenizer endpoints POST /tokenize,
-POST /detokenize, GET /tokenizer_info (which lm-evaluation-harness's client uses).
+Responses API, over the chat machinery: ``responses_api``), GET /v1/models and /v1/models/{id},
+GET /health, GET /metrics (Prometheus), GET / (a chat page that colours each token by its
+origin), and vLLM's tokenizer endpoints POST /tokenize, POST /detokenize, GET /tokenizer_info
+(which lm-evaluation-harness's client uses). With an API key set, /v1/ asks for it.
 
 Every error a client can cause is a 4xx in OpenAI's format ``{"error": {"message", "type",
-"param", "code"}}``: invalid JSON or fields (400), an unknown model (404), a body over the size
-limit (413), a full queue or a request that waited past its time limit (429).
+"param", "code"}}``: invalid JSON or fields (400), a missing or wrong API key (401), an unknown
+model (404), a body over the size limit (413), a full queue or a request that waited past its
+time limit (429).
 Each streamed chunk carries, beside OpenAI's fields, ``origins``: per token of its text,
 "draft" (an accepted guess) or "target" (produced by the target itself). The ``usage`` object
 adds ``speculation``: the request's SpecStats.
@@ -79,7 +81,7 @@ def create_app(speculator, config: ServerConfig) -> FastAPI:
 
     app = FastAPI(title="specdraft", description="Lossless speculative decoding, OpenAI-compatible API.",
                   lifespan=lifespan)
-    app.add_middleware(Gate, limit=config.max_body_bytes, metrics=metrics)
+    app.add_middleware(Gate, limit=config.max_body_bytes, metrics=metrics, api_key=config.api_key)
     app.state.speculator, app.state.worker, app.state.metrics, app.state.config = speculator, worker, metrics, config
     app.state.token_bytes = TokenBytes(speculator.tokenizer)  # names the tokens of log-probabilities
     app.state.responses = responses_api.ResponseStore()  # the Responses API's stored responses, in memory
@@ -99,10 +101,22 @@ def health(request: Request):
             "running": worker.generating, "methods": methods, "default_method": config.spec.method}
 
 
+def _model(name: str) -> dict:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "specdraft"}
+
+
 @router.get("/v1/models")
 def models(request: Request):
-    return {"object": "list", "data": [{"id": request.app.state.config.model_name, "object": "model", "created": 0,
-                                        "owned_by": "specdraft"}]}
+    return {"object": "list", "data": [_model(request.app.state.config.model_name)]}
+
+
+@router.get("/v1/models/{name:path}")
+def model(request: Request, name: str):
+    served = request.app.state.config.model_name
+    if name != served:
+        raise APIError(404, f"model {name!r} is not served here; this server serves {served!r}", param="model",
+                       code="model_not_found")
+    return _model(served)
 
 
 @router.get("/metrics")

@@ -21,3 +21,6 @@ class ServerConfig:
     # prompt rows a step of a request joining others being decoded, packed into their checks
     # (batch.PREFILL_CHUNK; 0: its whole prompt in one step)
     prefill_chunk: int = PREFILL_CHUNK
+    # the key a client must send (``Authorization: Bearer KEY``) to reach /v1/ (401 without it);
+    # None: open to whoever reaches the port
+    api_key: str | None = None

@@ -1,16 +1,20 @@
-"""The ASGI middleware in front of the app: body size limit and request counting."""
+"""The ASGI middleware in front of the app: the API key, body size limit and request counting."""
 from __future__ import annotations
+
+import hmac
 
 from .errors import error_response
 from .metrics import ServerMetrics
 
 
 class Gate:
-    """Bounds request bodies (413 before the app parses anything) and counts /v1/ responses by
-    status. The body (at most ``limit`` bytes) is read here and replayed to the app."""
+    """Checks the API key of /v1/ requests where one is set (401 without it), bounds request
+    bodies (413 before the app parses anything) and counts /v1/ responses by status. The body
+    (at most ``limit`` bytes) is read here and replayed to the app."""
 
-    def __init__(self, app, limit: int, metrics: ServerMetrics):
+    def __init__(self, app, limit: int, metrics: ServerMetrics, api_key: str | None = None):
         self.app, self.limit, self.metrics = app, limit, metrics
+        self.key = None if api_key is None else f"Bearer {api_key}".encode()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -21,6 +25,12 @@ class Gate:
             if message["type"] == "http.response.start" and path.startswith("/v1/"):
                 self.metrics.requests.labels(path, str(message["status"])).inc()
             await send(message)
+
+        if self.key is not None and path.startswith("/v1/") and \
+                not hmac.compare_digest(dict(scope["headers"]).get(b"authorization", b""), self.key):
+            refused = error_response(401, "this server needs its API key: send the header Authorization: Bearer KEY",
+                                     code="invalid_api_key")
+            return await refused(scope, receive, counting_send)
 
         if scope["method"] not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, counting_send)
