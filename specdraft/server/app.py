@@ -2,10 +2,11 @@
 
 Endpoints: POST /v1/chat/completions, POST /v1/completions (plain JSON, or server-sent events
 with ``stream: true``), POST /v1/responses with GET / DELETE /v1/responses/{id} (OpenAI's
-Responses API, over the chat machinery: ``responses_api``), GET /v1/models and /v1/models/{id},
-GET /health, GET /metrics (Prometheus), GET / (a chat page that colours each token by its
-origin), and vLLM's tokenizer endpoints POST /tokenize, POST /detokenize, GET /tokenizer_info
-(which lm-evaluation-harness's client uses). With an API key set, /v1/ asks for it.
+Responses API, over the chat machinery: ``responses_api``), POST /v1/messages and
+/v1/messages/count_tokens (Anthropic's Messages API, the same way: ``messages_api``), GET
+/v1/models and /v1/models/{id}, GET /health, GET /metrics (Prometheus), GET / (a chat page
+that colours each token by its origin), and vLLM's tokenizer endpoints POST /tokenize, POST
+/detokenize, GET /tokenizer_info (which lm-evaluation-harness's client uses). With an API key set, /v1/ asks for it.
 
 Every error a client can cause is a 4xx in OpenAI's format ``{"error": {"message", "type",
 "param", "code"}}``: invalid JSON or fields (400), a missing or wrong API key (401), an unknown
@@ -18,7 +19,7 @@ adds ``speculation``: the request's SpecStats.
 The pieces: ``config`` (ServerConfig), ``errors`` (the error format and handlers), ``gate`` (body
 limit, request counts), ``schemas`` (request bodies), ``generation`` (request -> engine -> events),
 ``responses`` (JSON and server-sent event bodies), ``responses_api`` (the Responses API's
-requests, objects, events and stored responses), ``tools`` (tool calls: their format, parsed out
+requests, objects, events and stored responses), ``messages_api`` (Anthropic's), ``tools`` (tool calls: their format, parsed out
 of answers), ``worker`` (the one-at-a-time scheduler),
 ``metrics`` (Prometheus). The routes read what they serve from ``app.state``.
 """
@@ -37,7 +38,7 @@ from fastapi.responses import HTMLResponse, Response, StreamingResponse
 from ..drafters import drafter_names, needs_draft_model
 from ..errors import SpecdraftError
 from ..models.token_bytes import TokenBytes
-from . import responses_api, tools
+from . import messages_api, responses_api, tools
 from .config import ServerConfig
 from .errors import APIError, add_error_handlers
 from .gate import Gate
@@ -238,16 +239,41 @@ async def create_response(request: Request, body: responses_api.ResponsesRequest
     if body.stream:
         stream = responses_api.event_stream(answer, events, lambda: state.worker.cancel(job), state.token_bytes, done)
         return StreamingResponse(stream, media_type="text/event-stream")
-    outcome = None
-    try:
-        pieces, outcome, _ = await _collected(events)
-    finally:  # no-op when finished; frees the worker if the client left
-        state.worker.cancel(job)
+    pieces, outcome = await _ended(state.worker, job, events)
     if outcome is None:  # the client disconnected
         return Response(status_code=499)
     response = responses_api.finished_response(answer, pieces, outcome, state.token_bytes)
     done(response)
     return response
+
+
+@router.post("/v1/messages")
+async def create_message(request: Request, body: messages_api.MessagesRequest):
+    """Anthropic's Messages API: the conversation answered as a chat request is, as a message
+    object or its events (messages_api)."""
+    state = request.app.state
+    speculator = state.speculator
+    if body.max_tokens is None:
+        raise APIError(400, "max_tokens: Field required", param="max_tokens")
+    chat = messages_api.chat_request(body)
+    ids, names = _chat_prompt(speculator, chat)
+    gen_req = build_request(chat, ids, state.config, speculator)
+    reply = messages_api.Reply(body, state.config.model_name, names, speculator.tokenizer.decode)
+    job, events = _queued(request, gen_req)
+    if body.stream:
+        stream = messages_api.event_stream(reply, len(ids), events, lambda: state.worker.cancel(job))
+        return StreamingResponse(stream, media_type="text/event-stream")
+    pieces, outcome = await _ended(state.worker, job, events)
+    if outcome is None:  # the client disconnected
+        return Response(status_code=499)
+    return messages_api.finished_message(reply, pieces, outcome)
+
+
+@router.post("/v1/messages/count_tokens")
+def count_message_tokens(request: Request, body: messages_api.MessagesRequest):
+    """The prompt tokens a /v1/messages request with this conversation (and tools) prefills."""
+    ids, _ = _chat_prompt(request.app.state.speculator, messages_api.chat_request(body))
+    return {"input_tokens": len(ids)}
 
 
 @router.get("/v1/responses/{rid}")
@@ -273,6 +299,17 @@ async def _collected(events: AsyncIterator) -> tuple[list, object, list | None]:
         else:
             outcome = value
     return pieces, outcome, prompt_scores
+
+
+async def _ended(worker, job: Job, events: AsyncIterator) -> tuple[list, object]:
+    """A lone job's pieces and Outcome once it ends (None where the client left first); the
+    worker is freed from it either way."""
+    outcome = None
+    try:
+        pieces, outcome, _ = await _collected(events)
+    finally:  # no-op when finished; frees the worker if the client left
+        worker.cancel(job)
+    return pieces, outcome
 
 
 def _queued(request: Request, gen_req: GenRequest) -> tuple[Job, AsyncIterator]:

@@ -14,7 +14,13 @@ class Gate:
 
     def __init__(self, app, limit: int, metrics: ServerMetrics, api_key: str | None = None):
         self.app, self.limit, self.metrics = app, limit, metrics
-        self.key = None if api_key is None else f"Bearer {api_key}".encode()
+        self.key = None if api_key is None else api_key.encode()
+
+    def _keyed(self, headers: dict) -> bool:
+        """The request carries the key: OpenAI's ``Authorization: Bearer KEY`` or Anthropic's ``x-api-key: KEY``."""
+        bearer = headers.get(b"authorization", b"")
+        given = bearer[7:] if bearer.startswith(b"Bearer ") else headers.get(b"x-api-key", b"")
+        return hmac.compare_digest(given, self.key)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -26,15 +32,14 @@ class Gate:
                 self.metrics.requests.labels(path, str(message["status"])).inc()
             await send(message)
 
-        if self.key is not None and path.startswith("/v1/") and \
-                not hmac.compare_digest(dict(scope["headers"]).get(b"authorization", b""), self.key):
-            refused = error_response(401, "this server needs its API key: send the header Authorization: Bearer KEY",
-                                     code="invalid_api_key")
+        if self.key is not None and path.startswith("/v1/") and not self._keyed(dict(scope["headers"])):
+            refused = error_response(401, "this server needs its API key: send the header Authorization: Bearer KEY "
+                                          "(or x-api-key: KEY)", code="invalid_api_key", path=path)
             return await refused(scope, receive, counting_send)
 
         if scope["method"] not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, counting_send)
-        too_big = error_response(413, f"the request body exceeds {self.limit} bytes")
+        too_big = error_response(413, f"the request body exceeds {self.limit} bytes", path=path)
         size = dict(scope["headers"]).get(b"content-length")
         if size is not None and (not size.isdigit() or int(size) > self.limit):
             return await too_big(scope, receive, counting_send)

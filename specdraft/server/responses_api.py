@@ -35,7 +35,7 @@ from pydantic import (
 from ..config import MAX_TOP_LOGPROBS
 from .errors import APIError
 from .responses import Logprobs
-from .schemas import MAX_TOOLS, ChatRequest
+from .schemas import MAX_TOOLS, ChatRequest, Sampled
 from .tools import CallStream, parse_calls
 from .worker import Outcome
 
@@ -93,22 +93,15 @@ def _text(content) -> str:
     return content if isinstance(content, str) else "".join(p.text for p in content or ())
 
 
-class ResponsesRequest(BaseModel):
+class ResponsesRequest(Sampled):
     """The body of POST /v1/responses. Beside OpenAI's fields: this server's ``method``, ``k``,
     ``top_k``, ``min_p`` and ``seed``, as on chat completions."""
 
-    model_config = ConfigDict(extra="ignore")
-    model: str | None = None
     input: str | list[InputItem]  # (items checked one by one in _items, to name the one at fault)
     instructions: str | None = None
     previous_response_id: str | None = None
     max_output_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: StrictInt = Field(default=0, ge=0)
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    seed: StrictInt | None = Field(default=None, ge=0, le=2**63 - 1)
-    stream: StrictBool = False
     store: StrictBool = True
     metadata: dict[str, str] | None = None
     tools: list[dict] | None = Field(default=None, max_length=MAX_TOOLS)
@@ -118,8 +111,6 @@ class ResponsesRequest(BaseModel):
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     include: list[str] | None = None
     background: StrictBool = False
-    method: str | None = None
-    k: StrictInt | None = Field(default=None, ge=1, le=64)
 
     @field_validator("input", mode="before")
     @classmethod

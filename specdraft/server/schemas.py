@@ -23,17 +23,27 @@ MAX_STOP = 4  # as OpenAI
 MAX_TOOLS = 128  # as OpenAI
 
 
-class _Common(BaseModel):
+class Sampled(BaseModel):
+    """The fields every generation endpoint's body shares (chat and completions, the Responses
+    and Messages APIs): the model, how tokens are drawn, streaming, and this server's extensions
+    ``method`` (a drafter name or "none") and ``k`` (draft tokens per step)."""
+
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None  # None: the served model
-    max_tokens: StrictInt | None = Field(default=None, ge=1)
-    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)  # newer OpenAI name
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: StrictInt = Field(default=0, ge=0)
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)  # extension, as vLLM's
     seed: StrictInt | None = Field(default=None, ge=0, le=2**63 - 1)
+    stream: StrictBool = False
+    method: str | None = None
+    k: StrictInt | None = Field(default=None, ge=1, le=64)
+
+
+class _Common(Sampled):
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)  # newer OpenAI name
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=MAX_REPETITION_PENALTY)  # extension, as vLLM's
@@ -42,10 +52,7 @@ class _Common(BaseModel):
     response_format: dict | None = None
     stop: str | list[str] | None = None
     n: StrictInt = Field(default=1, ge=1, le=MAX_CHOICES)  # completions per prompt (decoded together: specdraft.batch)
-    stream: StrictBool = False
     stream_options: dict | None = None
-    method: str | None = None  # extension: drafter name or "none"
-    k: StrictInt | None = Field(default=None, ge=1, le=64)  # extension: draft tokens per step
     ignore_eos: StrictBool = False  # extension (as vLLM's): generate past EOS, up to max_tokens
 
     @field_validator("stop")
