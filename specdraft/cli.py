@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_generate(sub) -> None:
     g = sub.add_parser("generate", help="generate text for a prompt, streaming, then print statistics")
     g.set_defaults(func=_cmd_generate)
-    g.add_argument("prompt")
+    g.add_argument("prompt", help="the prompt; - reads it from standard input (a document to summarise, say)")
     g.add_argument("--method", default=None, choices=_methods(),
                    help="the drafter; none = plain decoding (default: hybrid-head where a head is shipped for the "
                         "target, else draft-model)")
@@ -295,7 +295,21 @@ def output_format_from_args(args) -> OutputFormat | None:
     return fmt
 
 
+def _prompt_text(prompt: str) -> str:
+    """generate's prompt: the argument itself, or standard input's whole text for "-"."""
+    if prompt != "-":
+        return prompt
+    try:
+        text = sys.stdin.read()
+    except UnicodeDecodeError as e:
+        raise ParameterError(f"standard input is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if not text.strip():
+        raise ParameterError("the prompt read from standard input (-) is empty")
+    return text
+
+
 def _cmd_generate(args) -> int:
+    args.prompt = _prompt_text(args.prompt)
     args.method = default_method(args)
     # Validate cheap things before loading any model.
     spec = spec_from_args(args.method, args)

@@ -515,3 +515,19 @@ def test_generate_several_answers_decoded_together(capsys, tiny_dir):
     assert len({a["text"] for a in got["answers"]}) > 1
     rc, out, err = call(["generate", "hello", "--target", str(tiny_dir), "--method", "none", "--n", "0"], capsys)
     assert_one_line_error(rc, out, err, contains="--n")
+
+
+def test_generate_reads_its_prompt_from_stdin_for_a_dash(capsys, tiny_dir, monkeypatch):
+    import io
+    import sys
+
+    args = ["--target", str(tiny_dir), "--dtype", "fp32", "--method", "none", "--max-new-tokens", "8", "--no-chat",
+            "--color", "never"]
+    rc, given, err = call(["generate", "abc\nabd", *args], capsys)
+    assert rc == 0, err
+    monkeypatch.setattr(sys, "stdin", io.StringIO("abc\nabd"))
+    rc, piped, err = call(["generate", "-", *args], capsys)
+    assert rc == 0 and piped.splitlines()[:-1] == given.splitlines()[:-1]  # the same text (the stats line aside)
+    for bad in (io.StringIO(" \n"), io.TextIOWrapper(io.BytesIO(b"\xff\xfe abc"), encoding="utf-8")):
+        monkeypatch.setattr(sys, "stdin", bad)
+        assert_one_line_error(*call(["generate", "-", *args], capsys))
