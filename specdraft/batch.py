@@ -168,13 +168,24 @@ class SeqTarget:
         self.weight_format, self.dtype = getattr(base, "weight_format", None), getattr(base, "dtype", None)
         self.costs = BatchCosts(batch.costs)
         self.rows_mean = 0.0  # rows a step and tokens committed a step, running means
-        self.tokens_mean = 0.0
+        self.tokens_mean = 0.0  # (measured from its second check on: step_tokens)
         self._asked_at: int | None = None  # its length at its previous check's forward
         self.reserved = 0  # cache slots set aside for it (Batch.room)
 
     @property
     def length(self) -> int:
         return len(self.slots)
+
+    @property
+    def step_tokens(self) -> float:
+        """Tokens it commits a step, as the others' policies count them: its running mean, and
+        before its second check (nothing measured yet) the one token any check commits. Counted
+        as 0 there, the others' guesses in their first steps were priced as if alone (K = 1, the
+        step's other answers committing nothing): sampled answers to one prompt, 8 together, sent
+        guesses of chance 0.1-0.15 in their second step (2-core Zen 5 EPYC)."""
+        if self.tokens_mean:
+            return self.tokens_mean
+        return 1.0 if self.rows_mean else 0.0
 
     def forward(self, ids: torch.Tensor, *, positions: torch.Tensor | None = None,
                 tree_mask: torch.Tensor | None = None, last_only: bool = False, need_hidden: bool = False,
@@ -399,9 +410,9 @@ class Batch:
         """Tell each generation's costs the others' rows and tokens a step."""
         live = [self.live[s] for s in asked]
         rows = sum(v.rows_mean for v in live)
-        tokens = sum(v.tokens_mean for v in live)
+        tokens = sum(v.step_tokens for v in live)
         for v in live:
-            v.costs.set_others(rows - v.rows_mean, tokens - v.tokens_mean)
+            v.costs.set_others(rows - v.rows_mean, tokens - v.step_tokens)
 
     def _squeeze(self) -> None:
         """Move the live slots down over the freed ones (an order-keeping compaction)."""

@@ -179,6 +179,18 @@ def test_batch_costs_price_a_check_against_the_whole_step():
     assert shared.seconds[3] == pytest.approx(1.2 * 0.02)
 
 
+def test_an_answer_not_yet_measured_counts_one_token_a_step_for_the_others(target):
+    batch = Batch(target, 64, ForwardCosts())
+    a, b, c = batch.view(), batch.view(), batch.view()
+    a.rows_mean, a.tokens_mean = 3.0, 2.5  # measured over its checks
+    b.rows_mean = 4.0  # one check so far: it commits one token a step at least
+    # c: still prefilling, no check yet: no rows, no tokens
+    batch._others({v.seq: None for v in (a, b, c)})
+    assert (a.costs.others_rows, a.costs.others_tokens) == (4.0, 1.0)
+    assert (b.costs.others_rows, b.costs.others_tokens) == (3.0, 2.5)
+    assert (c.costs.others_rows, c.costs.others_tokens) == (7.0, 3.5)
+
+
 @pytest.fixture(scope="module")
 def sd(tmp_path_factory, target):  # (target: skips where the native kernels do not build)
     d = str(make_cli_model(tmp_path_factory.mktemp("batchpipe") / "tiny"))

@@ -182,6 +182,28 @@ def test_the_drafter_gets_the_tapped_rows_and_fuses_them(q4k, trained, monkeypat
     assert seen and set(seen) == {(len(TAPS) + 1) * q4k.spec.hidden_size}
 
 
+def test_the_drafter_fuses_a_row_only_when_a_draft_reads_it(q4k, trained, monkeypatch):
+    from specdraft.drafters.feature_head import FeatureHeadDrafter
+
+    head, _ = trained
+    drafter = FeatureHeadDrafter(q4k, head)
+    real, fused = drafter.fused, []
+    monkeypatch.setattr(drafter, "fused", lambda rows: fused.append(rows.shape[0]) or real(rows))
+    q4k.reset()
+    out = q4k.forward(torch.tensor(PROMPTS[0]), need_hidden=True, taps=TAPS)
+    rows = torch.cat([out.taps.flatten(1), out.hidden], -1)  # as the engine hands them over
+    drafter.begin(PROMPTS[0])
+    assert not drafter.ready()
+    drafter.take_features(rows)
+    drafter.take_features(rows[:-1])  # a newer step's rows before any draft: the older row is never fused
+    assert fused == [] and drafter.ready()
+    want = real(rows[-2:-1])[0]
+    assert torch.equal(drafter.feature, want) and fused == [1]
+    assert torch.equal(drafter.feature, want) and fused == [1]  # fused once
+    drafter.begin(PROMPTS[1])
+    assert not drafter.ready() and drafter.feature is None
+
+
 def test_a_head_with_taps_can_start_from_a_plain_heads_step(q4k, recorded):
     from specdraft.heads.train import start_from
 
