@@ -113,44 +113,21 @@ def one_hot(index: torch.Tensor, vocab: int) -> torch.Tensor:
     return out.scatter_(-1, index.unsqueeze(-1), 1.0)
 
 
-# ids a block of the blocked inverse CDF (sample): a draw sums every block once, then cumsums two
-# short runs (the block sums, one block's probabilities) instead of the whole vocabulary
-SAMPLE_BLOCK = 1024
-
-
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Draw one token per row of [N, V] probabilities (each row summing to > 0) -> [N] int64:
-    one uniform draw a row, u in [0, total), found in the row's cumulative sums: first the block
-    of SAMPLE_BLOCK ids whose running total passes u, then the id inside it (torch.multinomial
-    takes ~10x the time of a whole draw this way on a 152k vocabulary; a double cumsum over all
-    152k ids ~3x). Sums in float64; an id with p = 0 is never drawn.
+    one uniform draw a row, found in the row's cumulative sums (torch.multinomial takes ~10x the
+    time of a whole draw this way on a 152k vocabulary).
 
     >>> sample(torch.tensor([[0.0, 1.0, 0.0]]), make_generator(0))
     tensor([1])
     """
-    N, V = probs.shape
-    B = SAMPLE_BLOCK
-    nb = -(-V // B)
-    x = (probs if nb * B == V else torch.nn.functional.pad(probs, (0, nb * B - V))).view(N, nb, B)
-    ends = x.sum(-1, dtype=torch.float64).cumsum(-1)  # [N, nb]: the running total at each block's end
-    u = torch.rand(N, 1, generator=generator, dtype=torch.float64) * ends[:, -1:]  # [N, 1] in [0, total)
-    # the first block whose running total passes u holds the id: one with p > 0 whose cumulative
-    # sum (the total before the block plus its own run) is the first to pass u
-    b = torch.searchsorted(ends, u, right=True).squeeze(-1)  # [N]
-    got = torch.empty(N, dtype=torch.int64)
-    for r in range(N):
-        k = int(b[r])
-        if k < nb:
-            before = float(ends[r, k - 1]) if k else 0.0
-            run = x[r, k].double().cumsum(-1).add_(before)  # [B]
-            i = int(torch.searchsorted(run, u[r], right=True))
-            if i < B:
-                got[r] = k * B + i
-                continue
-        # u rounded up to the running total (of the whole row, or of block k by the other summing
-        # order): the last id with p > 0 at or before block k's end instead
-        end = min((k + 1) * B, V)
-        got[r] = end - 1 - int((probs[r, :end].flip(-1) > 0).int().argmax())
+    cdf = probs.double().cumsum(-1)  # [N, V]
+    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64) * cdf[:, -1:]  # [N, 1] in [0, total)
+    # the first id whose cumulative sum passes u: one with p > 0, taken with chance p / total
+    got = torch.searchsorted(cdf, u, right=True).squeeze(-1)
+    V = probs.shape[-1]
+    if bool((got == V).any()):  # u * total rounded up to total: the last id with p > 0 instead
+        got = torch.minimum(got, V - 1 - (probs.flip(-1) > 0).int().argmax(-1))
     return got
 
 

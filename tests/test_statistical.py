@@ -18,7 +18,6 @@ import math
 import pytest
 import torch
 
-from specdraft import sampling
 from specdraft.config import SamplingConfig
 from specdraft.sampling import make_generator, probs_from_logits, sample
 from specdraft.verify import Verdict, verify_sampling
@@ -182,27 +181,6 @@ def test_sample_draws_each_token_with_its_probability_and_never_an_impossible_on
     assert goodness_of_fit(torch.bincount(draws[:, 0], minlength=5).double(), shifted)[0] < ALPHA_FAIL
     # a batch of rows draws as many rows alone do, each from its own row
     assert sample(p.repeat(4, 1), make_generator(1)).view(4, 3)[:, 1:].tolist() == [[3, 4]] * 4
-
-
-@pytest.mark.parametrize("block", [4, 7, 1024])
-def test_sample_by_blocks_finds_the_id_a_whole_row_cdf_finds(monkeypatch, block):
-    """The blocked inverse CDF finds, for each uniform draw, the id a cumsum over the whole row finds
-    (a vocabulary not a multiple of the block, runs and whole blocks of zeros, trailing zeros), and
-    where u rounds up to the total, the last id with p > 0."""
-    monkeypatch.setattr(sampling, "SAMPLE_BLOCK", block)
-    g = torch.Generator().manual_seed(3)
-    p = torch.rand(3, 50, generator=g)
-    p[p < 0.5] = 0.0
-    p[1, 8:24] = 0.0  # whole blocks of 4 and of 7
-    p[2, 40:] = 0.0
-    for seed in range(200):
-        got = sample(p, make_generator(seed))
-        cdf = p.double().cumsum(-1)
-        u = torch.rand(3, 1, generator=make_generator(seed), dtype=torch.float64) * cdf[:, -1:]
-        assert torch.equal(got, torch.searchsorted(cdf, u, right=True).squeeze(-1)), seed
-    last = [int(row.nonzero().max()) for row in p]
-    monkeypatch.setattr(torch, "rand", lambda n, m, **kw: torch.ones(n, m, dtype=torch.float64))  # u = the total
-    assert sample(p, make_generator(0)).tolist() == last
 
 
 def test_min_p_keeps_what_is_likely_enough_beside_the_likeliest():
