@@ -331,3 +331,24 @@ def test_train_drafter_with_requests_records_them_once_and_trains_the_layer(tmp_
     assert main([*common, "--out", str(tmp_path / "e1")]) == 0
     assert "with their requests: " + str(len(full)) + " positions from" in capsys.readouterr().out
     assert load_head(tmp_path / "e1", "eagle").cfg.hidden_size == model.spec.hidden_size
+
+
+def test_drafters_of_one_head_share_their_matrices_until_the_head_changes(q4k, trained):
+    from specdraft.drafters.feature_head import FeatureHeadDrafter
+
+    head, _ = trained
+    a, b = FeatureHeadDrafter(q4k, head), FeatureHeadDrafter(q4k, head)
+    # made once: the output rows gathered, the step and the fusion quantized (answers decoded together)
+    assert b.out is a.out and b.fuse is a.fuse and b.step.w1 is a.step.w1 and b.step.w2 is a.step.w2
+    z = torch.randn(1, head.w1.in_features)
+    before = a.step.w1(z)
+    with torch.no_grad():
+        head.w1.weight.mul_(2.0)  # changed in place: its matrix is made again
+    try:
+        c = FeatureHeadDrafter(q4k, head)
+        assert c.step.w1 is not a.step.w1 and c.step.w2 is a.step.w2 and c.out is a.out
+        bias = head.w1.bias.detach()
+        torch.testing.assert_close(c.step.w1(z) - bias, 2 * (before - bias), rtol=0.02, atol=1e-3)
+    finally:
+        with torch.no_grad():
+            head.w1.weight.div_(2.0)

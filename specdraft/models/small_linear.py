@@ -16,6 +16,8 @@ rounding never changes the output. Rows are computed independently in both kinds
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from ..kernels import KernelUnavailable, gguf_ops
@@ -23,9 +25,25 @@ from . import snapshots
 from .gguf_weights import GROUP, Q6K_RECORDS, QK, REC, GGUFLinear, QuantTensor, quantize_q6k
 from .quant import W8A8Linear
 
+# id(weight) -> (a weak reference to it, what it was made of, drafter_linear of it): every drafter
+# of a head in the process runs the same matrices (answers decoded together hold a drafter each),
+# read only; an entry leaves with its weight
+_MADE: dict[int, tuple] = {}
+
 
 def drafter_linear(weight: torch.Tensor, bias: torch.Tensor | None = None):
-    """A callable x [B, in] float32 -> [B, out] float32 computing x W^T + b (weight [out, in])."""
+    """A callable x [B, in] float32 -> [B, out] float32 computing x W^T + b (weight [out, in]);
+    made once for a weight and bias as they stand (their in-place version counters: a head
+    changed in place gets new matrices)."""
+    key, versions = id(weight), (weight._version, None if bias is None else bias._version)
+    made = _MADE.get(key)
+    if made is None or made[0]() is not weight or made[1] is not bias or made[2] != versions:
+        made = _MADE[key] = (weakref.ref(weight, lambda _, key=key: _MADE.pop(key, None)), bias, versions,
+                             _drafter_linear(weight, bias))
+    return made[3]
+
+
+def _drafter_linear(weight: torch.Tensor, bias: torch.Tensor | None):
     weight = weight.detach().float()
     bias = None if bias is None else bias.detach().float()
     try:
