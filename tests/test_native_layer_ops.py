@@ -223,6 +223,29 @@ def test_fused_decoder_is_the_layer_loop_bit_for_bit(ops, tmp_path, kind):
         assert torch.equal(model.k_cache[1][:, start:start + T], cache)  # the same keys were written
 
 
+def test_the_decoder_taps_layers_in_its_one_call(ops, tmp_path):
+    """forward_tapped copies x after each tapped layer out as its loop passes it: x is forward's,
+    to the bit, and each tap is what the layers up to it compute; bad taps are refused."""
+    from _tiny import build_hf, save
+    from specdraft.models.llama import LlamaModel
+
+    model = LlamaModel.from_dir(save(build_hf("qwen2", seed=5), tmp_path / "m"), dtype=torch.float32,
+                                max_length=64, weight_format="q4k")
+    dec, n = model._decoder, len(model.layers)
+    x = model.embed[torch.tensor([3, 17, 5])].float()
+    cos, sin = model.cos[:3].contiguous(), model.sin[:3].contiguous()
+    whole = dec.forward(x, 0, cos, sin)
+    taps = [0, n - 1]  # (the tiny model: 2 layers)
+    out, tapped = dec.forward_tapped(x, 0, cos, sin, None, taps)
+    assert torch.equal(out, whole) and tapped.shape == (3, len(taps), x.shape[1])
+    for j, layer in enumerate(taps):
+        short = model.with_layers(list(range(layer + 1)))
+        assert torch.equal(tapped[:, j], short._decoder.forward(x, 0, cos, sin))
+    for bad in ([1, 0], [n], [-1], [0, 0]):
+        with pytest.raises(RuntimeError, match="ascending layer indices"):
+            dec.forward_tapped(x, 0, cos, sin, None, bad)
+
+
 def test_decoder_times_its_steps(ops, tmp_path):
     """kernels.Decoder adds each step's seconds per kind (calibrate --steps reads them): every
     kind timed, together no more than the forward, and cleared to zeros."""

@@ -77,6 +77,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         .def(pybind11::init(&read_decoder), "layers: [(ln1, ln2, k_cache, v_cache, qkv, o, gate_up, down[, q_norm, k_norm])], num_heads, eps")
         .def("forward", &NativeDecoder::forward, "x [T, H], start, cos, sin_signed [T, hd], mask [T, start + T] or None -> x after every layer",
              pybind11::arg("x"), pybind11::arg("start"), pybind11::arg("cos"), pybind11::arg("sin_signed"), pybind11::arg("mask") = pybind11::none())
+        .def("forward_tapped", &NativeDecoder::forward_tapped,
+             "x [T, H], start, cos, sin_signed, mask or None, taps (ascending layer indices) -> (x after every layer, "
+             "x after each tapped layer [T, len(taps), H])",
+             pybind11::arg("x"), pybind11::arg("start"), pybind11::arg("cos"), pybind11::arg("sin_signed"),
+             pybind11::arg("mask"), pybind11::arg("taps"))
         .def("step_seconds", &NativeDecoder::step_seconds, "seconds in each step kind (step_names) since the last clear, over layers and forwards")
         .def("clear_step_seconds", &NativeDecoder::clear_step_seconds, "zero the step times")
         .def_property_readonly_static("step_names", [](pybind11::object) {

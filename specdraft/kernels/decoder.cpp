@@ -15,6 +15,8 @@
 // records uint8 [ceil(out / 8), in' / 256 * REC], out) stacked along the outputs.
 // forward(x [T, H] f32, start, cos [T, hd], sin_signed [T, hd], mask [T, start + T] bool or None)
 // -> x after the layers; the caches get the block's k and v at positions start .. start + T - 1.
+// forward_tapped(..., taps) -> (x, tapped [T, len(taps), H]): x after each layer of taps as well
+// (a drafting head's fused features), copied out as the loop passes it: the same steps, bitwise.
 #include "torch_lite.h"
 #include <algorithm>
 #include <chrono>
@@ -78,6 +80,23 @@ void NativeDecoder::Workspace::fit(int64_t rows, int64_t H, const Layer& l, int6
 
 at::Tensor NativeDecoder::forward(at::Tensor x, int64_t start, at::Tensor cos, at::Tensor sin_signed,
                                   std::optional<at::Tensor> mask) {
+    return run(std::move(x), start, cos, sin_signed, mask, {}, nullptr);
+}
+
+std::tuple<at::Tensor, at::Tensor> NativeDecoder::forward_tapped(at::Tensor x, int64_t start, at::Tensor cos,
+                                                                 at::Tensor sin_signed, std::optional<at::Tensor> mask,
+                                                                 std::vector<int64_t> taps) {
+    TORCH_CHECK(x.dtype() == at::kFloat && x.dim() == 2, "x: float32 [T, H]");
+    for (size_t j = 0; j < taps.size(); ++j)
+        TORCH_CHECK(taps[j] >= 0 && taps[j] < (int64_t)layers_.size() && (j == 0 || taps[j] > taps[j - 1]),
+                    "taps: ascending layer indices");
+    at::Tensor tapped = at::empty({x.size(0), (int64_t)taps.size(), x.size(1)}, x.options());
+    at::Tensor out = run(std::move(x), start, cos, sin_signed, mask, taps, tapped.data_ptr<float>());
+    return {out, tapped};
+}
+
+at::Tensor NativeDecoder::run(at::Tensor x, int64_t start, const at::Tensor& cos, const at::Tensor& sin_signed,
+                              const std::optional<at::Tensor>& mask, const std::vector<int64_t>& taps, float* tapped) {
     TORCH_CHECK(x.dtype() == at::kFloat && x.dim() == 2, "x: float32 [T, H]");
     x = x.contiguous().clone();  // the residual stream, updated in place below
     const int64_t T = x.size(0), H = x.size(1);
@@ -111,7 +130,10 @@ at::Tensor NativeDecoder::forward(at::Tensor x, int64_t start, at::Tensor cos, a
         steps_[step] += std::chrono::duration<double>(now - t).count();
         t = now;
     };
-    for (auto& l : layers_) {
+    const int64_t K = (int64_t)taps.size();
+    size_t next_tap = 0;
+    for (size_t li = 0; li < layers_.size(); ++li) {
+        const Layer& l = layers_[li];
         rms_quantize_rows(px, l.ln1.data_ptr<float>(), T, H, eps_, w.h.data(), qh);
         lap(0);
         project(l.qkv, qh, T, w.qkv.data());
@@ -141,6 +163,11 @@ at::Tensor NativeDecoder::forward(at::Tensor x, int64_t start, at::Tensor cos, a
         project(l.down, qi, T, w.y.data());
         add(w.y.data());
         lap(7);
+        if (next_tap < taps.size() && taps[next_tap] == (int64_t)li) {  // row t's x into tapped[t, j]
+            for (int64_t t = 0; t < T; ++t)
+                std::memcpy(tapped + (t * K + next_tap) * H, px + t * H, H * sizeof(float));
+            ++next_tap;
+        }
     }
     return x;
 }

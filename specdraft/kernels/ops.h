@@ -2,6 +2,7 @@
 #pragma once
 #include "torch_lite.h"
 #include <optional>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -76,6 +77,10 @@ public:
     NativeDecoder(std::vector<Layer> layers, int64_t num_heads, double eps);
     at::Tensor forward(at::Tensor x, int64_t start, at::Tensor cos, at::Tensor sin_signed,
                        std::optional<at::Tensor> mask);
+    // the same, also copying x after each layer of ``taps`` (ascending indices into the layers)
+    // into tapped [T, len(taps), H]: one call where a cut after each tapped layer took one a part
+    std::tuple<at::Tensor, at::Tensor> forward_tapped(at::Tensor x, int64_t start, at::Tensor cos, at::Tensor sin_signed,
+                                                      std::optional<at::Tensor> mask, std::vector<int64_t> taps);
     // seconds spent in each step kind since construction or the last clear, summed over layers and
     // forwards, as STEP_NAMES orders them: where a forward's time goes (specdraft calibrate --steps)
     static constexpr const char* STEP_NAMES[8] = {"rms_quantize", "qkv", "rope_cache", "attention",
@@ -92,6 +97,9 @@ private:
         void fit(int64_t rows, int64_t H, const Layer& l, int64_t nh);
     };
     static void project(const Projection& p, const Q8Rows& xq, int64_t T, float* y);
+    // forward's layers over x (cloned, contiguous [T, H]); after layer taps[j], x into tapped[:, j]
+    at::Tensor run(at::Tensor x, int64_t start, const at::Tensor& cos, const at::Tensor& sin_signed,
+                   const std::optional<at::Tensor>& mask, const std::vector<int64_t>& taps, float* tapped);
     Workspace ws_;
     std::vector<Layer> layers_;
     int64_t num_heads_;

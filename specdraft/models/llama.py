@@ -15,7 +15,6 @@ L cache positions in use after the forward.
 from __future__ import annotations
 
 import copy
-import itertools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -423,31 +422,23 @@ class LlamaModel:
         # the products (kernels/layer_ops.cpp) instead of ~35 small torch calls each.
         self._ops = self._decoder = None
         self._loop_steps = StepClock()  # the layer loop's seconds by step kind (step_seconds)
-        self._segment_cache: dict[tuple[int, ...], list] = {}  # taps -> native decoders cut after them
         if (quantized is not None and dtype == torch.float32 and s.head_dim % 16 == 0 and
                 all(isinstance(lin, GGUFLinear) for layer in self.layers
                     for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))):
             self._ops = self.layers[0].qkv.ops
             self._decoder = self._build_decoder()
 
-    def _build_decoder(self, first: int = 0, end: int | None = None):
-        """Layers first .. end - 1 (default: every layer) in one native call for blocks the native
-        attention takes (decode steps, drafts, trees): the same kernels in the same order as
-        _native_layers' loop, without its ~18 Python-side calls a layer."""
-        part = slice(first, end)
+    def _build_decoder(self):
+        """Every layer in one native call for blocks the native attention takes (decode steps,
+        drafts, trees): the same kernels in the same order as _native_layers' loop, without its ~18
+        Python-side calls a layer; a tapped forward copies the tapped layers' outputs out in the
+        same call (forward_tapped: one call where a decoder a part between taps cost 0.2-0.4 ms
+        more a forward of 1-4 rows, Zen 5 EPYC)."""
         return self._ops.Decoder(
             [(l.ln1, l.ln2, kc, vc, l.qkv.native_spec(), l.o.native_spec(), l.gate_up.native_spec(),
               l.down.native_spec(), *(l.qk_norm or ()))
-             for l, kc, vc in zip(self.layers[part], self.k_cache[part], self.v_cache[part])],
+             for l, kc, vc in zip(self.layers, self.k_cache, self.v_cache)],
             self.spec.num_heads, self.spec.rms_eps)
-
-    def _segments(self, taps: tuple[int, ...]) -> list:
-        """Native decoders over the layers cut after each tapped layer (built once per taps): the
-        same steps as the whole decoder, so tapping changes no result."""
-        if taps not in self._segment_cache:
-            cuts = [0, *(i + 1 for i in taps), len(self.layers)]
-            self._segment_cache[taps] = [self._build_decoder(a, b) for a, b in itertools.pairwise(cuts)]
-        return self._segment_cache[taps]
 
     def with_layers(self, keep: list[int], *, share_cache: bool = False) -> LlamaModel:
         """This model running only the decoder layers ``keep`` (ascending), the others skipped:
@@ -485,7 +476,6 @@ class LlamaModel:
                 new[-1][:, :L] = c[:, :L]
         self.k_cache, self.v_cache = grown
         self.max_length = capacity
-        self._segment_cache = {}
         if self._decoder is not None:
             self._decoder = self._build_decoder()
         self.epoch += 1
@@ -496,7 +486,6 @@ class LlamaModel:
         view = copy.copy(self)
         view.layers, view.k_cache, view.v_cache, view.max_length = layers, k_cache, v_cache, max_length
         view.length = 0
-        view._segment_cache = {}
         if self._decoder is not None:
             view._decoder = view._build_decoder()
         return view
@@ -688,10 +677,9 @@ class LlamaModel:
         if T <= ROW_EXACT_MAX and self.fused:
             if not tapped:
                 return self._decoder.forward(x, L0, cos, sin, mask)
-            for i, segment in zip((*tapped, None), self._segments(tuple(tapped))):
-                x = segment.forward(x, L0, cos, sin, mask)
-                if i is not None:
-                    tapped[i] = x
+            x, rows = self._decoder.forward_tapped(x, L0, cos, sin, mask, list(tapped))  # rows [T, k, H]
+            for j, i in enumerate(tapped):
+                tapped[i] = rows[:, j]
             return x
         last = len(self.layers) - 1
         lap = self._loop_steps.lap  # each step's seconds by kind, as the fused decoder counts them
