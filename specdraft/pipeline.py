@@ -28,7 +28,7 @@ from .models.gguf_weights import GGUFTensors, gguf_source, start_pack_read
 from .models.hf import HFModel
 from .models.hugepages import drop_reads
 from .models.llama import LlamaModel, not_native
-from .models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET, gguf_file, has_weights, resolve_model_dir
+from .models.packaged import DEFAULT_DRAFT, DEFAULT_TARGET, check_model_spec, gguf_file, has_weights, resolve_model_dir
 from .models.quant import WEIGHT_FORMATS, resolve_format
 from .models.tokenizer import load_tokenizer
 from .prefix import DEFAULT_BUDGET, PrefixCache, reuses_exactly
@@ -224,7 +224,8 @@ class Speculator:
                  target_format: str = DEFAULT_TARGET_FORMAT, draft_vocab: int | str | None = "auto", runtime: str = "auto",
                  max_length: int = 4096, load_draft: bool = True, progress: bool = True, reuse_prefix: bool = False,
                  prefix_budget_mb: int = DEFAULT_BUDGET >> 20):
-
+        if draft is not None and not load_draft:  # not loaded, but a draft named wrong is still an error
+            check_model_spec(draft)
         self.target = load_model(target or DEFAULT_TARGET, dtype=dtype, runtime=runtime, max_length=max_length,
                                  weight_format=target_format, progress=progress)
         self.draft: LoadedModel | None = None

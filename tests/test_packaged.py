@@ -99,6 +99,18 @@ def test_resolve_nonexistent_path(tmp_path):
         resolve_model_dir(str(tmp_path / "nope"), progress=False)
 
 
+def test_a_draft_not_loaded_is_still_checked_before_the_target_loads(tmp_path, monkeypatch):
+    from specdraft import pipeline
+
+    monkeypatch.setattr(pipeline, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
+    with pytest.raises(ModelFileError, match="does not exist"):
+        pipeline.Speculator("default-target", str(tmp_path / "nope"), load_draft=False)
+    with pytest.raises(ModelFileError, match="unknown model 'no-such-draft'"):
+        pipeline.Speculator("default-target", "no-such-draft", load_draft=False)
+    for fine in ("default-draft", str(tmp_path)):  # a packaged name, an existing path: checked when loaded
+        packaged.check_model_spec(fine)
+
+
 def test_resolve_dir_without_config(tmp_path):
     (tmp_path / "m").mkdir()
     with pytest.raises(ModelFileError, match=r"no config\.json"):

@@ -145,6 +145,13 @@ def gguf_file(spec: str, progress: bool = True) -> Path:
                          f"llama.cpp and the gguf weight format read GGUF only")
 
 
+def check_model_spec(spec: str) -> None:
+    """A cheap check of a model spec that will not be loaded now (a draft model no method asked
+    for): a packaged name, or a path that exists; else the ModelFileError loading it would give."""
+    if ALIASES.get(spec, spec) not in PACKAGED and not Path(spec).expanduser().exists():
+        raise _missing_model_error(spec)
+
+
 def _missing_model_error(spec: str) -> ModelFileError:
     known = ", ".join([*PACKAGED, *ALIASES])
     looks_like_path = os.sep in spec or spec.startswith((".", "~")) or spec.endswith(".gguf")
