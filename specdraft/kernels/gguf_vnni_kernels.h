@@ -82,11 +82,15 @@ struct Q4kClose {
 // lane its sum q x (|.| <= 32 * 15 * 127, no 16-bit step), one vpmulld applies the row's scale.
 // msum[t, b, k]: sub-blocks 2k, 2k + 1's sums of x as two i16 (the mins' vpdpwssd operand).
 // x0: the tile's first row; row r's super-block b at x0 + r * xrow + b * xblk (row-major: in and
-// 256; tile-major: 256 and NT * 256, see matmul).
-template <class V, int NT>
-KERNEL_TARGET void q4k_rows(const uint8_t* w0, const uint8_t* w1, const int8_t* x0, int64_t xrow, int64_t xblk,
+// 256; tile-major: 256 and NT * 256, see matmul). TILED: tile-major with those strides known when
+// compiled, so every row's bytes are one base register's fixed offsets: with a stride known only
+// at run time gcc keeps a pointer a row, and 16 rows' pointers spill (95 GPR moves a sub-block
+// against 33; the same bits).
+template <class V, int NT, bool TILED = false>
+KERNEL_TARGET void q4k_rows(const uint8_t* w0, const uint8_t* w1, const int8_t* x0, int64_t xrow_, int64_t xblk_,
                             const float* xs, const int32_t* msum, int64_t nb, int64_t t0, float* out, int64_t ldy,
                             int valid) {
+    const int64_t xrow = TILED ? 256 : xrow_, xblk = TILED ? NT * 256 : xblk_;
     using I = typename V::I;
     using F = typename V::F;
     const I low4 = V::bytes(0x0F);
@@ -194,7 +198,10 @@ struct VnniRows {
     KERNEL_TARGET static void q4k(const uint8_t* w0, const uint8_t* w1, const int8_t* x0, int64_t xrow, int64_t xblk,
                                   const float* xs, const int32_t* msum, int64_t nb, int64_t t0, float* out, int64_t ldy,
                                   int valid) {
-        q4k_rows<V, NT>(w0, w1, x0, xrow, xblk, xs, msum, nb, t0, out, ldy, valid);
+        if (NT > 1 && xrow == 256 && xblk == NT * 256)
+            q4k_rows<V, NT, true>(w0, w1, x0, xrow, xblk, xs, msum, nb, t0, out, ldy, valid);
+        else
+            q4k_rows<V, NT, false>(w0, w1, x0, xrow, xblk, xs, msum, nb, t0, out, ldy, valid);
     }
     template <int NT>
     KERNEL_TARGET static void q6k(const uint8_t* w0, const uint8_t* w1, const uint8_t* xt, const float* xst, int64_t nb,
@@ -220,8 +227,11 @@ void matmul(int64_t kind, const uint8_t* pw, int64_t groups, const int8_t* qx, c
     // at xu + t0 * in as [nb][n][256] and at xst + t0 * nb as [nb][n]. Q4_K: x tile-major too
     // (as it is) where its rows' stride is a multiple of 4 KB: row-major, a super-block's rows then
     // fall into one L1 set each and evict one another (a 2048 x 8192 product at 16 rows: 53% of
-    // the vpdpbusd rate against 76-79% for other shapes); elsewhere row-major reads as fast.
-    const bool q4k_tiles = kind == 4 && Rows::TAKES_X_TILES && in % 4096 == 0 && T > 1;
+    // the vpdpbusd rate against 76-79% for other shapes); and for the 16-row pass (T > 8), whose
+    // row pointers spill row-major (q4k_rows' TILED; scripts/kernel_ab.py, Zen 5, 2 threads: 16 /
+    // 64 / 128 / 256 rows 1.03 / 1.03 / 1.04 / 1.11x; prefill of 128-700 tokens 1-4%). Fewer rows
+    // read row-major as fast.
+    const bool q4k_tiles = kind == 4 && Rows::TAKES_X_TILES && (T > 8 || (in % 4096 == 0 && T > 1));
     const bool q6k_tiles = kind == 6 && !Rows::Q6K_ROW_MAJOR;
     std::vector<uint8_t> xu(q6k_tiles || q4k_tiles ? T * in : 0);
     std::vector<float> xst(q6k_tiles ? T * nb : 0);
